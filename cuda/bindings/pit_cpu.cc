@@ -1,0 +1,13 @@
+// pit_jax._pit_cpu: the CPU FFI handlers, as capsules for jax.ffi.register_ffi_target.
+#include "cuda/bindings/registration.h"
+#include "cuda/ffi/cpu/handlers.h"
+
+PYBIND11_MODULE(_pit_cpu, m) {
+  m.doc() = "pit_jax CPU custom-call targets (XLA typed FFI)";
+  m.def("registrations", []() {
+    pybind11::dict targets;
+    targets["pit_index"] = pit::HandlerCapsule(PitIndexCpu);
+    return targets;
+  });
+  m.def("build_info", []() { return pit::BuildInfo("cpu"); });
+}

@@ -1,0 +1,20 @@
+// pit_jax._pit_cuda: the CUDA FFI handlers. Linked with the static CUDA runtime; it
+// loads libcuda only when a kernel first runs, so importing it needs no GPU.
+#include <cuda_runtime_api.h>
+
+#include "cuda/bindings/registration.h"
+#include "cuda/ffi/gpu/handlers.h"
+
+PYBIND11_MODULE(_pit_cuda, m) {
+  m.doc() = "pit_jax CUDA custom-call targets (XLA typed FFI)";
+  m.def("registrations", []() {
+    pybind11::dict targets;
+    targets["pit_index"] = pit::HandlerCapsule(PitIndexCuda);
+    return targets;
+  });
+  m.def("build_info", []() {
+    pybind11::dict info = pit::BuildInfo("CUDA");
+    info["cuda_runtime_version"] = CUDART_VERSION;
+    return info;
+  });
+}

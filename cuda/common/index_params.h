@@ -1,0 +1,34 @@
+// What one index construction works on: plain data, shared by the CPU and CUDA paths.
+//
+// x [batch, rows, cols] is cut into micro-tiles of tile_h x tile_w (edge tiles may be
+// partial). A micro-tile is live when any of its elements is non-zero (+0 and -0 are
+// zero; NaN is live). Every live micro-tile takes one slot per list, in any order:
+//   tiles[b, slot]          = tile_row * tile_cols + tile_col   (flat list)
+//   row_tiles[b, tr, slot]  = tile_col  (per tile row, optional)
+//   col_tiles[b, tc, slot]  = tile_row  (per tile column, optional)
+// count[b], row_count[b, tr], col_count[b, tc] count ALL live tiles, also past the
+// flat list's capacity (those are dropped); slots past a count hold -1.
+#pragma once
+
+#include <cstdint>
+
+namespace pit {
+
+struct IndexParams {
+  const void* x = nullptr;
+  int elem_bytes = 2;  // 1 (bool mask), 2 (f16/bf16), 4 (f32)
+  int64_t batch = 1, rows = 0, cols = 0;
+  int64_t tile_h = 1, tile_w = 1;
+  int64_t tile_rows = 0, tile_cols = 0;
+
+  int32_t* tiles = nullptr;  // [batch, capacity]
+  int64_t capacity = 0;
+  int32_t* count = nullptr;  // [batch]
+
+  int32_t* row_tiles = nullptr;  // [batch, tile_rows, tile_cols], or null
+  int32_t* row_count = nullptr;  // [batch, tile_rows]
+  int32_t* col_tiles = nullptr;  // [batch, tile_cols, tile_rows], or null
+  int32_t* col_count = nullptr;  // [batch, tile_cols]
+};
+
+}  // namespace pit

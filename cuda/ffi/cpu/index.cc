@@ -1,0 +1,89 @@
+// pit_index on the CPU: the same target as the CUDA handler, so CI runs the whole
+// primitive -> FFI -> native path without a GPU. Tiles are listed in row-major order
+// here; callers must not rely on any order (the GPU's is arbitrary).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cuda/ffi/cpu/handlers.h"
+#include "cuda/ffi/index_args.h"
+
+namespace pit {
+namespace {
+
+inline bool NonZero(uint8_t w) { return w != 0; }
+inline bool NonZero(uint16_t w) { return (w & 0x7fffu) != 0; }
+inline bool NonZero(uint32_t w) { return (w & 0x7fffffffu) != 0; }
+
+template <typename Word>
+void BuildIndex(const IndexParams& p) {
+  std::fill(p.tiles, p.tiles + p.batch * p.capacity, -1);
+  std::fill(p.count, p.count + p.batch, 0);
+  const int64_t grid_tiles = p.batch * p.tile_rows * p.tile_cols;
+  if (p.row_tiles) {
+    std::fill(p.row_tiles, p.row_tiles + grid_tiles, -1);
+    std::fill(p.row_count, p.row_count + p.batch * p.tile_rows, 0);
+  }
+  if (p.col_tiles) {
+    std::fill(p.col_tiles, p.col_tiles + grid_tiles, -1);
+    std::fill(p.col_count, p.col_count + p.batch * p.tile_cols, 0);
+  }
+  const Word* x = static_cast<const Word*>(p.x);
+  std::vector<uint8_t> live(p.tile_cols);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int32_t* count = p.count + b;
+    for (int64_t tr = 0; tr < p.tile_rows; ++tr) {
+      std::fill(live.begin(), live.end(), 0);
+      const int64_t r1 = std::min(p.rows, (tr + 1) * p.tile_h);
+      for (int64_t r = tr * p.tile_h; r < r1; ++r) {
+        const Word* row = x + (b * p.rows + r) * p.cols;
+        for (int64_t c = 0; c < p.cols; ++c)
+          if (NonZero(row[c])) live[c / p.tile_w] = 1;
+      }
+      for (int64_t tc = 0; tc < p.tile_cols; ++tc) {
+        if (!live[tc]) continue;
+        const int64_t slot = (*count)++;
+        if (slot < p.capacity) p.tiles[b * p.capacity + slot] = static_cast<int32_t>(tr * p.tile_cols + tc);
+        if (p.row_tiles) {
+          const int64_t g = b * p.tile_rows + tr;
+          p.row_tiles[g * p.tile_cols + p.row_count[g]++] = static_cast<int32_t>(tc);
+        }
+        if (p.col_tiles) {
+          const int64_t g = b * p.tile_cols + tc;
+          p.col_tiles[g * p.tile_rows + p.col_count[g]++] = static_cast<int32_t>(tr);
+        }
+      }
+    }
+  }
+}
+
+ffi::Error IndexCpu(ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles, S32Result row_count,
+                    S32Result col_tiles, S32Result col_count, int64_t tile_h, int64_t tile_w, bool group_rows,
+                    bool group_cols) {
+  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count}, tile_h, tile_w, group_rows,
+                           group_cols);
+  if (p.has_error()) return p.error();
+  switch (p->elem_bytes) {
+    case 1: BuildIndex<uint8_t>(*p); break;
+    case 2: BuildIndex<uint16_t>(*p); break;
+    default: BuildIndex<uint32_t>(*p); break;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCpu, pit::IndexCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()                       // x
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // tiles
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // count
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_tiles
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_count
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_tiles
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_count
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<int64_t>("tile_w")
+                                  .Attr<bool>("group_rows")
+                                  .Attr<bool>("group_cols"));

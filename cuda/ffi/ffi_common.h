@@ -1,0 +1,47 @@
+// Shared helpers for pit_jax's XLA FFI handlers (CPU and CUDA).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace pit {
+
+namespace ffi = ::xla::ffi;
+
+// An invalid-argument error, convertible to any ffi::ErrorOr<T>.
+inline ffi::Unexpected<ffi::Error> InvalidArg(const std::string& msg) {
+  return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(msg));
+}
+
+// Trailing-2-D view of a buffer [..., rows, cols]: leading dims flatten into `batch`.
+struct Matrix2D {
+  int64_t batch = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+inline ffi::ErrorOr<Matrix2D> AsBatchedMatrix(ffi::AnyBuffer::Dimensions dims, const char* what) {
+  if (dims.size() < 2) {
+    return InvalidArg(std::string(what) + ": expected rank >= 2, got rank " + std::to_string(dims.size()));
+  }
+  Matrix2D m;
+  for (size_t i = 0; i + 2 < dims.size(); ++i) m.batch *= dims[i];
+  m.rows = dims[dims.size() - 2];
+  m.cols = dims[dims.size() - 1];
+  return m;
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Product of the leading `n` dims.
+template <typename Dims>
+inline int64_t LeadingProduct(const Dims& dims, size_t n) {
+  int64_t p = 1;
+  for (size_t i = 0; i < n && i < dims.size(); ++i) p *= dims[i];
+  return p;
+}
+
+
+}  // namespace pit

@@ -1,0 +1,42 @@
+// pit_index on the GPU: decode, validate, launch on XLA's stream. No host sync and no
+// allocation, so the handler is safe to capture in a command buffer (CUDA graph).
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "cuda/ffi/gpu/handlers.h"
+#include "cuda/ffi/index_args.h"
+#include "cuda/kernels/index.h"
+
+namespace pit {
+namespace {
+
+ffi::Error IndexCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles,
+                     S32Result row_count, S32Result col_tiles, S32Result col_count, int64_t tile_h, int64_t tile_w,
+                     bool group_rows, bool group_cols) {
+  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count}, tile_h, tile_w, group_rows,
+                           group_cols);
+  if (p.has_error()) return p.error();
+  const cudaError_t err = LaunchIndex(*p, stream);
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string("pit_index: ") + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCuda, pit::IndexCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()                       // x
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // tiles
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // count
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_tiles
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_count
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_tiles
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_count
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<int64_t>("tile_w")
+                                  .Attr<bool>("group_rows")
+                                  .Attr<bool>("group_cols"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

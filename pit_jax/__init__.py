@@ -1,0 +1,22 @@
+"""pit_jax: PIT (Permutation Invariant Transformation) dynamic sparsity for JAX on GPUs.
+
+A dynamically sparse tensor is covered by micro-tiles; the live ones are listed by an
+index built on the device inside jit (`index`), gathered into dense tiles (SRead),
+computed on tensor cores and scattered back (SWrite).
+"""
+
+from pit_jax import _native  # noqa: F401  (registers the FFI targets)
+from pit_jax import reference
+from pit_jax.config import reference_enabled, use_reference
+from pit_jax.ops.index import index
+from pit_jax.pit_index import PitIndex
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PitIndex",
+    "index",
+    "reference",
+    "reference_enabled",
+    "use_reference",
+]

@@ -1,0 +1,1 @@
+"""Functional ops: semantics, validation, custom VJPs and the reference fallback."""

@@ -1,0 +1,70 @@
+"""`pit_jax.index`: build the sparsity index of an array inside jit, on the device."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from pit_jax import config, reference
+from pit_jax.pit_index import GROUPS, INDEX_DTYPES, MicroTileSpec, PitIndex, _static_int, normalize_micro_tile
+from pit_jax.primitives.index import pit_index_p
+
+_MAX_TILES = 2**31 - 1
+
+
+def index(
+    x: jax.Array,
+    micro_tile: MicroTileSpec,
+    *,
+    capacity: Optional[int] = None,
+    group_by: Optional[str] = None,
+) -> PitIndex:
+    """Lists the live micro-tiles of `x` in one pass, on the device, without a host sync.
+
+    Args:
+      x: [..., rows, cols] float32 / bfloat16 / float16 values (a micro-tile is live
+        when any element is non-zero) or a bool mask (live when any element is True).
+        Leading dims are batch dims: one index per matrix.
+      micro_tile: (h, w); None means the whole extent, e.g. (1, None) or "row" for
+        token rows, (32, 1) for column strips, (32, 64) for blocks. rows and cols need
+        not be multiples of h and w: edge tiles are partial.
+      capacity: static number of slots (default: every tile, so nothing is dropped).
+        With fewer, tiles past the capacity are dropped and `overflowed()` says so.
+      group_by: also list the live tiles per tile row ("row": what a K-axis product
+        of x consumes), per tile column ("col": what a weight-block product
+        consumes), or both ("both": what their backward passes need). The flat
+        list is always built; all lists come from the same single pass.
+
+    Returns:
+      A `PitIndex`. Order within each list is unspecified.
+    """
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"pit_jax.index: x must have rank >= 2 ([..., rows, cols]), got shape {tuple(x.shape)}")
+    if x.dtype not in [jnp.dtype(d) for d in INDEX_DTYPES]:
+        raise TypeError(f"pit_jax.index: x must be float32, bfloat16, float16 or bool, got {x.dtype}")
+    rows, cols = x.shape[-2:]
+    tile_h, tile_w = normalize_micro_tile(micro_tile, (rows, cols))
+    tile_rows, tile_cols = math.ceil(rows / tile_h), math.ceil(cols / tile_w)
+    num_tiles = tile_rows * tile_cols
+    if num_tiles > _MAX_TILES:
+        raise ValueError(f"pit_jax.index: {num_tiles} micro-tiles per matrix; at most {_MAX_TILES} are supported")
+    if capacity is None:
+        capacity = num_tiles
+    else:
+        capacity = _static_int(capacity, "capacity")
+        if not 1 <= capacity <= num_tiles:
+            raise ValueError(f"pit_jax.index: capacity must be in [1, {num_tiles}] (the number of tiles), got {capacity}")
+    if group_by not in GROUPS:
+        raise ValueError(f"pit_jax.index: group_by must be None, 'row', 'col' or 'both', got {group_by!r}")
+    group_rows, group_cols = GROUPS[group_by]
+    params = dict(tile_h=tile_h, tile_w=tile_w, capacity=capacity, group_rows=group_rows, group_cols=group_cols)
+    if config.reference_enabled():
+        outs = reference.index(x, **params)
+    else:
+        outs = pit_index_p.bind(x, **params)
+    return PitIndex(*outs, shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)

@@ -1,0 +1,51 @@
+"""Lowering helpers shared by pit_jax's primitives: one FFI target per platform."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from pit_jax import _native
+
+
+def _attrs(params: dict, names: Sequence[str]) -> dict:
+    # Ints go as i64 (Attr<int64_t>), bools as i1 (Attr<bool>).
+    out = {}
+    for name in names:
+        value = params[name]
+        if isinstance(value, (bool, np.bool_)):
+            out[name] = bool(value)
+        elif isinstance(value, (int, np.integer)):
+            out[name] = np.int64(value)
+        else:
+            out[name] = value
+    return out
+
+
+def register_ffi_lowerings(prim: Primitive, target: str, attr_names: Sequence[str]) -> None:
+    """Lowers `prim` to the FFI target `target` on CPU and CUDA, passing `attr_names` params."""
+    lower = jax.ffi.ffi_lowering(target)
+
+    def rule(ctx, *args, **params):
+        return lower(ctx, *args, **_attrs(params, attr_names))
+
+    mlir.register_lowering(prim, rule, platform="cpu")
+    if _native.has_cuda():
+        mlir.register_lowering(prim, rule, platform="cuda")
+    else:
+        mlir.register_lowering(prim, _missing_cuda(target), platform="cuda")
+
+
+def _missing_cuda(target: str) -> Callable:
+    def rule(ctx, *args, **params):
+        raise NotImplementedError(
+            f"pit_jax was built without its CUDA module, so '{target}' cannot run on the GPU. "
+            f"Rebuild where nvcc is available (see docs/gpu.md), run on the CPU, or set "
+            f"PIT_JAX_REFERENCE=1 to use the pure-JAX references."
+        )
+
+    return rule
