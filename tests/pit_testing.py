@@ -1,0 +1,95 @@
+"""Helpers for pit_jax's tests: fresh random data, platforms, tile-level checks."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+
+def available_platforms() -> list[str]:
+    """"cpu" always; "gpu" where JAX sees a GPU (the CUDA targets run there)."""
+    platforms = ["cpu"]
+    try:
+        if jax.devices("gpu"):
+            platforms.append("gpu")
+    except RuntimeError:
+        pass
+    return platforms
+
+
+PLATFORMS = available_platforms()
+
+requires_gpu = pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
+
+
+def device(platform: str):
+    return jax.devices(platform)[0]
+
+
+def put(platform: str, *arrays):
+    """Commits arrays to `platform`'s first device, so jit runs them there."""
+    out = tuple(jax.device_put(a, device(platform)) for a in arrays)
+    return out if len(out) > 1 else out[0]
+
+
+def fresh_rng() -> tuple[np.random.Generator, int]:
+    """A new generator on every call (fresh data every run); PIT_TEST_SEED replays one."""
+    seed = int(os.environ.get("PIT_TEST_SEED", secrets.randbits(32)))
+    return np.random.default_rng(seed), seed
+
+
+def tiled_sparse(rng, shape, tile, density, dtype):
+    """Random array whose live micro-tiles (any element non-zero) have the given density.
+
+    Live tiles hold a random subset of non-zero normal values (at least one element);
+    dead tiles hold zeros, half of them -0.0 for float dtypes (which must count as zero).
+    Returns (array as numpy in `dtype`, live tile mask [..., tile_rows, tile_cols]).
+    """
+    *lead, rows, cols = shape
+    h, w = tile
+    tr, tc = math.ceil(rows / h), math.ceil(cols / w)
+    live = rng.random((*lead, tr, tc)) < density
+    elem_live = np.repeat(np.repeat(live, h, -2), w, -1)[..., :rows, :cols]
+    keep = elem_live & (rng.random(shape) < 0.5)
+    # Every live tile keeps at least its top-left element.
+    corner = np.zeros((*lead, tr * h, tc * w), bool)
+    corner[..., ::h, ::w] = live
+    keep |= corner[..., :rows, :cols]
+    if np.dtype(dtype) == np.bool_:
+        return keep, live
+    values = rng.standard_normal(shape).astype(np.float32)
+    values = np.where(np.abs(values) < 1e-3, 1.0, values)  # no value rounds to zero in f16/bf16
+    zeros = np.where(rng.random(shape) < 0.5, -0.0, 0.0).astype(np.float32)
+    x = np.where(keep, values, zeros)
+    return np.asarray(jnp.asarray(x, dtype)), live
+
+
+def live_tiles(x: np.ndarray, tile) -> np.ndarray:
+    """NumPy reference: bool [..., tile_rows, tile_cols], any element non-zero."""
+    x = np.asarray(x, np.float32) if x.dtype != np.bool_ else x
+    *lead, rows, cols = x.shape
+    h, w = tile
+    tr, tc = math.ceil(rows / h), math.ceil(cols / w)
+    nz = np.zeros((*lead, tr * h, tc * w), bool)
+    nz[..., :rows, :cols] = x != 0
+    return nz.reshape(*lead, tr, h, tc, w).any(axis=(-3, -1))
+
+
+def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, capacity: int | None = None):
+    """`slots[:count]` is exactly the set `expected` (any order, no duplicates); the rest is -1."""
+    expected = np.sort(np.asarray(expected))
+    assert count == len(expected), f"{what}: count {count} != {len(expected)} live"
+    n = min(count, slots.shape[-1] if capacity is None else capacity)
+    got = np.sort(slots[:n])
+    assert len(np.unique(got)) == n, f"{what}: duplicate slots {got}"
+    if n == len(expected):
+        np.testing.assert_array_equal(got, expected, err_msg=f"{what}: wrong tiles")
+    else:
+        assert np.isin(got, expected).all(), f"{what}: listed tiles that are not live"
+    assert (slots[n:] == -1).all(), f"{what}: unused slots not marked -1: {slots[n:]}"

@@ -1,0 +1,258 @@
+"""pit_jax.index: correctness against a NumPy reference, transformations, bad input.
+
+Runs through the native targets on every platform JAX sees (CPU always, the CUDA
+kernel where a GPU is present), on fresh random data each run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pit_testing import PLATFORMS, check_list, fresh_rng, live_tiles, put, tiled_sparse
+
+import pit_jax
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.bool_]
+DENSITIES = [0.0, 0.01, 0.3, 1.0]
+# (micro_tile as given, shape): row tiles, PIT's 32x1 / 1x64 / 32x64, and general tiles,
+# on shapes that are and are not multiples of the tile.
+CASES = [
+    ("row", (64, 128)),
+    ("row", (100, 130)),
+    ((32, 1), (128, 96)),
+    ((32, 1), (100, 130)),
+    ((1, 64), (64, 256)),
+    ((1, 64), (33, 200)),
+    ((32, 64), (128, 256)),
+    ((32, 64), (257, 67)),
+    ((3, 5), (40, 52)),
+    ((7, 2), (23, 9)),
+    ((2, 8), (6, 64)),
+    ((5, 3), (5, 3)),
+]
+
+
+def resolve(micro_tile, shape):
+    rows, cols = shape[-2:]
+    if micro_tile == "row":
+        return (1, cols)
+    return tuple(rows if t is None else t for t in micro_tile)
+
+
+def check_index(idx: pit_jax.PitIndex, x: np.ndarray, tile, msg=""):
+    live = live_tiles(x, tile)
+    *lead, tr, tc = live.shape
+    assert idx.micro_tile == tuple(tile) and idx.shape == x.shape[-2:]
+    arrays = [np.asarray(a) for a in idx.arrays]
+    tiles, count, row_tiles, row_count, col_tiles, col_count = arrays
+    assert tiles.shape == (*lead, idx.capacity) and count.shape == tuple(lead)
+    for b in np.ndindex(*lead):
+        lv = live[b]
+        check_list(tiles[b], int(count[b]), np.flatnonzero(lv), f"{msg} flat list at batch {b}", idx.capacity)
+        if idx.has_rows:
+            for r in range(tr):
+                check_list(row_tiles[b][r], int(row_count[b][r]), np.flatnonzero(lv[r]), f"{msg} row {r} {b}")
+        else:
+            assert row_tiles.size == 0 and row_count.size == 0
+        if idx.has_cols:
+            for c in range(tc):
+                check_list(col_tiles[b][c], int(col_count[b][c]), np.flatnonzero(lv[:, c]), f"{msg} col {c} {b}")
+        else:
+            assert col_tiles.size == 0 and col_count.size == 0
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("density", DENSITIES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("micro_tile,shape", CASES, ids=[f"{t}-{s}" for t, s in CASES])
+def test_index_matches_numpy(platform, density, dtype, micro_tile, shape):
+    rng, seed = fresh_rng()
+    tile = resolve(micro_tile, shape)
+    x, _ = tiled_sparse(rng, shape, tile, density, dtype)
+    group_by = [None, "row", "col", "both"][seed % 4]
+    idx = jax.jit(lambda a: pit_jax.index(a, micro_tile, group_by=group_by))(put(platform, x))
+    check_index(idx, x, tile, f"seed={seed} group_by={group_by}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("group_by", [None, "both"])
+def test_batched_leading_dims(platform, group_by):
+    rng, seed = fresh_rng()
+    x, _ = tiled_sparse(rng, (2, 3, 50, 70), (4, 8), 0.3, jnp.bfloat16)
+    idx = jax.jit(lambda a: pit_jax.index(a, (4, 8), group_by=group_by))(put(platform, x))
+    assert idx.batch_shape == (2, 3)
+    check_index(idx, x, (4, 8), f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("in_axis", [0, 1, 2])
+def test_vmap(platform, in_axis):
+    rng, seed = fresh_rng()
+    x, _ = tiled_sparse(rng, (4, 5, 40, 33), (32, 1), 0.2, jnp.float16)
+    xs = np.moveaxis(x, 0, in_axis)  # vmap over axis `in_axis`, inner leading dim 5
+    f = jax.jit(jax.vmap(lambda a: pit_jax.index(a, (32, 1), group_by="both"), in_axes=in_axis))
+    idx = f(put(platform, xs))
+    assert idx.batch_shape == (4, 5)
+    check_index(idx, x, (32, 1), f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_nested_vmap_and_capacity(platform):
+    rng, seed = fresh_rng()
+    x, _ = tiled_sparse(rng, (3, 2, 16, 64), (1, 64), 1.0, jnp.float32)
+    f = jax.jit(jax.vmap(jax.vmap(lambda a: pit_jax.index(a, "row", capacity=10))))
+    idx = f(put(platform, x))
+    count = np.asarray(idx.count)
+    assert (count == 16).all(), f"seed={seed}: count must count every live tile, got {count}"
+    assert np.asarray(idx.overflowed()).all()
+    tiles = np.asarray(idx.tiles)
+    assert tiles.shape == (3, 2, 10) and (tiles >= 0).all() and (tiles < 16).all()
+    for b in np.ndindex(3, 2):
+        assert len(np.unique(tiles[b])) == 10
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_capacity_not_exceeded_is_exact(platform):
+    rng, seed = fresh_rng()
+    x, live = tiled_sparse(rng, (256, 32), (1, 32), 0.1, jnp.bfloat16)
+    cap = max(1, int(live.sum()))
+    idx = jax.jit(lambda a: pit_jax.index(a, "row", capacity=cap))(put(platform, x))
+    assert not bool(idx.overflowed())
+    check_index(idx, x, (1, 32), f"seed={seed}")
+
+
+def test_negative_zero_is_zero_and_nan_is_live():
+    x = np.zeros((4, 8), np.float32)
+    x[0, 3] = -0.0
+    x[2, 5] = np.nan
+    for platform in PLATFORMS:
+        idx = pit_jax.index(put(platform, x), "row")
+        assert int(idx.count) == 1 and int(idx.tiles[0]) == 2
+
+
+def test_mask_views():
+    rng, _ = fresh_rng()
+    x, live = tiled_sparse(rng, (2, 10, 13), (3, 4), 0.5, jnp.float32)
+    idx = pit_jax.index(x, (3, 4))
+    np.testing.assert_array_equal(np.asarray(idx.tile_mask()), live)
+    expected = np.repeat(np.repeat(live, 3, -2), 4, -1)[..., :10, :13]
+    np.testing.assert_array_equal(np.asarray(idx.mask()), expected)
+
+
+def test_pytree_and_static_metadata():
+    idx = pit_jax.index(jnp.ones((8, 16)), (2, 4), group_by="row")
+    leaves, treedef = jax.tree_util.tree_flatten(idx)
+    assert len(leaves) == 6
+    again = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert again.micro_tile == (2, 4) and again.shape == (8, 16) and again.group_by == "row"
+    assert (again.tile_rows, again.tile_cols, again.num_tiles, again.capacity) == (4, 4, 16, 16)
+    # Index pytrees pass through jit as arguments and results.
+    out = jax.jit(lambda i: i)(idx)
+    assert isinstance(out, pit_jax.PitIndex) and int(out.count) == 16
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_grad_and_jvp_through_index(platform):
+    """The index is piecewise constant: derivatives flow through x's other uses only."""
+    rng, _ = fresh_rng()
+    x, live = tiled_sparse(rng, (12, 10), (2, 5), 0.5, jnp.float32)
+    x = put(platform, x)
+
+    def f(a):
+        idx = pit_jax.index(a, (2, 5))
+        return jnp.sum(a * a * idx.mask())
+
+    g = jax.jit(jax.grad(f))(x)
+    mask = np.repeat(np.repeat(live, 2, 0), 5, 1)
+    np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(x) * mask, rtol=1e-6)
+    _, t = jax.jvp(f, (x,), (jnp.ones_like(x),))
+    np.testing.assert_allclose(float(t), float(np.sum(2 * np.asarray(x) * mask)), rtol=1e-5)
+    grads = jax.vmap(jax.grad(f))(jnp.stack([x, 2 * x]))
+    np.testing.assert_allclose(np.asarray(grads[1]), 2 * np.asarray(g), rtol=1e-6)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_reference_switch_agrees(platform):
+    rng, seed = fresh_rng()
+    x, _ = tiled_sparse(rng, (3, 40, 24), (8, 3), 0.3, jnp.bfloat16)
+    native = jax.jit(lambda a: pit_jax.index(a, (8, 3), group_by="both"))(put(platform, x))
+    with pit_jax.use_reference():
+        assert pit_jax.reference_enabled()
+        ref = jax.jit(lambda a: pit_jax.index(a, (8, 3), group_by="both"))(put(platform, x))
+        hlo = jax.jit(lambda a: pit_jax.index(a, (8, 3))).lower(x).as_text()
+        assert "pit_index" not in hlo
+    assert not pit_jax.reference_enabled()
+    check_index(native, x, (8, 3), f"seed={seed}")
+    check_index(ref, x, (8, 3), f"seed={seed} reference")
+    assert "pit_index" in jax.jit(lambda a: pit_jax.index(a, (8, 3))).lower(x).as_text()
+
+
+def test_empty_batch():
+    idx = pit_jax.index(jnp.zeros((0, 8, 8), jnp.float32), (2, 2), group_by="both")
+    assert idx.tiles.shape == (0, 16) and idx.count.shape == (0,) and idx.row_tiles.shape == (0, 4, 4)
+
+
+# -- bad input: clear errors at trace time, naming the argument ------------------------
+
+
+def test_error_wrong_rank():
+    with pytest.raises(ValueError, match=r"x must have rank >= 2"):
+        pit_jax.index(jnp.ones((8,)), (1, 1))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.complex64])
+def test_error_unsupported_dtype(dtype):
+    with pytest.raises(TypeError, match=r"x must be float32, bfloat16, float16 or bool, got"):
+        pit_jax.index(jnp.ones((8, 8), dtype), (1, 1))
+
+
+@pytest.mark.parametrize(
+    "micro_tile,error,pattern",
+    [
+        ((9, 1), ValueError, r"micro_tile \(9, 1\) is larger than the matrix it tiles \(8, 16\)"),
+        ((1, 17), ValueError, r"larger than the matrix"),
+        ((0, 4), ValueError, r"micro_tile must be positive"),
+        ((2, -1), ValueError, r"micro_tile must be positive"),
+        ((2,), TypeError, r"micro_tile must be a pair"),
+        ("column", ValueError, r"micro_tile must be \(h, w\) or 'row'"),
+        ((2.0, 4), TypeError, r"micro_tile\[0\] must be a Python int"),
+        ((True, 4), TypeError, r"micro_tile\[0\] must be a Python int, got the bool"),
+    ],
+)
+def test_error_bad_micro_tile(micro_tile, error, pattern):
+    with pytest.raises(error, match=pattern):
+        pit_jax.index(jnp.ones((8, 16)), micro_tile)
+
+
+def test_error_traced_micro_tile():
+    f = jax.jit(lambda x, h: pit_jax.index(x, (h, 4)))
+    with pytest.raises(TypeError, match=r"micro_tile\[0\] must be a static Python int.*static_argnames"):
+        f(jnp.ones((8, 16)), 2)
+    g = jax.jit(lambda x, c: pit_jax.index(x, (2, 4), capacity=c))
+    with pytest.raises(TypeError, match=r"capacity must be a static Python int"):
+        g(jnp.ones((8, 16)), 3)
+    # Marked static, it works.
+    h = jax.jit(lambda x, h: pit_jax.index(x, (h, 4)), static_argnums=1)
+    assert int(h(jnp.ones((8, 16)), 2).count) == 16
+
+
+@pytest.mark.parametrize("capacity", [0, 17, -3])
+def test_error_bad_capacity(capacity):
+    with pytest.raises(ValueError, match=r"capacity must be in \[1, 16\]"):
+        pit_jax.index(jnp.ones((8, 16)), (2, 4), capacity=capacity)
+
+
+def test_error_bad_group_by():
+    with pytest.raises(ValueError, match=r"group_by must be None, 'row', 'col' or 'both', got 'rows'"):
+        pit_jax.index(jnp.ones((8, 16)), (2, 4), group_by="rows")
+
+
+def test_big_tile_grids_are_refused():
+    x = jax.ShapeDtypeStruct((65536, 65536), jnp.bool_)
+    with pytest.raises(ValueError, match=r"at most 2147483647 are supported"):
+        jax.eval_shape(lambda a: pit_jax.index(a, (1, 1)), x)
+    assert math.prod(jax.eval_shape(lambda a: pit_jax.index(a, (1, 4)).tiles, x).shape) == 2**30
