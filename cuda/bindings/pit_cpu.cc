@@ -1,5 +1,6 @@
 // pit_jax._pit_cpu: the CPU FFI handlers, as capsules for jax.ffi.register_ffi_target.
 #include "cuda/bindings/registration.h"
+#include "cuda/ffi/ffi_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 
 PYBIND11_MODULE(_pit_cpu, m) {
@@ -9,5 +10,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCpu);
     return targets;
   });
+  m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },
+        "Debug: fill outputs with NaN bytes before each kernel (tests catch unwritten elements).");
   m.def("build_info", []() { return pit::BuildInfo("cpu"); });
 }

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/bindings/registration.h"
+#include "cuda/ffi/ffi_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 
 PYBIND11_MODULE(_pit_cuda, m) {
@@ -12,6 +13,8 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCuda);
     return targets;
   });
+  m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },
+        "Debug: fill outputs with NaN bytes before each kernel (tests catch unwritten elements).");
   m.def("build_info", []() {
     pybind11::dict info = pit::BuildInfo("CUDA");
     info["cuda_runtime_version"] = CUDART_VERSION;

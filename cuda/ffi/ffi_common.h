@@ -1,6 +1,7 @@
 // Shared helpers for pit_jax's XLA FFI handlers (CPU and CUDA).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -31,6 +32,14 @@ inline ffi::ErrorOr<Matrix2D> AsBatchedMatrix(ffi::AnyBuffer::Dimensions dims, c
   m.rows = dims[dims.size() - 2];
   m.cols = dims[dims.size() - 1];
   return m;
+}
+
+// Debug switch (tests): handlers fill their outputs with 0xFF bytes (NaN for floats)
+// before computing, so elements a kernel fails to write are caught. One flag per
+// binding module, set through its set_poison_outputs().
+inline std::atomic<bool>& PoisonOutputs() {
+  static std::atomic<bool> flag{false};
+  return flag;
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -1,0 +1,120 @@
+"""Timing and reporting shared by pit_jax's benchmarks.
+
+Timing: each timed call runs the op on several independent input sets (rotation,
+so inputs do not sit in L2 between uses) inside ONE jitted function, and that
+function is dispatched back to back many times; wall time over the number of ops,
+after warm-up, median over repeats. With ops of tens of microseconds or more the GPU
+queue never drains, so this is device time; for shorter ops it is an upper bound.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+L2_BYTES = 50 * 2**20  # H100; rotate through several times this
+
+
+def device_info() -> dict:
+    dev = jax.devices()[0]
+    import pit_jax
+
+    return {
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "pit_jax": pit_jax.__version__,
+        "pit_jax_build": {k: {kk: str(vv) for kk, vv in v.items()} for k, v in pit_jax._native.build_info().items()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+    }
+
+
+def rotations(bytes_per_set: int, max_sets: int = 16) -> int:
+    """How many input sets to rotate through so that together they overflow L2 4x."""
+    return int(max(2, min(max_sets, -(-4 * L2_BYTES // max(1, bytes_per_set)))))
+
+
+def time_op(fn: Callable, arg_sets: Sequence[tuple], *, reps: int = 15, target_s: float = 0.02) -> dict:
+    """Median milliseconds of one `fn(*args)` over the rotated `arg_sets`."""
+    k = len(arg_sets)
+    flat = [a for args in arg_sets for a in args]
+    n_args = len(arg_sets[0])
+
+    @jax.jit
+    def many(*flat_args):
+        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
+
+    jax.block_until_ready(many(*flat))  # compile + warm up
+    t0 = time.perf_counter()
+    jax.block_until_ready(many(*flat))
+    once = max(time.perf_counter() - t0, 1e-6)
+    calls = int(max(1, min(1000, target_s / once)))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = many(*flat)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / (calls * k) * 1e3)
+    return {
+        "median_ms": statistics.median(samples),
+        "min_ms": min(samples),
+        "max_ms": max(samples),
+        "reps": reps,
+        "calls_per_rep": calls,
+        "rotations": k,
+    }
+
+
+def copy_bandwidth_gbs(nbytes: int = 2**30) -> float:
+    """Device copy bandwidth, bytes read + written per second, in GB/s."""
+    sets = [(jnp.full((nbytes // 4,), float(i), jnp.float32),) for i in range(2)]
+    t = time_op(lambda x: x + 1.0, sets, reps=7)
+    return 2 * nbytes / (t["median_ms"] * 1e-3) / 1e9
+
+
+def write_results(suite: str, payload: dict, out_dir: str | None = None) -> str:
+    out_dir = out_dir or os.path.join(os.path.dirname(__file__), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    dev = payload["meta"]["device"].replace(" ", "_")
+    day = payload["meta"]["date"][:10]
+    path = os.path.join(out_dir, f"{suite}_{dev}_{day}.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    return path
+
+
+def table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    out = [line, "-" * len(line)]
+    for r in rows:
+        out.append("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
+    return "\n".join(out)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def random_normal(key, shape, dtype):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def np_bytes(*arrays) -> int:
+    return int(sum(np.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays))

@@ -1,0 +1,137 @@
+// Decoding and validation of the sparse-product custom calls (pit_row_gather_matmul,
+// pit_stile_matmul, pit_sdd_matmul), shared by their CPU and CUDA handlers.
+// docs/kernels.md specifies each target. Every inconsistency is an InvalidArgument
+// error naming the target: a bad call never reaches a kernel.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/common/matmul_params.h"
+#include "cuda/ffi/ffi_common.h"
+
+namespace pit {
+
+using S32Buffer = ffi::Buffer<ffi::S32>;
+
+inline ffi::ErrorOr<DType> DecodeDType(ffi::DataType t, const std::string& what) {
+  switch (t) {
+    case ffi::DataType::F32: return DType::kF32;
+    case ffi::DataType::BF16: return DType::kBF16;
+    case ffi::DataType::F16: return DType::kF16;
+    default: return InvalidArg(what + " must be float32, bfloat16 or float16");
+  }
+}
+
+// Shapes, dtypes and batch counts of C = op_a(A) @ op_b(B) (see matmul_params.h).
+inline ffi::ErrorOr<MatmulParams> DecodeMatmul(const std::string& target, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                               ffi::AnyBuffer::Dimensions c_dims, ffi::DataType c_type, void* c_data,
+                                               bool trans_a, bool trans_b, bool trans_c, bool allow_tf32) {
+  MatmulParams p;
+  auto dtype = DecodeDType(a.element_type(), target + ": a");
+  if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
+  if (b.element_type() != a.element_type() || c_type != a.element_type())
+    return InvalidArg(target + ": a, b and the result must have the same dtype");
+  p.dtype = *dtype;
+  p.allow_tf32 = allow_tf32 && p.dtype == DType::kF32;
+  auto am = AsBatchedMatrix(a.dimensions(), (target + ": a").c_str());
+  auto bm = AsBatchedMatrix(b.dimensions(), (target + ": b").c_str());
+  auto cm = AsBatchedMatrix(c_dims, (target + ": result").c_str());
+  if (am.has_error()) return ffi::Unexpected<ffi::Error>(am.error());
+  if (bm.has_error()) return ffi::Unexpected<ffi::Error>(bm.error());
+  if (cm.has_error()) return ffi::Unexpected<ffi::Error>(cm.error());
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.trans_c = trans_c;
+  p.M = trans_a ? am->cols : am->rows;
+  p.K = trans_a ? am->rows : am->cols;
+  const int64_t kb = trans_b ? bm->cols : bm->rows;
+  p.N = trans_b ? bm->rows : bm->cols;
+  if (kb != p.K)
+    return InvalidArg(target + ": inner dimensions differ (" + std::to_string(p.K) + " vs " + std::to_string(kb) + ")");
+  const int64_t cr = trans_c ? cm->cols : cm->rows, cc = trans_c ? cm->rows : cm->cols;
+  if (cr != p.M || cc != p.N) return InvalidArg(target + ": result must be [..., M, N] (or [..., N, M] with trans_c)");
+  p.a = {a.untyped_data(), am->batch, am->rows, am->cols};
+  p.b = {b.untyped_data(), bm->batch, bm->rows, bm->cols};
+  p.c = c_data;
+  p.c_batch = cm->batch;
+  p.batch = std::max({am->batch, bm->batch, cm->batch});
+  for (int64_t n : {am->batch, bm->batch, cm->batch})
+    if (n == 0 ? p.batch != 0 : p.batch % n != 0)
+      return InvalidArg(target + ": batch counts of a, b and the result must divide each other");
+  return p;
+}
+
+// A list operand [..., groups, capacity] with counts [..., groups].
+inline ffi::ErrorOr<TileList> DecodeLists(const std::string& target, S32Buffer lists, S32Buffer counts,
+                                          int64_t tile_h, int64_t tile_w) {
+  const auto ld = lists.dimensions();
+  const auto cd = counts.dimensions();
+  if (ld.size() < 2 || cd.size() != ld.size() - 1 || !std::equal(cd.begin(), cd.end(), ld.begin()))
+    return InvalidArg(target + ": lists must be [..., groups, capacity] and counts [..., groups]");
+  if (tile_h < 1 || tile_w < 1) return InvalidArg(target + ": micro-tile must be positive");
+  TileList t;
+  t.lists = lists.typed_data();
+  t.counts = counts.typed_data();
+  t.capacity = ld.back();
+  t.groups = ld[ld.size() - 2];
+  t.batch = LeadingProduct(ld, ld.size() - 2);
+  t.tile_h = tile_h;
+  t.tile_w = tile_w;
+  return t;
+}
+
+// A flat tile list [..., capacity] with its count [...], seen as one group.
+inline ffi::ErrorOr<TileList> DecodeFlatList(const std::string& target, S32Buffer tiles, S32Buffer count,
+                                             int64_t tile_h, int64_t tile_w) {
+  const auto td = tiles.dimensions();
+  if (td.size() < 1 || static_cast<int64_t>(count.element_count()) != LeadingProduct(td, td.size() - 1))
+    return InvalidArg(target + ": tiles must be [..., capacity] and count [...]");
+  if (tile_h < 1 || tile_w < 1) return InvalidArg(target + ": micro-tile must be positive");
+  TileList t;
+  t.lists = tiles.typed_data();
+  t.counts = count.typed_data();
+  t.capacity = td.back();
+  t.groups = 1;
+  t.batch = LeadingProduct(td, td.size() - 1);
+  t.tile_h = tile_h;
+  t.tile_w = tile_w;
+  return t;
+}
+
+inline ffi::Error CheckIndexBatch(const std::string& target, const TileList& t, int64_t owner_batch,
+                                  const char* owner) {
+  if (t.batch != owner_batch)
+    return ffi::Error::InvalidArgument(target + ": the index must have the leading dims of " + owner);
+  return ffi::Error::Success();
+}
+
+// pit_stile_matmul: which way the sparse operand's lists run.
+struct StileGeometry {
+  bool sparse_b = false;     // the masked operand is B (else A)
+  bool reduce_cols = false;  // the reduction runs along the sparse operand's stored columns:
+                             // groups are its tile rows and list entries tile columns
+                             // (else groups are tile columns and entries tile rows)
+  int64_t rows = 0, cols = 0;  // the sparse operand's stored matrix
+};
+
+inline ffi::ErrorOr<StileGeometry> DecodeStileGeometry(const std::string& target, const MatmulParams& p,
+                                                       const TileList& t, bool sparse_b) {
+  StileGeometry g;
+  g.sparse_b = sparse_b;
+  const MatrixRef& s = sparse_b ? p.b : p.a;
+  g.rows = s.rows;
+  g.cols = s.cols;
+  // A's reduction dim is its stored cols unless transposed; B's is its stored rows.
+  g.reduce_cols = sparse_b ? p.trans_b : !p.trans_a;
+  const int64_t groups = g.reduce_cols ? CeilDiv(s.rows, t.tile_h) : CeilDiv(s.cols, t.tile_w);
+  if (t.groups != groups)
+    return InvalidArg(target + ": expected " + std::to_string(groups) + " list groups for this micro-tile, got " +
+                      std::to_string(t.groups));
+  if (t.tile_h > s.rows || t.tile_w > s.cols) return InvalidArg(target + ": micro-tile larger than the sparse operand");
+  auto err = CheckIndexBatch(target, t, s.batch, sparse_b ? "b" : "a");
+  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
+  return g;
+}
+
+}  // namespace pit

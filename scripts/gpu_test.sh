@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine (no Bazel there): the test suite with the modules that
+# scripts/build_gpu.sh built and the device tool carried into pit_jax/.
+#   scripts/gpu_test.sh [pytest args]              all tests, CPU and GPU cases
+#   scripts/gpu_test.sh --sanitize TOOL [args]     the GPU cases under compute-sanitizer
+#                                                  (TOOL: memcheck, racecheck, ...)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if [ "${1:-}" = "--sanitize" ]; then
+  tool=$2
+  shift 2
+  # XLA must not grab most of the GPU up front under the sanitizer; check our kernels
+  # only (their names are in namespace pit), the library ones are not ours to fix.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  exec compute-sanitizer --tool "$tool" --kernel-name kns=pit --error-exitcode 9 \
+    "$PY" -m pytest -q -p no:cacheprovider -k gpu tests "$@"
+fi
+exec "$PY" -m pytest -q -p no:cacheprovider -rs tests "$@"
