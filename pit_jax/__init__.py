@@ -9,6 +9,8 @@ from pit_jax import _native  # noqa: F401  (registers the FFI targets)
 from pit_jax import reference
 from pit_jax.config import reference_enabled, use_reference
 from pit_jax.ops.index import index
+from pit_jax.ops.sparse_dense import sparse_dense
+from pit_jax.ops.sread_swrite import sread, swrite
 from pit_jax.pit_index import PitIndex
 
 __version__ = "0.1.0"
@@ -18,5 +20,8 @@ __all__ = [
     "index",
     "reference",
     "reference_enabled",
+    "sparse_dense",
+    "sread",
+    "swrite",
     "use_reference",
 ]

@@ -6,7 +6,10 @@ when any element is non-zero. The index lists the live tiles, in ANY order (the 
 takes slots with atomics; PIT's point is that order does not matter):
 
 - `tiles[..., slot]`: linear tile id `tile_row * tile_cols + tile_col`, for
-  `slot < min(count, capacity)`; -1 after.
+  `slot < min(count, capacity)`. After that the slots are negative: at full capacity
+  (the default) they hold the DEAD tiles as `-1 - id` (the list is a permutation of
+  all tiles, live first), which lets a product zero its dead outputs in the same
+  launch; with a smaller capacity, -1.
 - `count[...]`: number of live tiles. It counts every live tile, also those past a
   user-chosen `capacity` (those are dropped: `overflowed()` tells).
 - Optional grouped lists, built in the same pass (`group_by`):

@@ -81,8 +81,11 @@ def live_tiles(x: np.ndarray, tile) -> np.ndarray:
     return nz.reshape(*lead, tr, h, tc, w).any(axis=(-3, -1))
 
 
-def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, capacity: int | None = None):
-    """`slots[:count]` is exactly the set `expected` (any order, no duplicates); the rest is -1."""
+def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, capacity: int | None = None,
+               universe: int | None = None):
+    """`slots[:count]` is exactly the set `expected` (any order, no duplicates); the rest is
+    negative: the other ids of range(universe) as -1 - id when given (a full-capacity flat
+    list), else -1."""
     expected = np.sort(np.asarray(expected))
     assert count == len(expected), f"{what}: count {count} != {len(expected)} live"
     n = min(count, slots.shape[-1] if capacity is None else capacity)
@@ -92,4 +95,8 @@ def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, c
         np.testing.assert_array_equal(got, expected, err_msg=f"{what}: wrong tiles")
     else:
         assert np.isin(got, expected).all(), f"{what}: listed tiles that are not live"
-    assert (slots[n:] == -1).all(), f"{what}: unused slots not marked -1: {slots[n:]}"
+    if universe is not None:
+        dead = np.setdiff1d(np.arange(universe), expected)
+        np.testing.assert_array_equal(np.sort(-1 - slots[n:]), dead, err_msg=f"{what}: dead tail is not -1 - dead ids")
+    else:
+        assert (slots[n:] == -1).all(), f"{what}: unused slots not marked -1: {slots[n:]}"

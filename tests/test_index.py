@@ -52,7 +52,9 @@ def check_index(idx: pit_jax.PitIndex, x: np.ndarray, tile, msg=""):
     assert tiles.shape == (*lead, idx.capacity) and count.shape == tuple(lead)
     for b in np.ndindex(*lead):
         lv = live[b]
-        check_list(tiles[b], int(count[b]), np.flatnonzero(lv), f"{msg} flat list at batch {b}", idx.capacity)
+        full = idx.capacity == tr * tc
+        check_list(tiles[b], int(count[b]), np.flatnonzero(lv), f"{msg} flat list at batch {b}", idx.capacity,
+                   universe=tr * tc if full else None)
         if idx.has_rows:
             for r in range(tr):
                 check_list(row_tiles[b][r], int(row_count[b][r]), np.flatnonzero(lv[r]), f"{msg} row {r} {b}")

@@ -7,10 +7,19 @@
 //   row_tiles[b, tr, slot]  = tile_col  (per tile row, optional)
 //   col_tiles[b, tc, slot]  = tile_row  (per tile column, optional)
 // count[b], row_count[b, tr], col_count[b, tc] count ALL live tiles, also past the
-// flat list's capacity (those are dropped); slots past a count hold -1.
+// flat list's capacity (those are dropped). Slots past a count are negative: in the
+// flat list at full capacity (capacity == tiles per matrix) they hold the DEAD tiles as
+// -1 - id, from the back (consumers zero their outputs in the same launch); elsewhere -1.
 #pragma once
 
 #include <cstdint>
+
+// Methods of these plain structs run on the host and, under nvcc, on the device.
+#if defined(__CUDACC__)
+#define PIT_HOST_DEVICE __host__ __device__
+#else
+#define PIT_HOST_DEVICE
+#endif
 
 namespace pit {
 
@@ -24,11 +33,14 @@ struct IndexParams {
   int32_t* tiles = nullptr;  // [batch, capacity]
   int64_t capacity = 0;
   int32_t* count = nullptr;  // [batch]
+  int32_t* dead = nullptr;   // [batch] scratch: dead tiles placed so far (full capacity only)
 
   int32_t* row_tiles = nullptr;  // [batch, tile_rows, tile_cols], or null
   int32_t* row_count = nullptr;  // [batch, tile_rows]
   int32_t* col_tiles = nullptr;  // [batch, tile_cols, tile_rows], or null
   int32_t* col_count = nullptr;  // [batch, tile_cols]
+
+  PIT_HOST_DEVICE bool full_capacity() const { return capacity == tile_rows * tile_cols; }
 };
 
 }  // namespace pit

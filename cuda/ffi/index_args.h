@@ -14,7 +14,7 @@ using S32Result = ffi::Result<ffi::Buffer<ffi::S32>>;
 
 // The results of pit_index, in order.
 struct IndexResults {
-  S32Result tiles, count, row_tiles, row_count, col_tiles, col_count;
+  S32Result tiles, count, row_tiles, row_count, col_tiles, col_count, scratch;
 };
 
 inline ffi::ErrorOr<IndexParams> DecodeIndexArgs(ffi::AnyBuffer x, IndexResults out, int64_t tile_h,
@@ -50,6 +50,9 @@ inline ffi::ErrorOr<IndexParams> DecodeIndexArgs(ffi::AnyBuffer x, IndexResults 
     return InvalidArg("pit_index: count must have x's leading dims");
   p.tiles = out.tiles->typed_data();
   p.count = out.count->typed_data();
+  if (static_cast<int64_t>(out.scratch->element_count()) != p.batch)
+    return InvalidArg("pit_index: scratch must have x's leading dims");
+  p.dead = out.scratch->typed_data();
 
   auto sized = [](S32Result& r, int64_t n) { return static_cast<int64_t>(r->element_count()) == n; };
   if (group_rows) {

@@ -1,11 +1,18 @@
-// Online sparsity index construction: one pass over x, one slot per live micro-tile
-// in each list (flat, and per tile row / per tile column when asked for).
+// Online sparsity index construction: one pass over x, one slot per micro-tile in
+// each list, order free (so no sort and no second pass over x).
 //
-// Work is cut into items (batch b, tile row tr, chunk of `chunk_tiles` tile columns).
-// A block reads its item with 16-byte loads, marks live tiles in shared memory, then
-// compacts them with a block-wide scan: ONE global atomicAdd per item reserves the
-// slots of all its live tiles (order is free, so no sort and no second pass). A grid of
-// a few blocks per SM loops over the items.
+// Two launches: a tiny init kernel (zeroes the counters, fills -1 where a list is not
+// a full permutation) and the pass itself. The pass cuts x into items (batch entry,
+// one or more tile rows, a chunk of tile columns). A block reads its item with
+// 16-byte loads, many in flight per thread, decides which tiles are live, and numbers
+// them with ONE block-wide scan: one atomicAdd per item reserves the slots of all its
+// live tiles (and one more its dead tiles, which fill the flat list from the back).
+//
+// Two ways to decide liveness:
+//  - register mode, when a 16-byte vector covers whole tiles (tile_w divides it, e.g.
+//    32x1 or 1x8): each thread ORs its column vector over the tile's rows and reads
+//    its tiles' liveness straight from the bits;
+//  - shared mode otherwise (wide or unaligned tiles, e.g. rows): flags in shared memory.
 #include <algorithm>
 #include <cstdint>
 
@@ -16,98 +23,246 @@ namespace pit {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxChunkTiles = 4096;      // shared-memory flags per item
-constexpr int64_t kTargetElems = 16384;   // elements one item reads, about
+constexpr int kMaxFlags = 4096;          // shared-mode tiles per item
+constexpr int64_t kTargetElems = 32768;  // elements one item reads, about
+constexpr int kMaxBits = 64;             // register-mode tiles per thread
 
-// Non-zero test on the raw bits: +0 and -0 are zero, everything else (NaN too) is live.
-__device__ __forceinline__ bool NonZero(uint8_t w) { return w != 0; }
-__device__ __forceinline__ bool NonZero(uint16_t w) { return (w & 0x7fffu) != 0; }
-__device__ __forceinline__ bool NonZero(uint32_t w) { return (w & 0x7fffffffu) != 0; }
+// Bits of a 32-bit word that make one of its elements non-zero (sign bits excluded:
+// -0 counts as zero, NaN as live).
+template <typename Word>
+__device__ __forceinline__ constexpr uint32_t ValueBits() {
+  if constexpr (sizeof(Word) == 1) return 0xffffffffu;
+  if constexpr (sizeof(Word) == 2) return 0x7fff7fffu;
+  return 0x7fffffffu;
+}
 
-template <typename Word, bool kVec>
-__global__ void __launch_bounds__(kThreads) IndexKernel(IndexParams p, int chunk_tiles, int64_t num_chunks,
-                                                         bool whole_vec_tile) {
-  constexpr int V = kVec ? 16 / sizeof(Word) : 1;  // elements per load
-  __shared__ uint8_t s_live[kMaxChunkTiles];
-  __shared__ int s_scan[kThreads / 32];
-  __shared__ int s_base, s_rbase;
+template <typename Word>
+__device__ __forceinline__ bool NonZero(Word w) {
+  if constexpr (sizeof(Word) == 1) return w != 0;
+  if constexpr (sizeof(Word) == 2) return (w & 0x7fffu) != 0;
+  return (w & 0x7fffffffu) != 0;
+}
 
-  const Word* x = static_cast<const Word*>(p.x);
-  const int tile_w = static_cast<int>(p.tile_w);
-  const int64_t items = p.batch * p.tile_rows * num_chunks;
-  for (int t = threadIdx.x; t < chunk_tiles; t += kThreads) s_live[t] = 0;
+template <typename Word>
+__device__ __forceinline__ uint4 LoadMasked(const Word* ptr) {
+  uint4 v = __ldg(reinterpret_cast<const uint4*>(ptr));
+  constexpr uint32_t m = ValueBits<Word>();
+  v.x &= m, v.y &= m, v.z &= m, v.w &= m;
+  return v;
+}
+
+// Whether any element in [first, first + n) of the vector `v` (V elements) is non-zero.
+template <typename Word>
+__device__ __forceinline__ bool AnyIn(const uint4& v, int first, int n) {
+  const Word* w = reinterpret_cast<const Word*>(&v);
+  bool any = false;
+#pragma unroll
+  for (int e = 0; e < 16 / static_cast<int>(sizeof(Word)); ++e) any |= (e >= first && e < first + n && w[e] != 0);
+  return any;
+}
+
+__global__ void InitKernel(IndexParams p) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t grid_tiles = p.batch * p.tile_rows * p.tile_cols;
+  for (int64_t i = start; i < p.batch; i += stride) p.count[i] = 0, p.dead[i] = 0;
+  if (!p.full_capacity())
+    for (int64_t i = start; i < p.batch * p.capacity; i += stride) p.tiles[i] = -1;
+  if (p.row_tiles) {
+    for (int64_t i = start; i < p.batch * p.tile_rows; i += stride) p.row_count[i] = 0;
+    for (int64_t i = start; i < grid_tiles; i += stride) p.row_tiles[i] = -1;
+  }
+  if (p.col_tiles) {
+    for (int64_t i = start; i < p.batch * p.tile_cols; i += stride) p.col_count[i] = 0;
+    for (int64_t i = start; i < grid_tiles; i += stride) p.col_tiles[i] = -1;
+  }
+}
+
+// Geometry of one launch, fixed on the host.
+struct Plan {
+  bool reg_mode;
+  int vpt;            // register mode: vectors per thread along the columns
+  int chunk_tiles;    // tile columns per item
+  int item_rows;      // tile rows per item (shared mode; 1 in register mode)
+  int64_t num_chunks, row_groups, items;
+};
+
+// Numbers the tiles one block decided on and writes them to every list.
+// `for_each(fn)` calls fn(tile_row, tile_col, live) for each of this thread's tiles.
+template <typename ForEach>
+__device__ __forceinline__ void Compact(const IndexParams& p, int64_t b, int64_t first_row, bool one_row,
+                                        ForEach for_each, int* s_scan, int* s_base) {
+  const bool record_dead = p.full_capacity();
+  int n_live = 0, n_dead = 0;
+  for_each([&](int64_t, int64_t, bool live) { live ? ++n_live : ++n_dead; });
+  if (!record_dead) n_dead = 0;
+  int total = 0;
+  // Live and dead counts scanned together: 16 bits each (an item has < 2^16 tiles).
+  const int excl = BlockExclusiveSum<kThreads>(n_live | (n_dead << 16), s_scan, &total);
+  const int live_total = total & 0xffff, dead_total = total >> 16;
+  if (threadIdx.x == 0) {
+    s_base[0] = live_total ? atomicAdd(p.count + b, live_total) : 0;
+    s_base[1] = dead_total ? atomicAdd(p.dead + b, dead_total) : 0;
+    s_base[2] = (p.row_tiles && one_row && live_total) ? atomicAdd(p.row_count + b * p.tile_rows + first_row, live_total)
+                                                       : 0;
+  }
   __syncthreads();
+  int li = excl & 0xffff, di = excl >> 16;
+  const int64_t base_live = s_base[0], base_dead = s_base[1], base_row = s_base[2];
+  for_each([&](int64_t tr, int64_t tc, bool live) {
+    const int32_t id = static_cast<int32_t>(tr * p.tile_cols + tc);
+    if (!live) {
+      if (record_dead) p.tiles[b * p.capacity + p.capacity - 1 - (base_dead + di)] = -1 - id;
+      ++di;
+      return;
+    }
+    const int64_t slot = base_live + li;
+    if (slot < p.capacity) p.tiles[b * p.capacity + slot] = id;
+    if (p.row_tiles) {
+      const int64_t g = b * p.tile_rows + tr;
+      const int64_t rslot = one_row ? base_row + li : atomicAdd(p.row_count + g, 1);
+      p.row_tiles[g * p.tile_cols + rslot] = static_cast<int32_t>(tc);
+    }
+    if (p.col_tiles) {
+      const int64_t g = b * p.tile_cols + tc;
+      p.col_tiles[g * p.tile_rows + atomicAdd(p.col_count + g, 1)] = static_cast<int32_t>(tr);
+    }
+    ++li;
+  });
+}
 
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t cc = item % num_chunks;
-    const int64_t tr = (item / num_chunks) % p.tile_rows;
-    const int64_t b = item / (num_chunks * p.tile_rows);
-    const int64_t tc0 = cc * chunk_tiles;
-    const int nct = static_cast<int>(std::min<int64_t>(chunk_tiles, p.tile_cols - tc0));
+// Register mode: V % tile_w == 0, rows 16-byte aligned. Thread t owns vectors
+// t, t + kThreads, ... (vpt of them) of the item's column chunk, across its tile row.
+template <typename Word>
+__global__ void __launch_bounds__(kThreads) IndexRegKernel(IndexParams p, Plan plan) {
+  constexpr int V = 16 / sizeof(Word);
+  __shared__ int s_scan[kThreads / 32];
+  __shared__ int s_base[3];
+  const Word* x = static_cast<const Word*>(p.x);
+  const int w = static_cast<int>(p.tile_w);
+  const int tiles_per_vec = V / w;
+  const int64_t chunk_cols = int64_t{kThreads} * V * plan.vpt;
+
+  for (int64_t item = blockIdx.x; item < plan.items; item += gridDim.x) {
+    const int64_t cc = item % plan.num_chunks;
+    const int64_t tr = (item / plan.num_chunks) % p.tile_rows;
+    const int64_t b = item / (plan.num_chunks * p.tile_rows);
     const int64_t r0 = tr * p.tile_h;
     const int nrows = static_cast<int>(std::min<int64_t>(p.tile_h, p.rows - r0));
-    const int64_t c0 = tc0 * p.tile_w;
-    const int ncols = static_cast<int>(std::min<int64_t>(p.cols, (tc0 + nct) * p.tile_w) - c0);
-    const int nvec = (ncols + V - 1) / V;  // exact in the vector case (cols % V == 0)
+    const Word* base = x + (b * p.rows + r0) * p.cols + cc * chunk_cols;
+    const int64_t cols_left = p.cols - cc * chunk_cols;  // multiple of V
 
-    // 1. Mark live tiles. Threads tile the item as row_threads x vec_threads.
-    const int vec_threads = min(nvec, kThreads);
-    const int row_threads = kThreads / vec_threads;
-    const int tj = threadIdx.x % vec_threads, ti = threadIdx.x / vec_threads;
+    uint64_t live = 0, valid = 0;
+    for (int u = 0; u < plan.vpt; ++u) {
+      const int64_t col = (threadIdx.x + int64_t{u} * kThreads) * V;
+      if (col >= cols_left) break;
+      uint4 acc = make_uint4(0, 0, 0, 0);
+#pragma unroll 8
+      for (int i = 0; i < nrows; ++i) {
+        const uint4 v = LoadMasked(base + i * p.cols + col);
+        acc.x |= v.x, acc.y |= v.y, acc.z |= v.z, acc.w |= v.w;
+      }
+      for (int t = 0; t < tiles_per_vec; ++t) {
+        const uint64_t bit = uint64_t{1} << (u * tiles_per_vec + t);
+        valid |= bit;
+        if (AnyIn<Word>(acc, t * w, w)) live |= bit;
+      }
+    }
+    const int64_t tc_first = cc * chunk_cols / w;
+    Compact(
+        p, b, tr, true,
+        [&](auto fn) {
+          for (uint64_t rest = valid; rest; rest &= rest - 1) {
+            const int q = __ffsll(static_cast<long long>(rest)) - 1;
+            const int u = q / tiles_per_vec, t = q - u * tiles_per_vec;
+            fn(tr, tc_first + (threadIdx.x + int64_t{u} * kThreads) * tiles_per_vec + t, (live >> q) & 1);
+          }
+        },
+        s_scan, s_base);
+    __syncthreads();  // s_base is rewritten by the next item
+  }
+}
+
+// Shared mode: any tile shape. An item is item_rows tile rows x chunk_tiles tile
+// columns; flags live in shared memory.
+template <typename Word, bool kVec>
+__global__ void __launch_bounds__(kThreads) IndexSharedKernel(IndexParams p, Plan plan, bool whole_vec_tile) {
+  constexpr int V = kVec ? 16 / sizeof(Word) : 1;
+  constexpr int kUnroll = 4;
+  __shared__ uint8_t s_live[kMaxFlags];
+  __shared__ int s_scan[kThreads / 32];
+  __shared__ int s_base[3];
+  const Word* x = static_cast<const Word*>(p.x);
+  const int h = static_cast<int>(p.tile_h), w = static_cast<int>(p.tile_w);
+  const int ct = plan.chunk_tiles;
+  for (int t = threadIdx.x; t < plan.item_rows * ct; t += kThreads) s_live[t] = 0;
+  __syncthreads();
+
+  for (int64_t item = blockIdx.x; item < plan.items; item += gridDim.x) {
+    const int64_t cc = item % plan.num_chunks;
+    const int64_t rg = (item / plan.num_chunks) % plan.row_groups;
+    const int64_t b = item / (plan.num_chunks * plan.row_groups);
+    const int64_t tr0 = rg * plan.item_rows, tc0 = cc * ct;
+    const int ntr = static_cast<int>(std::min<int64_t>(plan.item_rows, p.tile_rows - tr0));
+    const int nct = static_cast<int>(std::min<int64_t>(ct, p.tile_cols - tc0));
+    const int64_t r0 = tr0 * h, c0 = tc0 * w;
+    const int nrows = static_cast<int>(std::min<int64_t>(int64_t{ntr} * h, p.rows - r0));
+    const int ncols = static_cast<int>(std::min<int64_t>(p.cols, (tc0 + nct) * w) - c0);
+    const int nvec = (ncols + V - 1) / V;  // exact in the vector case (cols % V == 0)
     const Word* base = x + (b * p.rows + r0) * p.cols + c0;
-    if (ti < row_threads) {
-      for (int i = ti; i < nrows; i += row_threads) {
-        const Word* row = base + static_cast<int64_t>(i) * p.cols;
-#pragma unroll 4
-        for (int j = tj; j < nvec; j += vec_threads) {
+    const int64_t pairs = int64_t{nrows} * nvec;
+
+    // 1. Mark live tiles: kUnroll independent loads in flight before any test.
+    for (int64_t q0 = threadIdx.x; q0 < pairs; q0 += int64_t{kThreads} * kUnroll) {
+      uint4 v[kUnroll];
+      Word s[kUnroll];
+      int flag_row[kUnroll], col[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t q = q0 + int64_t{k} * kThreads;
+        flag_row[k] = -1;
+        if (q < pairs) {
+          const int i = static_cast<int>(q / nvec), j = static_cast<int>(q - int64_t{i} * nvec);
+          flag_row[k] = (i / h) * ct;
+          col[k] = j * V;
           if constexpr (kVec) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + j * V));
-            const Word* words = reinterpret_cast<const Word*>(&v);
-            if (whole_vec_tile) {
-              bool any = false;
-#pragma unroll
-              for (int e = 0; e < V; ++e) any |= NonZero(words[e]);
-              if (any) s_live[(j * V) / tile_w] = 1;
-            } else {
-#pragma unroll
-              for (int e = 0; e < V; ++e)
-                if (NonZero(words[e])) s_live[(j * V + e) / tile_w] = 1;
-            }
+            v[k] = LoadMasked(base + int64_t{i} * p.cols + j * V);
           } else {
-            if (NonZero(row[j])) s_live[j / tile_w] = 1;
+            s[k] = base[int64_t{i} * p.cols + j];
           }
         }
       }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (flag_row[k] < 0) continue;
+        if constexpr (kVec) {
+          if (whole_vec_tile) {
+            if (v[k].x | v[k].y | v[k].z | v[k].w) s_live[flag_row[k] + col[k] / w] = 1;
+          } else {
+            const Word* words = reinterpret_cast<const Word*>(&v[k]);
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+              if (words[e]) s_live[flag_row[k] + (col[k] + e) / w] = 1;
+          }
+        } else {
+          if (NonZero(s[k])) s_live[flag_row[k] + col[k] / w] = 1;
+        }
+      }
     }
     __syncthreads();
 
-    // 2. Compact: a block scan numbers this item's live tiles, one atomic reserves them.
-    int mine = 0;
-    for (int t = threadIdx.x; t < nct; t += kThreads) mine += s_live[t];
-    int total = 0;
-    int pos = BlockExclusiveSum<kThreads>(mine, s_scan, &total);
-    if (threadIdx.x == 0 && total) {
-      s_base = atomicAdd(p.count + b, total);
-      if (p.row_tiles) s_rbase = atomicAdd(p.row_count + b * p.tile_rows + tr, total);
-    }
+    // 2. Number and write them; clear the flags for the next item.
+    Compact(
+        p, b, tr0, ntr == 1,
+        [&](auto fn) {
+          for (int t = threadIdx.x; t < ntr * ct; t += kThreads) {
+            const int ri = t / ct, ci = t - ri * ct;
+            if (ci < nct) fn(tr0 + ri, tc0 + ci, s_live[t] != 0);
+          }
+        },
+        s_scan, s_base);
+    for (int t = threadIdx.x; t < ntr * ct; t += kThreads) s_live[t] = 0;
     __syncthreads();
-    if (mine) {
-      for (int t = threadIdx.x; t < nct; t += kThreads) {
-        if (!s_live[t]) continue;
-        s_live[t] = 0;
-        const int64_t tc = tc0 + t;
-        const int64_t slot = static_cast<int64_t>(s_base) + pos;
-        if (slot < p.capacity) p.tiles[b * p.capacity + slot] = static_cast<int32_t>(tr * p.tile_cols + tc);
-        // Grouped lists hold every tile of their group, so they never overflow.
-        if (p.row_tiles) p.row_tiles[(b * p.tile_rows + tr) * p.tile_cols + s_rbase + pos] = static_cast<int32_t>(tc);
-        if (p.col_tiles) {
-          const int cslot = atomicAdd(p.col_count + b * p.tile_cols + tc, 1);
-          p.col_tiles[(b * p.tile_cols + tc) * p.tile_rows + cslot] = static_cast<int32_t>(tr);
-        }
-        ++pos;
-      }
-    }
-    __syncthreads();  // flags cleared before the next item marks
   }
 }
 
@@ -117,21 +272,43 @@ template <typename Word>
 cudaError_t LaunchTyped(const IndexParams& p, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(Word);
   const bool vec = p.cols % V == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-  // Chunk width: about kTargetElems elements, and a multiple of V columns so that
-  // every item starts on a 16-byte boundary.
+  const int blocks = DeviceSmCount() * 8;
+  Plan plan{};
+  if (vec && V % p.tile_w == 0) {
+    const int tiles_per_vec = static_cast<int>(V / p.tile_w);
+    const int64_t vectors = p.cols / V;
+    // Enough loads per thread to hide latency (tile_h rows x vpt vectors), bits permitting.
+    int64_t vpt = std::max<int64_t>(1, (8 + p.tile_h - 1) / p.tile_h);
+    vpt = std::min<int64_t>({vpt, kMaxBits / tiles_per_vec, (vectors + kThreads - 1) / kThreads});
+    plan.reg_mode = true;
+    plan.vpt = static_cast<int>(std::max<int64_t>(1, vpt));
+    plan.item_rows = 1;
+    plan.num_chunks = (vectors + int64_t{kThreads} * plan.vpt - 1) / (int64_t{kThreads} * plan.vpt);
+    plan.row_groups = p.tile_rows;
+    plan.items = p.batch * p.tile_rows * plan.num_chunks;
+    IndexRegKernel<Word><<<static_cast<int>(std::min<int64_t>(plan.items, blocks)), kThreads, 0, stream>>>(p, plan);
+    return cudaGetLastError();
+  }
+  // Shared mode. Chunk width: about kTargetElems per tile row, a multiple of V columns
+  // so every item starts on a 16-byte boundary; then as many tile rows as fit.
   const int64_t align = vec ? V / Gcd(p.tile_w, V) : 1;
   int64_t ct = std::max<int64_t>(1, kTargetElems / std::max<int64_t>(1, p.tile_h * p.tile_w));
   ct = (ct + align - 1) / align * align;
   ct = std::min(ct, (p.tile_cols + align - 1) / align * align);
-  ct = std::min<int64_t>(ct, kMaxChunkTiles);
-  const int64_t num_chunks = (p.tile_cols + ct - 1) / ct;
-  const int64_t items = p.batch * p.tile_rows * num_chunks;
-  const int grid = static_cast<int>(std::min<int64_t>(items, int64_t{DeviceSmCount()} * 8));
-  const bool whole_vec_tile = vec && p.tile_w % V == 0;
+  ct = std::min<int64_t>(ct, kMaxFlags);
+  int64_t rows_per_item = kTargetElems / std::max<int64_t>(1, p.tile_h * p.tile_w * ct);
+  rows_per_item = std::clamp<int64_t>(rows_per_item, 1, std::min<int64_t>(kMaxFlags / ct, p.tile_rows));
+  plan.reg_mode = false;
+  plan.chunk_tiles = static_cast<int>(ct);
+  plan.item_rows = static_cast<int>(rows_per_item);
+  plan.num_chunks = (p.tile_cols + ct - 1) / ct;
+  plan.row_groups = (p.tile_rows + rows_per_item - 1) / rows_per_item;
+  plan.items = p.batch * plan.row_groups * plan.num_chunks;
+  const int grid = static_cast<int>(std::min<int64_t>(plan.items, blocks));
   if (vec) {
-    IndexKernel<Word, true><<<grid, kThreads, 0, stream>>>(p, static_cast<int>(ct), num_chunks, whole_vec_tile);
+    IndexSharedKernel<Word, true><<<grid, kThreads, 0, stream>>>(p, plan, p.tile_w % V == 0);
   } else {
-    IndexKernel<Word, false><<<grid, kThreads, 0, stream>>>(p, static_cast<int>(ct), num_chunks, false);
+    IndexSharedKernel<Word, false><<<grid, kThreads, 0, stream>>>(p, plan, false);
   }
   return cudaGetLastError();
 }
@@ -139,19 +316,13 @@ cudaError_t LaunchTyped(const IndexParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchIndex(const IndexParams& p, cudaStream_t stream) {
-  // Unused slots read -1 (all bits set), counts start at 0. Memsets are graph-capturable.
-  auto fill = [&](int32_t* ptr, int value, int64_t n) {
-    return n > 0 ? cudaMemsetAsync(ptr, value, sizeof(int32_t) * n, stream) : cudaSuccess;
-  };
-  cudaError_t err = fill(p.tiles, 0xff, p.batch * p.capacity);
-  if (err == cudaSuccess) err = fill(p.count, 0, p.batch);
-  const int64_t grid_tiles = p.batch * p.tile_rows * p.tile_cols;
-  if (err == cudaSuccess && p.row_tiles) err = fill(p.row_tiles, 0xff, grid_tiles);
-  if (err == cudaSuccess && p.row_tiles) err = fill(p.row_count, 0, p.batch * p.tile_rows);
-  if (err == cudaSuccess && p.col_tiles) err = fill(p.col_tiles, 0xff, grid_tiles);
-  if (err == cudaSuccess && p.col_tiles) err = fill(p.col_count, 0, p.batch * p.tile_cols);
-  if (err != cudaSuccess) return err;
-  if (grid_tiles == 0) return cudaSuccess;
+  // One small launch replaces up to six memsets.
+  const int64_t largest = std::max({p.batch * p.capacity, p.row_tiles || p.col_tiles ? p.batch * p.tile_rows * p.tile_cols : 0,
+                                    p.batch * std::max(p.tile_rows, p.tile_cols)});
+  const int init_blocks = static_cast<int>(std::clamp<int64_t>((largest + 1023) / 1024, 1, 1024));
+  InitKernel<<<init_blocks, 256, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || p.batch * p.tile_rows * p.tile_cols == 0) return err;
   switch (p.elem_bytes) {
     case 1: return LaunchTyped<uint8_t>(p, stream);
     case 2: return LaunchTyped<uint16_t>(p, stream);

@@ -67,4 +67,4 @@ def index(
         outs = reference.index(x, **params)
     else:
         outs = pit_index_p.bind(x, **params)
-    return PitIndex(*outs, shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)
+    return PitIndex(*outs[:6], shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)

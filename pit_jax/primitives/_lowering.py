@@ -49,3 +49,13 @@ def _missing_cuda(target: str) -> Callable:
         )
 
     return rule
+
+
+def register_traced_lowering(prim: Primitive, fn: Callable, targets: Sequence[str]) -> None:
+    """Lowers `prim` by tracing `fn` (jnp glue + jax.ffi.ffi_call to `targets`) per platform."""
+    rule = mlir.lower_fun(fn, multiple_results=prim.multiple_results)
+    mlir.register_lowering(prim, rule, platform="cpu")
+    if _native.has_cuda():
+        mlir.register_lowering(prim, rule, platform="cuda")
+    else:
+        mlir.register_lowering(prim, _missing_cuda(", ".join(targets)), platform="cuda")

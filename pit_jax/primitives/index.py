@@ -4,7 +4,9 @@ Operand x [..., rows, cols] (float32/bfloat16/float16 values or a bool mask).
 Results (all int32), with R = tile rows and C = tile columns:
 tiles [..., capacity], count [...], row_tiles [..., R, C], row_count [..., R],
 col_tiles [..., C, R], col_count [..., C]; a grouping not asked for gives empty
-arrays ([..., 0, 0] and [..., 0]).
+arrays ([..., 0, 0] and [..., 0]); and scratch [...] (the kernel's count of dead
+tiles placed, not part of the index). At full capacity the flat list's slots past the
+count hold the dead tiles as -1 - id; otherwise, and in grouped lists, -1.
 Params: tile_h, tile_w, capacity, group_rows, group_cols.
 """
 
@@ -37,13 +39,14 @@ def _abstract_eval(x, *, tile_h, tile_w, capacity, group_rows, group_cols):
         ShapedArray(lead + rows[:1], i32),
         ShapedArray(lead + cols, i32),
         ShapedArray(lead + cols[:1], i32),
+        ShapedArray(lead, i32),
     )
 
 
 def _batch_rule(args, dims, **params):
     (x,), (d,) = args, dims
     x = jnp.moveaxis(x, d, 0)  # leading dims are batch dims already
-    return pit_index_p.bind(x, **params), (0,) * 6
+    return pit_index_p.bind(x, **params), (0,) * 7
 
 
 def _jvp_rule(primals, tangents, **params):

@@ -1,6 +1,7 @@
 // pit_index on the CPU: the same target as the CUDA handler, so CI runs the whole
 // primitive -> FFI -> native path without a GPU. Tiles are listed in row-major order
-// here; callers must not rely on any order (the GPU's is arbitrary).
+// here (dead ones from the back); callers must not rely on any order (the GPU's is
+// arbitrary).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -19,6 +20,7 @@ template <typename Word>
 void BuildIndex(const IndexParams& p) {
   std::fill(p.tiles, p.tiles + p.batch * p.capacity, -1);
   std::fill(p.count, p.count + p.batch, 0);
+  std::fill(p.dead, p.dead + p.batch, 0);
   const int64_t grid_tiles = p.batch * p.tile_rows * p.tile_cols;
   if (p.row_tiles) {
     std::fill(p.row_tiles, p.row_tiles + grid_tiles, -1);
@@ -41,7 +43,12 @@ void BuildIndex(const IndexParams& p) {
           if (NonZero(row[c])) live[c / p.tile_w] = 1;
       }
       for (int64_t tc = 0; tc < p.tile_cols; ++tc) {
-        if (!live[tc]) continue;
+        if (!live[tc]) {
+          // At full capacity the dead tiles fill the flat list from the back.
+          if (p.full_capacity())
+            p.tiles[b * p.capacity + p.capacity - 1 - p.dead[b]++] = -1 - static_cast<int32_t>(tr * p.tile_cols + tc);
+          continue;
+        }
         const int64_t slot = (*count)++;
         if (slot < p.capacity) p.tiles[b * p.capacity + slot] = static_cast<int32_t>(tr * p.tile_cols + tc);
         if (p.row_tiles) {
@@ -58,9 +65,9 @@ void BuildIndex(const IndexParams& p) {
 }
 
 ffi::Error IndexCpu(ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles, S32Result row_count,
-                    S32Result col_tiles, S32Result col_count, int64_t tile_h, int64_t tile_w, bool group_rows,
+                    S32Result col_tiles, S32Result col_count, S32Result scratch, int64_t tile_h, int64_t tile_w, bool group_rows,
                     bool group_cols) {
-  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count}, tile_h, tile_w, group_rows,
+  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w, group_rows,
                            group_cols);
   if (p.has_error()) return p.error();
   switch (p->elem_bytes) {
@@ -83,6 +90,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCpu, pit::IndexCpu,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_count
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_tiles
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_count
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // scratch
                                   .Attr<int64_t>("tile_h")
                                   .Attr<int64_t>("tile_w")
                                   .Attr<bool>("group_rows")

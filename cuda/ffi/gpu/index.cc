@@ -12,9 +12,9 @@ namespace pit {
 namespace {
 
 ffi::Error IndexCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles,
-                     S32Result row_count, S32Result col_tiles, S32Result col_count, int64_t tile_h, int64_t tile_w,
+                     S32Result row_count, S32Result col_tiles, S32Result col_count, S32Result scratch, int64_t tile_h, int64_t tile_w,
                      bool group_rows, bool group_cols) {
-  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count}, tile_h, tile_w, group_rows,
+  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w, group_rows,
                            group_cols);
   if (p.has_error()) return p.error();
   const cudaError_t err = LaunchIndex(*p, stream);
@@ -35,6 +35,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCuda, pit::IndexCuda,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_count
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_tiles
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_count
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // scratch
                                   .Attr<int64_t>("tile_h")
                                   .Attr<int64_t>("tile_w")
                                   .Attr<bool>("group_rows")
