@@ -1,0 +1,177 @@
+"""`pit_jax.sparse_dense`: a dense layer's product that skips dynamically dead micro-tiles.
+
+Semantics (documented, and what the tests check):
+
+    axis="m" or "k":  sparse_dense(x, w, index) == (x * index.mask()) @ w
+    axis="w":         sparse_dense(x, w, index) == x @ (w * index.mask())
+
+With `index=None` the index is built from x (from w for axis "w") in the same jit, so
+the forward equals `x @ w` exactly. The pattern is a constant of the step: gradients
+are those of the masked expression above (the gradient w.r.t. the masked operand is
+restricted to its live tiles), which is the true gradient whenever the zeros come from
+masking or ReLU. Forward and backward run as PIT products on the one index:
+
+- axis "m": live token rows (micro-tile (h, K), default (1, K): padding, dropped tokens).
+  Forward gathers live rows, multiplies, scatters rows; dx gathers the same rows of dy;
+  dw reduces over the live rows only.
+- axis "k": activation sparsity (micro-tile (h, bk) of x, default (32, 1)): each block
+  of h rows reduces only over its live k. Needs the index's row lists (and column lists
+  to differentiate): built with group_by="both" when `index` is None.
+- axis "w": weight blocks (micro-tile (bk, bn) of w, default (32, 64); a pruning mask
+  that may change every step): each block of output columns reduces over its live k
+  blocks only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from pit_jax import config, reference
+from pit_jax.ops.index import index as build_index
+from pit_jax.pit_index import MicroTileSpec, PitIndex
+from pit_jax.primitives import _products
+from pit_jax.primitives.stile_matmul import stile_matmul
+
+AXES = ("m", "k", "w")
+DEFAULT_MICRO_TILES = {"m": (1, None), "k": (32, 1), "w": (32, 64)}
+
+_EXACT = {"highest", "float32"}
+_TF32 = {"default", "high", "fastest", "tensorfloat32", "tf32", "bfloat16", "bfloat16_3x"}
+
+
+def allow_tf32(precision: Any) -> bool:
+    """Maps a `precision` argument to whether float32 products may use TF32.
+
+    None (the default) and HIGHEST mean exact float32; DEFAULT / HIGH or
+    "tensorfloat32" ask for speed and allow TF32. Ignored for 16-bit inputs.
+    """
+    if precision is None:
+        return False
+    if isinstance(precision, (tuple, list)) and len(precision) == 2:
+        first, second = (allow_tf32(p) for p in precision)
+        if first != second:
+            raise ValueError(f"sparse_dense: precision pairs must agree, got {precision!r}")
+        return first
+    if isinstance(precision, jax.lax.Precision):
+        return precision != jax.lax.Precision.HIGHEST
+    if isinstance(precision, str) and precision.lower() in _EXACT | _TF32:
+        return precision.lower() in _TF32
+    raise ValueError(
+        f"sparse_dense: precision must be None, a jax.lax.Precision or one of "
+        f"{sorted(_EXACT | _TF32)}, got {precision!r}"
+    )
+
+
+def _resolve_tile(micro_tile, axis, shape, what):
+    from pit_jax.pit_index import normalize_micro_tile
+
+    tile = normalize_micro_tile(DEFAULT_MICRO_TILES[axis] if micro_tile is None else micro_tile, shape, what)
+    if axis == "m" and tile[1] != shape[1]:
+        raise ValueError(
+            f"sparse_dense: axis='m' gathers whole rows, so micro_tile must be (h, {shape[1]}) or (h, None), "
+            f"got {tile}; use axis='k' for tiles that split rows"
+        )
+    return tile
+
+
+def _check_index(index, axis, owner, tile, owner_name):
+    if not isinstance(index, PitIndex):
+        raise TypeError(f"sparse_dense: index must be a pit_jax.PitIndex (from pit_jax.index), got {type(index).__name__}")
+    shape = tuple(owner.shape[-2:])
+    if tuple(index.shape) != shape:
+        raise ValueError(
+            f"sparse_dense: the index was built for a {index.shape} matrix but {owner_name} is {shape} "
+            f"(axis={axis!r} indexes {owner_name})"
+        )
+    if tile is not None and tuple(index.micro_tile) != tuple(tile):
+        raise ValueError(f"sparse_dense: micro_tile {tile} differs from the index's {index.micro_tile}")
+    if axis == "m" and index.micro_tile[1] != shape[1]:
+        raise ValueError(
+            f"sparse_dense: axis='m' needs an index of row micro-tiles (h, {shape[1]}), got micro_tile "
+            f"{index.micro_tile}; use axis='k' for it"
+        )
+    if index.batch_shape not in ((), tuple(owner.shape[:-2])):
+        raise ValueError(
+            f"sparse_dense: the index has batch dims {index.batch_shape}, {owner_name} has {tuple(owner.shape[:-2])}"
+        )
+
+
+def sparse_dense(
+    x: jax.Array,
+    w: jax.Array,
+    index: Optional[PitIndex] = None,
+    *,
+    axis: str = "m",
+    micro_tile: Optional[MicroTileSpec] = None,
+    precision: Any = None,
+) -> jax.Array:
+    """`x @ w` computed only on the live micro-tiles of x (axes "m", "k") or w (axis "w").
+
+    Args:
+      x: [..., M, K] (or [K]) float32 / bfloat16 / float16.
+      w: [..., K, N]. Batch dims broadcast like `jnp.matmul`.
+      index: a `PitIndex` of x (of w for axis "w"); None builds it here, on the device.
+      axis: "m" (token rows), "k" (activation sparsity) or "w" (weight blocks).
+      micro_tile: the micro-tile when building the index (defaults: m (1, K),
+        k (32, 1), w (32, 64)); checked against a given index.
+      precision: float32 only: None/HIGHEST exact, DEFAULT/HIGH/"tensorfloat32" allow TF32.
+
+    Returns:
+      [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation.
+    """
+    if axis not in AXES:
+        raise ValueError(f"sparse_dense: axis must be one of {AXES}, got {axis!r}")
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    if dtype not in _products.FLOATS:
+        raise TypeError(f"sparse_dense: x and w must be float32, bfloat16 or float16, got {x.dtype} and {w.dtype}")
+    if w.ndim < 2:
+        raise ValueError(f"sparse_dense: w must have rank >= 2 ([..., K, N]), got shape {tuple(w.shape)}")
+    if x.ndim < 1:
+        raise ValueError("sparse_dense: x must have rank >= 1")
+    vector = x.ndim == 1
+    if vector:
+        x = x[None]
+    if x.shape[-1] != w.shape[-2]:
+        raise ValueError(f"sparse_dense: inner dimensions differ: x is {tuple(x.shape)}, w is {tuple(w.shape)}")
+    tf32 = allow_tf32(precision)
+    x, w = x.astype(dtype), w.astype(dtype)
+
+    # The masked operand and the index must cover the full batch; the other operand may be
+    # shared (no batch dims) or carry the full batch (jnp.matmul broadcasting otherwise).
+    full = jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    owner_name = "w" if axis == "w" else "x"
+    owner = w if axis == "w" else x
+    tile = None if micro_tile is None else _resolve_tile(micro_tile, axis, owner.shape[-2:], "micro_tile")
+    if index is None:
+        tile = tile or _resolve_tile(None, axis, owner.shape[-2:], "micro_tile")
+    else:
+        _check_index(index, axis, owner, tile, owner_name)
+    if tuple(owner.shape[:-2]) != full:
+        owner = jnp.broadcast_to(owner, (*full, *owner.shape[-2:]))
+    other = x if axis == "w" else w
+    if other.ndim > 2 and tuple(other.shape[:-2]) != full:
+        other = jnp.broadcast_to(other, (*full, *other.shape[-2:]))
+    x, w = (other, owner) if axis == "w" else (owner, other)
+
+    if index is None:
+        index = build_index(owner, tile, group_by=None if axis == "m" else "both")
+    elif index.batch_shape != full:
+        index = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (*full, *a.shape[a.ndim - _trailing(a, index):])), index)
+
+    sparse = "b" if axis == "w" else "a"
+    params = dict(sparse=sparse, tile=index.micro_tile, trans_a=False, trans_b=False, trans_c=False,
+                  allow_tf32=tf32, out_batch=len(full))
+    if config.reference_enabled():
+        y = reference.stile_matmul(x, w, *index.arrays, **params)
+    else:
+        y = stile_matmul(x, w, index.arrays, **params)
+    return y[..., 0, :] if vector else y
+
+
+def _trailing(a, index: PitIndex) -> int:
+    """Number of non-batch dims of an index array (its batch dims are the index's)."""
+    return a.ndim - len(index.batch_shape)

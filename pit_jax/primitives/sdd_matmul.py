@@ -1,0 +1,141 @@
+"""`sdd_matmul`: a product computed only on the listed micro-tiles of its result.
+
+    C = ( op_a(A) @ op_b(B) ) ∘ mask
+
+`mask` = the live micro-tiles (`tile` = (h, w) on C [..., M, N]) listed by the index
+operands (tiles, count, row_tiles, row_count, col_tiles, col_count), which have C's batch
+dims; unlisted tiles are zero. It is the gradient of a stile product w.r.t. its masked
+operand (K-axis dx = (dy @ w^T) ∘ m, weight-block dw = (x^T @ dy) ∘ m). When the tiles
+span whole rows of C it is a row-gather product and lowers to that (M-axis dx).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, xla
+
+from pit_jax.primitives import _lowering, _products
+
+sdd_matmul_p = Primitive("pit_sdd_matmul")
+
+
+def _shape(a, b, idx, *, trans_a, trans_b, out_batch):
+    return _products.product_shape(
+        a, b, _products.index_batch(idx), trans_a=trans_a, trans_b=trans_b, trans_c=False, out_batch=out_batch,
+        what="sdd_matmul",
+    )
+
+
+def _abstract_eval(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
+    shape = _shape(a, b, idx, trans_a=trans_a, trans_b=trans_b, out_batch=out_batch)
+    if tuple(idx[1].shape) != shape.full[:out_batch]:
+        raise ValueError(
+            f"sdd_matmul: the index has batch dims {tuple(idx[1].shape)}, the result {shape.full[:out_batch]}"
+        )
+    tr, tc = math.ceil(shape.m / tile[0]), math.ceil(shape.n / tile[1])
+    if idx[0].shape[-1] > tr * tc or tile[0] > shape.m or tile[1] > shape.n:
+        raise ValueError(f"sdd_matmul: the index does not match a {tile} micro-tiling of {(shape.m, shape.n)}")
+    return ShapedArray(shape.out_shape, a.dtype)
+
+
+def _row_gather(a, idx, shape, *, tile, trans_a, out_batch) -> bool:
+    # Tiles spanning whole rows of C, rows of op_a(A) = rows of A: gather rows of A.
+    return (
+        not trans_a and math.ceil(shape.n / tile[1]) == 1 and out_batch == len(shape.full)
+        and tuple(a.shape[:-2]) == shape.full
+    )
+
+
+def _native(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
+    shape = _shape(a, b, idx, trans_a=trans_a, trans_b=trans_b, out_batch=out_batch)
+    out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
+    if _row_gather(a, idx, shape, tile=tile, trans_a=trans_a, out_batch=out_batch):
+        return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
+            a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
+        )
+    return jax.ffi.ffi_call("pit_sdd_matmul", out)(
+        a,
+        b,
+        idx[0],
+        idx[1],
+        tile_h=np.int64(tile[0]),
+        tile_w=np.int64(tile[1]),
+        trans_a=bool(trans_a),
+        trans_b=bool(trans_b),
+        allow_tf32=bool(allow_tf32),
+    )
+
+
+def sdd_matmul(a, b, idx, *, tile, trans_a=False, trans_b=False, allow_tf32=False, out_batch):
+    return sdd_matmul_p.bind(
+        a,
+        b,
+        *idx,
+        tile=tuple(tile),
+        trans_a=bool(trans_a),
+        trans_b=bool(trans_b),
+        allow_tf32=bool(allow_tf32),
+        out_batch=int(out_batch),
+    )
+
+
+def _jvp(primals, tangents, **params):
+    a, b, *idx = primals
+    da, db = tangents[:2]
+    out = sdd_matmul_p.bind(a, b, *idx, **params)
+    terms = []
+    if type(da) is not ad.Zero:
+        terms.append(sdd_matmul_p.bind(da, b, *idx, **params))
+    if type(db) is not ad.Zero:
+        terms.append(sdd_matmul_p.bind(a, db, *idx, **params))
+    if not terms:
+        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+    return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+
+def _transpose(ct, a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
+    from pit_jax.primitives.stile_matmul import stile_matmul  # the sparse-reduction products
+
+    nones = [None] * _products.NUM_INDEX
+    if type(ct) is ad.Zero:
+        return [None, None, *nones]
+    if any(ad.is_undefined_primal(x) for x in idx):
+        raise ValueError("sdd_matmul: the index is not differentiable")
+    # ct is masked by the same tiles as C: it is the sparse operand of the transposes.
+    ct_a = ct_b = None
+    if ad.is_undefined_primal(a):
+        nb = a.aval.ndim - 2
+        ct_a = (
+            stile_matmul(ct, b, idx, sparse="a", tile=tile, trans_a=False, trans_b=not trans_b, out_batch=nb,
+                         allow_tf32=allow_tf32)
+            if not trans_a
+            else stile_matmul(b, ct, idx, sparse="b", tile=tile, trans_a=trans_b, trans_b=True, out_batch=nb,
+                              allow_tf32=allow_tf32)
+        )
+    if ad.is_undefined_primal(b):
+        nb = b.aval.ndim - 2
+        ct_b = (
+            stile_matmul(a, ct, idx, sparse="b", tile=tile, trans_a=not trans_a, trans_b=False, out_batch=nb,
+                         allow_tf32=allow_tf32)
+            if not trans_b
+            else stile_matmul(ct, a, idx, sparse="a", tile=tile, trans_a=True, trans_b=trans_a, out_batch=nb,
+                              allow_tf32=allow_tf32)
+        )
+    return [ct_a, ct_b, *nones]
+
+
+def _batch(args, dims, **params):
+    return _products.batch_rule(sdd_matmul_p, args, dims, owner="c", **params)
+
+
+sdd_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(sdd_matmul_p, *args, **params))
+sdd_matmul_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[sdd_matmul_p] = _jvp
+ad.primitive_transposes[sdd_matmul_p] = _transpose
+batching.primitive_batchers[sdd_matmul_p] = _batch
+_lowering.register_traced_lowering(sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"))

@@ -1,0 +1,249 @@
+"""`stile_matmul`: SRead -> dense tile product -> SWrite, one operand masked by an index.
+
+    C = T_c( op_a(A ∘ mask) @ op_b(B) )      sparse == "a"
+    C = T_c( op_a(A) @ op_b(B ∘ mask) )      sparse == "b"
+
+`mask` is the set of live micro-tiles (`tile` = (h, w) on the masked operand's STORED
+layout) listed by the index; op is the identity or a transpose (`trans_a`, `trans_b`);
+with `trans_c` C is stored transposed. float32 accumulation. Operands:
+(a, b, tiles, count, row_tiles, row_count, col_tiles, col_count) — the index arrays of
+the masked operand, which has exactly their batch dims. Batching: see `_products`.
+
+PIT axes: the M axis (row micro-tiles (h, K) of x) lowers to the row-gather target;
+the K axis ((h, w) tiles of x) and weight blocks ((bk, bn) tiles of w) lower to the
+stile target, which reduces each output block over its group's listed tiles only.
+The transposes are the other PIT products on the same index (never rebuilt):
+an SDD product for the masked operand, a stile product for the dense one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, xla
+
+from pit_jax.primitives import _lowering, _products
+
+stile_matmul_p = Primitive("pit_stile_matmul")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a stile product runs: which native target, with which list."""
+
+    target: str  # "row_gather" or "stile"
+    lists: str  # "flat" (one group), "rows", "cols", "rows_from_flat" or "cols_from_flat"
+    reduce_cols: bool
+    tile_rows: int
+    tile_cols: int
+
+
+def plan(a, b, idx, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> Plan:
+    """Chooses the target and the list; raises if the index lacks what is needed."""
+    s = a if sparse == "a" else b
+    rows, cols = s.shape[-2:]
+    h, w = tile
+    tr, tc = math.ceil(rows / h), math.ceil(cols / w)
+    reduce_cols = (sparse == "a" and not trans_a) or (sparse == "b" and trans_b)
+    full = _products.full_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2]), what="stile_matmul")
+    if (
+        sparse == "a"
+        and not trans_a
+        and tc == 1
+        and not trans_c
+        and out_batch == len(full)
+        and tuple(a.shape[:-2]) == full
+    ):
+        return Plan("row_gather", "flat", reduce_cols, tr, tc)
+    if reduce_cols:  # groups are tile rows, entries tile columns
+        if tr == 1:
+            lists = "flat"
+        elif _products.has_rows(idx):
+            lists = "rows"
+        elif tc == 1:
+            lists = "rows_from_flat"
+        else:
+            raise ValueError(
+                "pit_jax: this product reduces along the columns of the sparse operand and needs "
+                "the index's per-row lists; build the index with group_by='row' (or 'both' to "
+                "also differentiate)"
+            )
+    else:  # groups are tile columns, entries tile rows
+        if tc == 1:
+            lists = "flat"
+        elif _products.has_cols(idx):
+            lists = "cols"
+        elif tr == 1:
+            lists = "cols_from_flat"
+        else:
+            raise ValueError(
+                "pit_jax: this product reduces along the rows of the sparse operand and needs the "
+                "index's per-column lists; build the index with group_by='col' (or 'both' to also "
+                "differentiate)"
+            )
+    return Plan("stile", lists, reduce_cols, tr, tc)
+
+
+def group_lists(idx, p: Plan):
+    """(lists [..., groups, capacity], counts [..., groups]) as the stile target takes them."""
+    tiles, count, row_tiles, row_count, col_tiles, col_count = idx
+    if p.lists == "flat":
+        return _products.flat_as_group(tiles, count)
+    if p.lists == "rows":
+        return row_tiles, row_count
+    if p.lists == "cols":
+        return col_tiles, col_count
+    # One tile per group at most (the tiles span the other dim): groups from the flat list.
+    groups = p.tile_rows if p.lists == "rows_from_flat" else p.tile_cols
+    cap = tiles.shape[-1]
+    valid = jnp.arange(cap) < jnp.minimum(count, cap)[..., None]
+    ids = jnp.where(valid, tiles, groups).reshape(-1, cap)
+    live = jax.vmap(lambda t: jnp.zeros((groups,), jnp.int32).at[t].set(1, mode="drop"))(ids)
+    live = live.reshape(*count.shape, groups)
+    return jnp.where(live > 0, 0, -1)[..., None].astype(jnp.int32), live
+
+
+def _check_index(a, b, idx, *, sparse, tile):
+    s = a if sparse == "a" else b
+    rows, cols = s.shape[-2:]
+    h, w = tile
+    tr, tc = math.ceil(rows / h), math.ceil(cols / w)
+    tiles, count = idx[0], idx[1]
+    if tuple(count.shape) != tuple(s.shape[:-2]):
+        raise ValueError(
+            f"stile_matmul: the index has batch dims {tuple(count.shape)} but the sparse operand "
+            f"{sparse} has {tuple(s.shape[:-2])}"
+        )
+    if tiles.shape[-1] > tr * tc or any(x.dtype != jnp.int32 for x in idx):
+        raise ValueError(f"stile_matmul: index arrays do not match a {tile} micro-tiling of {(rows, cols)}")
+    if _products.has_rows(idx) and tuple(idx[2].shape[-2:]) != (tr, tc):
+        raise ValueError(f"stile_matmul: the index's row lists are not those of a {tile} tiling of {(rows, cols)}")
+    if _products.has_cols(idx) and tuple(idx[4].shape[-2:]) != (tc, tr):
+        raise ValueError(f"stile_matmul: the index's column lists are not those of a {tile} tiling of {(rows, cols)}")
+
+
+def _abstract_eval(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
+    shape = _products.product_shape(
+        a, b, (), trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch, what="stile_matmul"
+    )
+    _check_index(a, b, idx, sparse=sparse, tile=tile)
+    plan(a, b, idx, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch)
+    return ShapedArray(shape.out_shape, a.dtype)
+
+
+def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
+    """The custom call(s), traced inside the lowering (one per platform)."""
+    shape = _products.product_shape(
+        a, b, (), trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch, what="stile_matmul"
+    )
+    out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
+    p = plan(a, b, idx, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch)
+    if p.target == "row_gather":
+        return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
+            a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
+        )
+    lists, counts = group_lists(idx, p)
+    return jax.ffi.ffi_call("pit_stile_matmul", out)(
+        a,
+        b,
+        lists,
+        counts,
+        sparse_b=sparse == "b",
+        tile_h=np.int64(tile[0]),
+        tile_w=np.int64(tile[1]),
+        trans_a=bool(trans_a),
+        trans_b=bool(trans_b),
+        trans_c=bool(trans_c),
+        allow_tf32=bool(allow_tf32),
+    )
+
+
+def stile_matmul(a, b, idx, *, sparse, tile, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False, out_batch):
+    return stile_matmul_p.bind(
+        a,
+        b,
+        *idx,
+        sparse=sparse,
+        tile=tuple(tile),
+        trans_a=bool(trans_a),
+        trans_b=bool(trans_b),
+        trans_c=bool(trans_c),
+        allow_tf32=bool(allow_tf32),
+        out_batch=int(out_batch),
+    )
+
+
+# -- autodiff: bilinear in (a, b) for a fixed index ------------------------------------
+
+
+def _jvp(primals, tangents, **params):
+    a, b, *idx = primals
+    da, db = tangents[:2]
+    out = stile_matmul_p.bind(a, b, *idx, **params)
+    terms = []
+    if type(da) is not ad.Zero:
+        terms.append(stile_matmul_p.bind(da, b, *idx, **params))
+    if type(db) is not ad.Zero:
+        terms.append(stile_matmul_p.bind(a, db, *idx, **params))
+    if not terms:
+        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+    return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+
+def _transpose(ct, a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
+    from pit_jax.primitives.sdd_matmul import sdd_matmul  # the masked operand's gradient
+
+    nones = [None] * _products.NUM_INDEX
+    if type(ct) is ad.Zero:
+        return [None, None, *nones]
+    if any(ad.is_undefined_primal(x) for x in idx):
+        raise ValueError("stile_matmul: the index is not differentiable")
+    common = dict(allow_tf32=allow_tf32)
+    ct_a = ct_b = None
+    if ad.is_undefined_primal(a):
+        nb = a.aval.ndim - 2
+        if sparse == "a":
+            ct_a = (
+                sdd_matmul(ct, b, idx, tile=tile, trans_a=trans_c, trans_b=not trans_b, out_batch=nb, **common)
+                if not trans_a
+                else sdd_matmul(b, ct, idx, tile=tile, trans_a=trans_b, trans_b=not trans_c, out_batch=nb, **common)
+            )
+        else:
+            ct_a = (
+                stile_matmul(ct, b, idx, sparse="b", tile=tile, trans_a=trans_c, trans_b=not trans_b, out_batch=nb, **common)
+                if not trans_a
+                else stile_matmul(b, ct, idx, sparse="a", tile=tile, trans_a=trans_b, trans_b=not trans_c, out_batch=nb, **common)
+            )
+    if ad.is_undefined_primal(b):
+        nb = b.aval.ndim - 2
+        if sparse == "b":
+            ct_b = (
+                sdd_matmul(a, ct, idx, tile=tile, trans_a=not trans_a, trans_b=trans_c, out_batch=nb, **common)
+                if not trans_b
+                else sdd_matmul(ct, a, idx, tile=tile, trans_a=not trans_c, trans_b=trans_a, out_batch=nb, **common)
+            )
+        else:
+            ct_b = (
+                stile_matmul(a, ct, idx, sparse="a", tile=tile, trans_a=not trans_a, trans_b=trans_c, out_batch=nb, **common)
+                if not trans_b
+                else stile_matmul(ct, a, idx, sparse="b", tile=tile, trans_a=not trans_c, trans_b=trans_a, out_batch=nb, **common)
+            )
+    return [ct_a, ct_b, *nones]
+
+
+def _batch(args, dims, **params):
+    return _products.batch_rule(stile_matmul_p, args, dims, owner=params["sparse"], **params)
+
+
+stile_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(stile_matmul_p, *args, **params))
+stile_matmul_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[stile_matmul_p] = _jvp
+ad.primitive_transposes[stile_matmul_p] = _transpose
+batching.primitive_batchers[stile_matmul_p] = _batch
+_lowering.register_traced_lowering(stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul"))
