@@ -46,8 +46,22 @@ def rotations(bytes_per_set: int, max_sets: int = 16) -> int:
     return int(max(2, min(max_sets, -(-4 * L2_BYTES // max(1, bytes_per_set)))))
 
 
-def time_op(fn: Callable, arg_sets: Sequence[tuple], *, reps: int = 15, target_s: float = 0.02) -> dict:
-    """Median milliseconds of one `fn(*args)` over the rotated `arg_sets`."""
+def time_op(
+    fn: Callable,
+    arg_sets: Sequence[tuple],
+    *,
+    reps: int = 15,
+    target_s: float = 0.02,
+    keep_output: bool = False,
+    budget_s: float | None = None,
+) -> dict:
+    """Median milliseconds of one `fn(*args)` over the rotated `arg_sets`.
+
+    With `keep_output`, the result also holds "output": what `fn` returned for
+    `arg_sets[0]` on the warm-up call (for a correctness check at no extra compile).
+    With `budget_s`, an op so slow that `reps` repeats would take longer than that
+    gets fewer repeats (at least 3).
+    """
     k = len(arg_sets)
     flat = [a for args in arg_sets for a in args]
     n_args = len(arg_sets[0])
@@ -56,11 +70,14 @@ def time_op(fn: Callable, arg_sets: Sequence[tuple], *, reps: int = 15, target_s
     def many(*flat_args):
         return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
 
-    jax.block_until_ready(many(*flat))  # compile + warm up
+    first = jax.block_until_ready(many(*flat))  # compile + warm up
+    first = first[0] if keep_output else None
     t0 = time.perf_counter()
     jax.block_until_ready(many(*flat))
     once = max(time.perf_counter() - t0, 1e-6)
     calls = int(max(1, min(1000, target_s / once)))
+    if budget_s is not None:
+        reps = int(max(3, min(reps, budget_s / (calls * once))))
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -69,7 +86,7 @@ def time_op(fn: Callable, arg_sets: Sequence[tuple], *, reps: int = 15, target_s
             out = many(*flat)
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / (calls * k) * 1e3)
-    return {
+    out = {
         "median_ms": statistics.median(samples),
         "min_ms": min(samples),
         "max_ms": max(samples),
@@ -77,6 +94,62 @@ def time_op(fn: Callable, arg_sets: Sequence[tuple], *, reps: int = 15, target_s
         "calls_per_rep": calls,
         "rotations": k,
     }
+    if keep_output:
+        out["output"] = first
+    return out
+
+
+class TooSlow(RuntimeError):
+    """A bounded baseline's single call went over its time budget."""
+
+
+def time_bounded(
+    fn: Callable,
+    arg_sets: Sequence[tuple],
+    *,
+    budget_s: float = 2.0,
+    reps: int = 5,
+    slow_s: float = 0.05,
+    keep_output: bool = False,
+) -> dict:
+    """Times a baseline that may be very slow, never spending much more than needed.
+
+    Compiles `fn` for `arg_sets[0]` alone and runs it once. If that call takes more
+    than `budget_s`, raises `TooSlow` (the caller records null with the reason).
+    A call slower than `slow_s` is timed on that one input set (L2 residency does not
+    matter at that scale): the median of `reps` calls counting the first. Faster ones
+    go through `time_op` on (at most) two rotated sets with `reps` repeats.
+    """
+    args = tuple(arg_sets[0])
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    first = jax.block_until_ready(compiled(*args))
+    once = time.perf_counter() - t0
+    if once > budget_s:
+        raise TooSlow(f"one call took {once:.2f} s (budget {budget_s:g} s)")
+    if once > slow_s:
+        samples = [once * 1e3]
+        for _ in range(max(0, reps - 1)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            samples.append((time.perf_counter() - t0) * 1e3)
+        out = {
+            "median_ms": statistics.median(samples),
+            "min_ms": min(samples),
+            "max_ms": max(samples),
+            "reps": len(samples),
+            "calls_per_rep": 1,
+            "rotations": 1,
+        }
+        if keep_output:
+            out["output"] = first
+    else:
+        del first
+        out = time_op(fn, list(arg_sets[:2]), reps=reps, target_s=0.01, keep_output=keep_output)
+    out["compile_s"] = compile_s
+    return out
 
 
 def copy_bandwidth_gbs(nbytes: int = 2**30) -> float:

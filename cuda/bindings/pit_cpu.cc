@@ -8,6 +8,11 @@ PYBIND11_MODULE(_pit_cpu, m) {
   m.def("registrations", []() {
     pybind11::dict targets;
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCpu);
+    targets["pit_sread"] = pit::HandlerCapsule(PitSreadCpu);
+    targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
+    targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
+    targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCpu);
+    targets["pit_sdd_matmul"] = pit::HandlerCapsule(PitSddMatmulCpu);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

@@ -1,0 +1,80 @@
+// pit_row_gather_matmul on the CPU: rows of the listed row blocks of a are multiplied
+// by op_b(B); every other row of c is zero.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cuda/ffi/cpu/handlers.h"
+#include "cuda/ffi/matmul_args.h"
+
+namespace pit {
+namespace {
+
+constexpr char kTarget[] = "pit_row_gather_matmul";
+
+void RowGather(const MatmulParams& p, const TileList& t) {
+  const int64_t es = DTypeBytes(p.dtype);
+  const int64_t blocks = CeilDiv(p.M, t.tile_h);
+  cpu::CachedMatrix bmat(p.b, p.dtype, p.trans_b);  // op_b(B) as float [K, N]
+  constexpr int kR = cpu::kRowBlock;
+  std::vector<float> arows(static_cast<size_t>(kR * p.K)), acc(static_cast<size_t>(kR * p.N));
+  const float* l[kR];
+  float* out[kR];
+  for (int i = 0; i < kR; ++i) {
+    l[i] = arows.data() + i * p.K;
+    out[i] = acc.data() + i * p.N;
+  }
+  for (int64_t b = 0; b < p.batch; ++b) {
+    char* cb = static_cast<char*>(p.c) + b * p.M * p.N * es;
+    cpu::Zero(cb, p.M * p.N * es);  // all-zero bytes are +0 in every dtype
+    const int64_t live = cpu::LiveCount(t.counts[b], t.capacity);
+    if (live == 0) continue;
+    const cpu::FloatMatrix& bm = bmat.Get(b / (p.batch / p.b.batch));
+    const int32_t* ids = t.lists + b * t.capacity;
+    for (int64_t s = 0; s < live; ++s) {
+      const int64_t id = ids[s];
+      if (id < 0 || id >= blocks) continue;  // not a row block of a: skip
+      const int64_t r1 = std::min(p.M, (id + 1) * t.tile_h);
+      // The block's rows are consecutive in a and c: load, multiply and store kR at a time.
+      for (int64_t r = id * t.tile_h; r < r1; r += kR) {
+        const int rows = static_cast<int>(std::min<int64_t>(kR, r1 - r));
+        cpu::LoadRow(p.dtype, p.a.data, (b * p.M + r) * p.K, rows * p.K, arows.data());
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        cpu::UpdateRows(rows, l, out, bm, 0, 0, p.K, p.N);
+        cpu::StoreRow(p.dtype, acc.data(), rows * p.N, p.c, (b * p.M + r) * p.N);
+      }
+    }
+  }
+}
+
+ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
+                              ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b, bool allow_tf32) {
+  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
+                        allow_tf32);
+  if (p.has_error()) return p.error();
+  // c has a's leading dims: no batch reduction, and a is never the shared operand.
+  if (p->a.batch != p->batch || p->c_batch != p->batch)
+    return ffi::Error::InvalidArgument(std::string(kTarget) + ": the result must have a's leading dims, and b's "
+                                       "batch count must divide a's");
+  auto t = DecodeFlatList(kTarget, tiles, count, tile_h, 1);
+  if (t.has_error()) return t.error();
+  auto err = CheckIndexBatch(kTarget, *t, p->a.batch, "a");
+  if (err.failure()) return err;
+  cpu::Poison(c->untyped_data(), c->size_bytes());
+  if (p->batch > 0) RowGather(*p, *t);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCpu, pit::RowGatherMatmulCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()              // a
+                                  .Arg<xla::ffi::AnyBuffer>()              // b
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Ret<xla::ffi::AnyBuffer>()              // c
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<bool>("trans_b")
+                                  .Attr<bool>("allow_tf32"));

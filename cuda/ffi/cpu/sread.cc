@@ -1,0 +1,54 @@
+// pit_sread on the CPU: copy each listed micro-tile of x into its packed slot. Same
+// dtype in and out, so elements move as raw bytes (no conversion).
+#include <cstring>
+
+#include "cuda/ffi/cpu/handlers.h"
+#include "cuda/ffi/sread_swrite_args.h"
+
+namespace pit {
+namespace {
+
+void Sread(const PackParams& p) {
+  const int64_t es = DTypeBytes(p.dtype);
+  const int64_t tile_elems = p.tile_h * p.tile_w;
+  const int64_t num_tiles = p.tile_rows * p.tile_cols;
+  const char* x = static_cast<const char*>(p.src);
+  char* packed = static_cast<char*>(p.dst);
+  // Partial edge tiles and unused slots read as zeros.
+  cpu::Zero(packed, p.batch * p.capacity * tile_elems * es);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
+    const int32_t* tiles = p.tiles + b * p.capacity;
+    const char* xb = x + b * p.rows * p.cols * es;
+    for (int64_t s = 0; s < live; ++s) {
+      const int64_t id = tiles[s];
+      if (id < 0 || id >= num_tiles) continue;  // not a tile of this grid: leave the slot zero
+      const int64_t r0 = (id / p.tile_cols) * p.tile_h, c0 = (id % p.tile_cols) * p.tile_w;
+      const int64_t h = std::min(p.tile_h, p.rows - r0), w = std::min(p.tile_w, p.cols - c0);
+      char* slot = packed + (b * p.capacity + s) * tile_elems * es;
+      for (int64_t i = 0; i < h; ++i)
+        std::memcpy(slot + i * p.tile_w * es, xb + ((r0 + i) * p.cols + c0) * es, static_cast<size_t>(w * es));
+    }
+  }
+}
+
+ffi::Error SreadCpu(ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> packed,
+                    int64_t tile_h, int64_t tile_w) {
+  auto p = DecodeSread(x, tiles, count, packed, tile_h, tile_w);
+  if (p.has_error()) return p.error();
+  cpu::Poison(packed->untyped_data(), packed->size_bytes());
+  Sread(*p);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadCpu, pit::SreadCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()              // x
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Ret<xla::ffi::AnyBuffer>()              // packed
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<int64_t>("tile_w"));

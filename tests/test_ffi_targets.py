@@ -1,0 +1,617 @@
+"""The raw FFI contract of every pit_jax target (docs/kernels.md), through jax.ffi.ffi_call.
+
+Each case runs on every platform JAX sees (the CPU handlers always, the CUDA ones on a
+GPU) against a float64 NumPy reference, on fresh random data each run. Outputs are
+poisoned with NaN bytes before every kernel, so an element a kernel fails to write
+shows up as NaN. Operands are dense random data; the index comes from a separate
+random mask, so a handler that ignores its lists (reads masked-out tiles) is caught.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pit_testing import PLATFORMS, fresh_rng, put, tiled_sparse
+
+import pit_jax
+from pit_jax import _native
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+DENSITIES = [0.0, 0.05, 0.5, 1.0]
+# Max error allowed, relative to the reference's max abs value.
+TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
+TF32_TOL = 5e-3  # float32 with allow_tf32: TF32 tensor cores (10-bit mantissa) may be used
+
+
+@pytest.fixture(autouse=True, scope="module")
+def poison_outputs():
+    modules = [_native._cpu] + ([_native._cuda] if _native._cuda is not None else [])
+    for m in modules:
+        m.set_poison_outputs(True)
+    yield
+    for m in modules:
+        m.set_poison_outputs(False)
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def dname(dtype) -> str:
+    return jnp.dtype(dtype).name
+
+
+def ffi(target, shape, dtype, *args, aliases=None, **attrs):
+    """One raw call: ints go as i64 attributes, bools as bool."""
+    attrs = {k: v if isinstance(v, bool) else np.int64(v) for k, v in attrs.items()}
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(tuple(shape), dtype), input_output_aliases=aliases)
+    return call(*args, **attrs)
+
+
+def run(platform, fn, *arrays):
+    """jit(fn) on `platform`'s device; results as NumPy."""
+    args = put(platform, *arrays)
+    out = jax.jit(fn)(*(args if len(arrays) > 1 else (args,)))
+    return jax.tree_util.tree_map(np.asarray, out)
+
+
+def randn(rng, shape, dtype):
+    """Dense random values, none zero, exactly representable in `dtype`."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x = np.where(np.abs(x) < 1e-2, 0.5, x)
+    return x.astype(jnp.dtype(dtype))
+
+
+def f64(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def resolve(tile, shape):
+    """A micro-tile spec with None meaning the whole extent, against a [rows, cols] matrix."""
+    return tuple(s if t is None else t for t, s in zip(tile, shape[-2:]))
+
+
+def grid(shape, tile):
+    return math.ceil(shape[-2] / tile[0]), math.ceil(shape[-1] / tile[1])
+
+
+def expand(tile_mask, tile, shape):
+    """Tile mask [..., tr, tc] -> element mask [..., rows, cols]."""
+    m = np.repeat(np.repeat(tile_mask, tile[0], -2), tile[1], -1)
+    return m[..., : shape[-2], : shape[-1]]
+
+
+def flat_listed(tiles, count, tr, tc):
+    """bool [..., tr, tc]: the tiles of a flat list's first min(count, capacity) slots."""
+    lead, cap = count.shape, tiles.shape[-1]
+    m = np.zeros((*lead, tr * tc), bool)
+    for b in np.ndindex(*lead):
+        ids = tiles[b][: min(max(int(count[b]), 0), cap)]
+        assert (ids >= 0).all() and (ids < tr * tc).all(), f"bad live ids {ids}"
+        m[b][ids] = True
+    return m.reshape(*lead, tr, tc)
+
+
+def grouped_listed(lists, counts, reduce_cols, tr, tc):
+    """bool [..., tr, tc] from grouped lists: per tile row (reduce_cols) or per tile column."""
+    lead, cap = counts.shape[:-1], lists.shape[-1]
+    m = np.zeros((*lead, tr, tc), bool)
+    for b in np.ndindex(*lead):
+        for g in range(counts.shape[-1]):
+            ids = lists[b][g][: min(max(int(counts[b][g]), 0), cap)]
+            if reduce_cols:
+                m[b][g, ids] = True
+            else:
+                m[b][ids, g] = True
+    return m
+
+
+def check_close(got, ref, dtype, msg, allow_tf32=False, exact=None):
+    """Max error <= tol * max|ref|; `exact` (bool mask) elements must equal ref exactly."""
+    got = f64(got)
+    assert got.shape == ref.shape, f"{msg}: shape {got.shape} != {ref.shape}"
+    assert not np.isnan(got).any(), f"{msg}: NaN in the output (an element was not written)"
+    tol = TF32_TOL if allow_tf32 and dname(dtype) == "float32" else TOL[dname(dtype)]
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    scale = scale if scale > 0 else 1.0
+    err = float(np.abs(got - ref).max()) if ref.size else 0.0
+    assert err <= tol * scale, f"{msg}: max error {err:.3g} > {tol} * {scale:.3g}"
+    if exact is not None:
+        bad = np.flatnonzero((got != ref) & exact)
+        assert bad.size == 0, f"{msg}: {bad.size} elements differ where they must be exact (e.g. flat {bad[:5]})"
+
+
+def op(x, trans):
+    return np.swapaxes(x, -1, -2) if trans else x
+
+
+def batched_product(a, b, c_lead, trans_a, trans_b):
+    """Reference of the batch convention: C[c] sums op_a(A) @ op_b(B) over its entries."""
+    a2, b2 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    cb = math.prod(c_lead)
+    batch = max(a2.shape[0], b2.shape[0], cb)
+    A = np.repeat(a2, batch // a2.shape[0], axis=0)
+    B = np.repeat(b2, batch // b2.shape[0], axis=0)
+    p = op(A, trans_a) @ op(B, trans_b)
+    return p.reshape(cb, batch // cb, *p.shape[-2:]).sum(1).reshape(*c_lead, *p.shape[-2:])
+
+
+def full_entries(x_lead, batch):
+    """Which entry of an operand with leading dims x_lead each of `batch` entries reads."""
+    n = math.prod(x_lead)
+    return np.arange(batch) // (batch // n)
+
+
+# -- pit_sread / pit_swrite -----------------------------------------------------------
+
+PACK_TILES = [
+    ((32, 1), (100, 70)),
+    ((1, 64), (33, 130)),
+    ((32, 64), (70, 150)),
+    ((1, None), (37, 50)),  # token rows
+    ((6, None), (45, 33)),  # (h, K) row blocks
+    ((3, 5), (40, 52)),
+]
+PACK_CASES = [(t, s, d) for (t, s), d in itertools.product(PACK_TILES, DENSITIES)]
+PACK_IDS = [f"{t}-{s}-d{d}" for t, s, d in PACK_CASES]
+
+
+def pack_reference(x, tiles, count, tile):
+    """float64 packed [..., capacity, h, w] for x [..., R, C]."""
+    x = f64(x)
+    *lead, rows, cols = x.shape
+    h, w = tile
+    tc = math.ceil(cols / w)
+    cap = tiles.shape[-1]
+    out = np.zeros((*lead, cap, h, w))
+    for b in np.ndindex(*lead):
+        for s in range(min(int(count[b]), cap)):
+            r0, c0 = (tiles[b][s] // tc) * h, (tiles[b][s] % tc) * w
+            blk = x[b][r0 : r0 + h, c0 : c0 + w]
+            out[b][s, : blk.shape[0], : blk.shape[1]] = blk
+    return out
+
+
+def build_index(rng, shape, tile, density, capacity=None):
+    """A random bool mask over `shape` and the jit-able function that indexes it."""
+    mask, live = tiled_sparse(rng, shape, tile, density, jnp.bool_)
+    return mask, live, lambda m: pit_jax.index(m, tile, capacity=capacity, group_by="both")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)
+def test_sread(platform, dtype, tile, shape, density):
+    rng, seed = fresh_rng()
+    tile = resolve(tile, shape)
+    lead = (2,) if seed % 2 else (2, 2)
+    shape = (*lead, *shape)
+    x = randn(rng, shape, dtype)
+    mask, live, index = build_index(rng, shape, tile, density)
+
+    def f(m, x):
+        idx = index(m)
+        packed = ffi("pit_sread", (*lead, idx.capacity, *tile), dtype, x, idx.tiles, idx.count,
+                     tile_h=tile[0], tile_w=tile[1])
+        return packed, idx.tiles, idx.count
+
+    packed, tiles, count = run(platform, f, mask, x)
+    msg = f"seed={seed} lead={lead}"
+    np.testing.assert_array_equal(flat_listed(tiles, count, *live.shape[-2:]), live, err_msg=f"{msg}: index")
+    got = f64(packed)
+    assert not np.isnan(got).any(), f"{msg}: NaN in packed (an element was not written)"
+    np.testing.assert_array_equal(got, pack_reference(x, tiles, count, tile), err_msg=msg)
+    for b in np.ndindex(*lead):
+        assert (got[b][int(count[b]) :] == 0).all(), f"{msg}: slots past the count must be zero"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)
+def test_swrite(platform, accumulate, tile, shape, density):
+    rng, seed = fresh_rng()
+    dtype = DTYPES[seed % 3]
+    tile = resolve(tile, shape)
+    lead = (3,)
+    shape = (*lead, *shape)
+    base = randn(rng, shape, dtype)  # non-zero: untouched elements must keep it
+    mask, live, index = build_index(rng, shape, tile, density)
+    cap = math.prod(grid(shape, tile))
+    packed = randn(rng, (*lead, cap, *tile), dtype)
+
+    def f(m, p, base):
+        idx = index(m)
+        out = ffi("pit_swrite", shape, dtype, p, idx.tiles, idx.count, base, aliases={3: 0}, accumulate=accumulate)
+        return out, idx.tiles, idx.count
+
+    out, tiles, count = run(platform, f, mask, packed, base)
+    msg = f"seed={seed} dtype={dname(dtype)}"
+    listed = expand(flat_listed(tiles, count, *grid(shape, tile)), tile, shape)
+    np.testing.assert_array_equal(listed, expand(live, tile, shape), err_msg=f"{msg}: index")
+    # Reference: unpack into a dense matrix through the same slot -> tile mapping.
+    ref = f64(base)
+    tc = grid(shape, tile)[1]
+    for b in np.ndindex(*lead):
+        for s in range(min(int(count[b]), cap)):
+            r0, c0 = (tiles[b][s] // tc) * tile[0], (tiles[b][s] % tc) * tile[1]
+            blk = ref[b][r0 : r0 + tile[0], c0 : c0 + tile[1]]
+            p = f64(packed[b][s])[: blk.shape[0], : blk.shape[1]]
+            blk[...] = blk + p if accumulate else p
+    exact = ~listed if accumulate else np.ones(shape, bool)
+    check_close(out, ref, dtype, msg, exact=exact)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_sread_swrite_count_past_capacity(platform):
+    """A count above the capacity (dropped tiles) is clamped; round trip keeps listed tiles."""
+    rng, seed = fresh_rng()
+    shape, tile = (2, 50, 37), (4, 8)
+    x = randn(rng, shape, jnp.bfloat16)
+    base = randn(rng, shape, jnp.bfloat16)
+    cap = 7
+
+    def f(x, base):
+        idx = pit_jax.index(x, tile, capacity=cap)
+        packed = ffi("pit_sread", (2, cap, *tile), jnp.bfloat16, x, idx.tiles, idx.count, tile_h=4, tile_w=8)
+        out = ffi("pit_swrite", shape, jnp.bfloat16, packed, idx.tiles, idx.count, base, aliases={3: 0},
+                  accumulate=False)
+        return packed, out, idx.tiles, idx.count
+
+    packed, out, tiles, count = run(platform, f, x, base)
+    msg = f"seed={seed}"
+    assert (count > cap).all(), f"{msg}: every tile is live, count must exceed the capacity"
+    np.testing.assert_array_equal(f64(packed), pack_reference(x, tiles, count, tile), err_msg=msg)
+    listed = expand(flat_listed(tiles, count, *grid(shape, tile)), tile, shape)
+    np.testing.assert_array_equal(f64(out), np.where(listed, f64(x), f64(base)), err_msg=msg)
+
+
+# -- pit_row_gather_matmul -------------------------------------------------------------
+
+# (h, (M, K, N)), on M not a multiple of h.
+ROW_SHAPES = [(1, (37, 50, 20)), (3, (40, 33, 65)), (32, (100, 64, 48)), (16, (16, 7, 130))]
+ROW_LEADS = {"single": ((), ()), "batched": ((3,), (3,)), "shared_b": ((3,), ()), "nested": ((2, 3), (2,))}
+ROW_CASES = [
+    (h, s, d, DTYPES[i % 3], bool(i % 2), list(ROW_LEADS)[(i // 2) % 4], bool((i // 3) % 2))
+    for i, ((h, s), d) in enumerate(itertools.product(ROW_SHAPES, DENSITIES))
+]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize(
+    "h,dims,density,dtype,trans_b,lead,allow_tf32",
+    ROW_CASES,
+    ids=[f"h{c[0]}-{c[1]}-d{c[2]}-{dname(c[3])}-tb{int(c[4])}-{c[5]}-tf32{int(c[6])}" for c in ROW_CASES],
+)
+def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, allow_tf32):
+    rng, seed = fresh_rng()
+    m, k, n = dims
+    a_lead, b_lead = ROW_LEADS[lead]
+    a = randn(rng, (*a_lead, m, k), dtype)
+    b = randn(rng, (*b_lead, *((n, k) if trans_b else (k, n))), dtype)
+    mask, live, index = build_index(rng, a.shape, (h, k), density)
+
+    def f(mk, a, b):
+        idx = index(mk)
+        c = ffi("pit_row_gather_matmul", (*a_lead, m, n), dtype, a, b, idx.tiles, idx.count, tile_h=h,
+                trans_b=trans_b, allow_tf32=allow_tf32)
+        return c, idx.tiles, idx.count
+
+    c, tiles, count = run(platform, f, mask, a, b)
+    msg = f"seed={seed}"
+    rows = expand(flat_listed(tiles, count, math.ceil(m / h), 1), (h, 1), (m, 1))  # [..., M, 1]
+    np.testing.assert_array_equal(rows, expand(live, (h, 1), (m, 1)), err_msg=f"{msg}: index")
+    ref = np.where(rows, batched_product(f64(a), f64(b), a_lead, False, trans_b), 0.0)
+    check_close(c, ref, dtype, msg, allow_tf32, exact=np.broadcast_to(~rows, ref.shape))
+
+
+# -- pit_stile_matmul ------------------------------------------------------------------
+
+STILE_DIMS = (70, 100, 90)  # M, K, N: every stored dim >= 64 so (1, 64) and (32, 64) fit
+STILE_TILES = [(32, 1), (1, 64), (32, 64), (3, 5), (8, None)]  # (8, None): (h, whole rows)
+# (a leading dims, b leading dims, c leading dims): shared operands and batch sums.
+LEADS = {
+    "single": ((), (), ()),
+    "batched": ((3,), (3,), (3,)),
+    "shared_b": ((3,), (), (3,)),
+    "shared_a": ((), (3,), (3,)),
+    "sum": ((4,), (4,), ()),
+    "sum2": ((4,), (4,), (2,)),
+    "mixed": ((4,), (2,), (2,)),
+    "nested": ((2, 3), (2,), (2, 3)),
+}
+LAYOUTS = list(itertools.product([False, True], repeat=4))  # sparse_b, trans_a, trans_b, trans_c
+STILE_CASES = [
+    (*lay, tile, DENSITIES[i % 4], DTYPES[(i // 4) % 3], list(LEADS)[i % 8], bool((i // 2) % 2))
+    for i, (lay, tile) in enumerate(itertools.product(LAYOUTS, STILE_TILES))
+]
+# Every density x dtype once more on a fixed layout.
+STILE_CASES += [
+    (False, False, False, False, (32, 1), d, t, "batched", False) for d, t in itertools.product(DENSITIES, DTYPES)
+]
+
+
+def stile_case(rng, seed, sparse_b, trans_a, trans_b, trans_c, dtype, lead, dims=STILE_DIMS):
+    m, k, n = dims
+    a_lead, b_lead, c_lead = LEADS[lead]
+    a = randn(rng, (*a_lead, *((k, m) if trans_a else (m, k))), dtype)
+    b = randn(rng, (*b_lead, *((n, k) if trans_b else (k, n))), dtype)
+    c_shape = (*c_lead, *((n, m) if trans_c else (m, n)))
+    return a, b, c_shape, c_lead
+
+
+def stile_reference(a, b, s_listed_elems, sparse_b, trans_a, trans_b, trans_c, c_lead):
+    a, b = f64(a), f64(b)
+    if sparse_b:
+        b = b * s_listed_elems
+    else:
+        a = a * s_listed_elems
+    return op(batched_product(a, b, c_lead, trans_a, trans_b), trans_c)
+
+
+def stile_zero(counts, s_lead, sparse_b, gsz, m, n, a_lead, b_lead, c_lead, trans_c):
+    """Elements of C every batch entry of whose group has an empty list: exactly zero."""
+    cb = math.prod(c_lead)
+    batch = max(math.prod(a_lead), math.prod(b_lead), cb)
+    empty = counts.reshape(-1, counts.shape[-1])[full_entries(s_lead, batch)] <= 0  # [batch, groups]
+    empty = empty.reshape(cb, batch // cb, -1).all(1)
+    p = n if sparse_b else m
+    lines = np.repeat(empty, gsz, axis=-1)[:, :p]  # [cb, P]: rows (S = A) or columns (S = B) of C
+    z = lines[:, None, :] if sparse_b else lines[:, :, None]
+    z = np.broadcast_to(z, (cb, m, n))
+    return op(z, trans_c).reshape(*c_lead, *((n, m) if trans_c else (m, n)))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize(
+    "sparse_b,trans_a,trans_b,trans_c,tile,density,dtype,lead,allow_tf32",
+    STILE_CASES,
+    ids=[
+        f"sb{int(c[0])}{int(c[1])}{int(c[2])}{int(c[3])}-{c[4]}-d{c[5]}-{dname(c[6])}-{c[7]}-tf32{int(c[8])}"
+        for c in STILE_CASES
+    ],
+)
+def test_stile_matmul(platform, sparse_b, trans_a, trans_b, trans_c, tile, density, dtype, lead, allow_tf32):
+    rng, seed = fresh_rng()
+    a, b, c_shape, c_lead = stile_case(rng, seed, sparse_b, trans_a, trans_b, trans_c, dtype, lead)
+    s = b if sparse_b else a
+    s_lead = s.shape[:-2]
+    tile = resolve(tile, s.shape)
+    reduce_cols = trans_b if sparse_b else not trans_a
+    mask, live, index = build_index(rng, s.shape, tile, density)
+
+    def f(mk, a, b):
+        idx = index(mk)
+        lists, counts = (idx.row_tiles, idx.row_count) if reduce_cols else (idx.col_tiles, idx.col_count)
+        c = ffi("pit_stile_matmul", c_shape, dtype, a, b, lists, counts, sparse_b=sparse_b, tile_h=tile[0],
+                tile_w=tile[1], trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, allow_tf32=allow_tf32)
+        return c, lists, counts
+
+    c, lists, counts = run(platform, f, mask, a, b)
+    msg = f"seed={seed} reduce_cols={reduce_cols}"
+    listed = grouped_listed(lists, counts, reduce_cols, *grid(s.shape, tile))
+    np.testing.assert_array_equal(listed, live, err_msg=f"{msg}: index")
+    ref = stile_reference(a, b, expand(listed, tile, s.shape), sparse_b, trans_a, trans_b, trans_c, c_lead)
+    m, n = STILE_DIMS[0], STILE_DIMS[2]
+    gsz = tile[0] if reduce_cols else tile[1]
+    a_lead, b_lead, _ = LEADS[lead]
+    zero = stile_zero(counts, s_lead, sparse_b, gsz, m, n, a_lead, b_lead, c_lead, trans_c)
+    check_close(c, ref, dtype, msg, allow_tf32, exact=zero)
+
+
+# A flat list as the one group: the whole stored extent on the group axis, e.g. the M
+# axis's weight gradient (x o m)^T @ dy (S = A, trans_a, micro-tile (h, M)).
+FLAT_CASES = [
+    # sparse_b, trans_a, trans_b, tile (None = whole extent), capacity
+    (False, True, False, (8, None), None),
+    (False, True, False, (1, None), 5),  # count past the capacity: clamped
+    (False, False, False, (None, 16), None),
+    (True, False, False, (4, None), None),
+    (True, False, True, (None, 7), 3),
+]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("sparse_b,trans_a,trans_b,tile,capacity", FLAT_CASES, ids=[str(c) for c in FLAT_CASES])
+@pytest.mark.parametrize("density", [0.05, 0.5, 1.0])
+def test_stile_matmul_flat_list(platform, sparse_b, trans_a, trans_b, tile, capacity, density):
+    rng, seed = fresh_rng()
+    dtype = DTYPES[seed % 3]
+    lead = "sum" if seed % 2 else "batched"
+    a, b, c_shape, c_lead = stile_case(rng, seed, sparse_b, trans_a, trans_b, False, dtype, lead, dims=(50, 77, 40))
+    s = b if sparse_b else a
+    tile = resolve(tile, s.shape)
+    reduce_cols = trans_b if sparse_b else not trans_a
+    assert (tile[0] if reduce_cols else tile[1]) == s.shape[-2 if reduce_cols else -1]  # one group
+    mask, live, index = build_index(rng, s.shape, tile, density, capacity)
+
+    def f(mk, a, b):
+        idx = index(mk)
+        lists, counts = idx.tiles[..., None, :], idx.count[..., None]
+        c = ffi("pit_stile_matmul", c_shape, dtype, a, b, lists, counts, sparse_b=sparse_b, tile_h=tile[0],
+                tile_w=tile[1], trans_a=trans_a, trans_b=trans_b, trans_c=False, allow_tf32=False)
+        return c, idx.tiles, idx.count
+
+    c, tiles, count = run(platform, f, mask, a, b)
+    msg = f"seed={seed} dtype={dname(dtype)} lead={lead}"
+    listed = flat_listed(tiles, count, *grid(s.shape, tile))
+    if capacity is None:
+        np.testing.assert_array_equal(listed, live, err_msg=f"{msg}: index")
+    ref = stile_reference(a, b, expand(listed, tile, s.shape), sparse_b, trans_a, trans_b, False, c_lead)
+    check_close(c, ref, dtype, msg)
+
+
+# -- pit_sdd_matmul --------------------------------------------------------------------
+
+SDD_DIMS = (70, 45, 130)  # M, K, N
+SDD_TILES = [(32, 1), (1, 64), (32, 64), (3, 5), (16, None)]  # (16, None): (h, N) row blocks of C
+SDD_LEADS = {  # a, b, c (= index) leading dims
+    "single": ((), (), ()),
+    "batched": ((3,), (3,), (3,)),
+    "shared_b": ((3,), (), (3,)),
+    "shared_a": ((), (3,), (3,)),
+    "sum": ((4,), (4,), ()),
+    "sum2": ((2, 2), (2, 2), (2,)),
+}
+SDD_CASES = [
+    (ta, tb, tile, DENSITIES[i % 4], DTYPES[(i // 4) % 3], list(SDD_LEADS)[i % 6], bool((i // 2) % 2))
+    for i, ((ta, tb), tile) in enumerate(itertools.product(itertools.product([False, True], repeat=2), SDD_TILES))
+]
+SDD_CASES += [(False, True, (32, 64), d, t, "sum", False) for d, t in itertools.product(DENSITIES, DTYPES)]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize(
+    "trans_a,trans_b,tile,density,dtype,lead,allow_tf32",
+    SDD_CASES,
+    ids=[f"t{int(c[0])}{int(c[1])}-{c[2]}-d{c[3]}-{dname(c[4])}-{c[5]}-tf32{int(c[6])}" for c in SDD_CASES],
+)
+def test_sdd_matmul(platform, trans_a, trans_b, tile, density, dtype, lead, allow_tf32):
+    rng, seed = fresh_rng()
+    m, k, n = SDD_DIMS
+    a_lead, b_lead, c_lead = SDD_LEADS[lead]
+    a = randn(rng, (*a_lead, *((k, m) if trans_a else (m, k))), dtype)
+    b = randn(rng, (*b_lead, *((n, k) if trans_b else (k, n))), dtype)
+    c_shape = (*c_lead, m, n)
+    tile = resolve(tile, (m, n))
+    mask, live, index = build_index(rng, c_shape, tile, density)
+
+    def f(mk, a, b):
+        idx = index(mk)
+        c = ffi("pit_sdd_matmul", c_shape, dtype, a, b, idx.tiles, idx.count, tile_h=tile[0], tile_w=tile[1],
+                trans_a=trans_a, trans_b=trans_b, allow_tf32=allow_tf32)
+        return c, idx.tiles, idx.count
+
+    c, tiles, count = run(platform, f, mask, a, b)
+    msg = f"seed={seed}"
+    listed = flat_listed(tiles, count, *grid(c_shape, tile))
+    np.testing.assert_array_equal(listed, live, err_msg=f"{msg}: index")
+    keep = expand(listed, tile, c_shape)
+    ref = np.where(keep, batched_product(f64(a), f64(b), c_lead, trans_a, trans_b), 0.0)
+    check_close(c, ref, dtype, msg, allow_tf32, exact=~keep)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_sdd_matmul_count_past_capacity(platform):
+    rng, seed = fresh_rng()
+    m, k, n, tile, cap = 40, 24, 48, (8, 16), 5
+    a, b = randn(rng, (2, m, k), jnp.float32), randn(rng, (2, k, n), jnp.float32)
+
+    def f(a, b):
+        idx = pit_jax.index(jnp.ones((2, m, n), jnp.bool_), tile, capacity=cap)
+        c = ffi("pit_sdd_matmul", (2, m, n), jnp.float32, a, b, idx.tiles, idx.count, tile_h=tile[0],
+                tile_w=tile[1], trans_a=False, trans_b=False, allow_tf32=False)
+        return c, idx.tiles, idx.count
+
+    c, tiles, count = run(platform, f, a, b)
+    assert (count == 15).all()
+    keep = expand(flat_listed(tiles, count, *grid((m, n), tile)), tile, (2, m, n))
+    ref = np.where(keep, f64(a) @ f64(b), 0.0)
+    check_close(c, ref, jnp.float32, f"seed={seed}", exact=~keep)
+
+
+# -- robustness: ids that are not tiles of the grid -------------------------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_out_of_range_ids_never_read(platform):
+    """Live slots holding ids outside the grid are skipped (or the call fails naming the
+    target): never an out-of-bounds access."""
+    rng, seed = fresh_rng()
+    m, k, n, tile = 24, 16, 20, (8, 4)  # C grid 3 x 5 = 15 tiles
+    a, b = randn(rng, (m, k), jnp.float32), randn(rng, (k, n), jnp.float32)
+    tiles = np.array([3, 15, 1 << 30, 7, -5, 0], np.int32)
+    count = np.array(6, np.int32)
+
+    def f(a, b, t, cnt):
+        return ffi("pit_sdd_matmul", (m, n), jnp.float32, a, b, t, cnt, tile_h=8, tile_w=4, trans_a=False,
+                   trans_b=False, allow_tf32=False)
+
+    try:
+        c = run(platform, f, a, b, tiles, count)
+    except Exception as err:  # reporting the bad ids is allowed too
+        assert "pit_sdd_matmul" in str(err), err
+        return
+    keep = expand(flat_listed(np.array([3, 7, 0], np.int32), np.array(3), 3, 5), tile, (m, n))
+    check_close(c, np.where(keep, f64(a) @ f64(b), 0.0), jnp.float32, f"seed={seed}", exact=~keep)
+
+
+# -- bad input: an error naming the target, never a crash ------------------------------
+
+
+def _s32(*shape):
+    return np.zeros(shape, np.int32)
+
+
+BAD_CALLS = {
+    "row_gather_inner_dims": lambda: ffi(
+        "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8), _s32(),
+        tile_h=1, trans_b=False, allow_tf32=False),
+    "row_gather_dtypes": lambda: ffi(
+        "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6), jnp.bfloat16), _s32(8),
+        _s32(), tile_h=1, trans_b=False, allow_tf32=False),
+    "stile_inner_dims": lambda: ffi(
+        "pit_stile_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8, 5), _s32(8),
+        sparse_b=False, tile_h=1, tile_w=1, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False),
+    "stile_group_count": lambda: ffi(
+        "pit_stile_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(3, 4), _s32(3),
+        sparse_b=False, tile_h=2, tile_w=1, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False),
+    "stile_dtypes": lambda: ffi(
+        "pit_stile_matmul", (8, 6), jnp.float16, jnp.ones((8, 4), jnp.float16), jnp.ones((4, 6)), _s32(8, 4),
+        _s32(8), sparse_b=False, tile_h=1, tile_w=1, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False),
+    "sdd_inner_dims": lambda: ffi(
+        "pit_sdd_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((6, 3)), _s32(48), _s32(),
+        tile_h=1, tile_w=1, trans_a=False, trans_b=True, allow_tf32=False),
+    "sdd_dtypes": lambda: ffi(
+        "pit_sdd_matmul", (8, 6), jnp.bfloat16, jnp.ones((8, 4), jnp.bfloat16), jnp.ones((4, 6), jnp.float16),
+        _s32(48), _s32(), tile_h=1, tile_w=1, trans_a=False, trans_b=False, allow_tf32=False),
+    "sdd_index_batch": lambda: ffi(
+        "pit_sdd_matmul", (2, 8, 6), jnp.float32, jnp.ones((2, 8, 4)), jnp.ones((4, 6)), _s32(3, 48), _s32(3),
+        tile_h=1, tile_w=1, trans_a=False, trans_b=False, allow_tf32=False),
+    "sread_index_batch": lambda: ffi(
+        "pit_sread", (2, 4, 2, 2), jnp.float32, jnp.ones((2, 4, 4)), _s32(3, 4), _s32(3), tile_h=2, tile_w=2),
+    "swrite_dtypes": lambda: ffi(
+        "pit_swrite", (4, 4), jnp.float32, jnp.ones((4, 2, 2), jnp.bfloat16), _s32(4), _s32(), jnp.ones((4, 4)),
+        aliases={3: 0}, accumulate=False),
+}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_bad_input_is_an_error_naming_the_target(platform, case):
+    target = {"row": "pit_row_gather_matmul", "sti": "pit_stile_matmul", "sdd": "pit_sdd_matmul",
+              "sre": "pit_sread", "swr": "pit_swrite"}[case[:3]]
+    with jax.default_device(jax.devices(platform)[0]):
+        with pytest.raises(Exception, match=target):
+            jax.block_until_ready(jax.jit(BAD_CALLS[case])())
+
+
+# -- degenerate shapes: empty batches and an empty reduction ---------------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_empty_batch_and_empty_reduction(platform):
+    def f():
+        x = jnp.ones((0, 8, 8))
+        t, c = jnp.zeros((0, 16), jnp.int32), jnp.zeros((0,), jnp.int32)
+        packed = ffi("pit_sread", (0, 16, 2, 2), jnp.float32, x, t, c, tile_h=2, tile_w=2)
+        out = ffi("pit_swrite", (0, 8, 8), jnp.float32, packed, t, c, x, aliases={3: 0}, accumulate=True)
+        rg = ffi("pit_row_gather_matmul", (0, 8, 5), jnp.float32, x, jnp.ones((8, 5)), jnp.zeros((0, 8), jnp.int32),
+                 c, tile_h=1, trans_b=False, allow_tf32=False)
+        st = ffi("pit_stile_matmul", (0, 8, 5), jnp.float32, x, jnp.ones((8, 5)), jnp.zeros((0, 4, 4), jnp.int32),
+                 c[:, None].repeat(4, 1), sparse_b=False, tile_h=2, tile_w=2, trans_a=False, trans_b=False,
+                 trans_c=False, allow_tf32=False)
+        # K = 0: the product is all zeros, listed tiles included.
+        sdd = ffi("pit_sdd_matmul", (6, 5), jnp.float32, jnp.ones((6, 0)), jnp.ones((0, 5)),
+                  jnp.arange(6, dtype=jnp.int32), jnp.array(6, jnp.int32), tile_h=1, tile_w=5, trans_a=False,
+                  trans_b=False, allow_tf32=False)
+        return packed, out, rg, st, sdd
+
+    with jax.default_device(jax.devices(platform)[0]):
+        packed, out, rg, st, sdd = jax.tree_util.tree_map(np.asarray, jax.jit(f)())
+    assert packed.shape == (0, 16, 2, 2) and out.shape == (0, 8, 8) and rg.shape == (0, 8, 5)
+    assert st.shape == (0, 8, 5)
+    np.testing.assert_array_equal(sdd, np.zeros((6, 5)))
