@@ -81,14 +81,17 @@ def _check_index(index, axis, owner, tile, owner_name):
     if not isinstance(index, PitIndex):
         raise TypeError(f"sparse_dense: index must be a pit_jax.PitIndex (from pit_jax.index), got {type(index).__name__}")
     shape = tuple(owner.shape[-2:])
-    if tuple(index.shape) != shape:
+    if axis == "m" and index.tile_cols == 1 and index.shape[0] == shape[0]:
+        # Row tiles may come from a row mask [M, 1] (a padding mask): only rows matter.
+        pass
+    elif tuple(index.shape) != shape:
         raise ValueError(
             f"sparse_dense: the index was built for a {index.shape} matrix but {owner_name} is {shape} "
             f"(axis={axis!r} indexes {owner_name})"
         )
-    if tile is not None and tuple(index.micro_tile) != tuple(tile):
+    if tile is not None and tuple(index.micro_tile) != tuple(tile) and not (axis == "m" and index.tile_cols == 1):
         raise ValueError(f"sparse_dense: micro_tile {tile} differs from the index's {index.micro_tile}")
-    if axis == "m" and index.micro_tile[1] != shape[1]:
+    if axis == "m" and index.micro_tile[1] != index.shape[1]:
         raise ValueError(
             f"sparse_dense: axis='m' needs an index of row micro-tiles (h, {shape[1]}), got micro_tile "
             f"{index.micro_tile}; use axis='k' for it"
@@ -163,7 +166,8 @@ def sparse_dense(
         index = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (*full, *a.shape[a.ndim - _trailing(a, index):])), index)
 
     sparse = "b" if axis == "w" else "a"
-    params = dict(sparse=sparse, tile=index.micro_tile, trans_a=False, trans_b=False, trans_c=False,
+    tile = (index.micro_tile[0], x.shape[-1]) if axis == "m" else index.micro_tile
+    params = dict(sparse=sparse, tile=tile, trans_a=False, trans_b=False, trans_c=False,
                   allow_tf32=tf32, out_batch=len(full))
     if config.reference_enabled():
         y = reference.stile_matmul(x, w, *index.arrays, **params)

@@ -1,0 +1,47 @@
+"""`SparseDense` for flax.linen: `nn.Dense` whose product skips dead micro-tiles."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax.numpy as jnp
+from flax import linen as nn
+from flax.linen.dtypes import promote_dtype
+
+from pit_jax.flax._common import sparse_matmul_last_dim
+from pit_jax.pit_index import MicroTileSpec
+
+
+class SparseDense(nn.Module):
+    """A drop-in for `flax.linen.Dense`: same parameters ("kernel" [in, features],
+    "bias" [features]), same initializers and dtype handling, same result — computed by
+    `pit_jax.sparse_dense`, with the sparsity index built from the input on every call.
+
+    Attributes (beyond nn.Dense's):
+      axis: "m" (dead token rows, e.g. padding), "k" (activation sparsity, e.g. the
+        input is a ReLU output) or "w" (block-sparse kernel).
+      micro_tile: the index's micro-tile; defaults m (1, K), k (32, 1), w (32, 64).
+    """
+
+    features: int
+    use_bias: bool = True
+    dtype: Optional[Any] = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+    kernel_init: Any = nn.initializers.lecun_normal()
+    bias_init: Any = nn.initializers.zeros_init()
+    axis: str = "m"
+    micro_tile: Optional[MicroTileSpec] = None
+
+    @nn.compact
+    def __call__(self, inputs, index=None):
+        """`index` (optional): a PitIndex of the inputs (of the kernel for axis "w")."""
+        kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
+        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        y = sparse_matmul_last_dim(
+            inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index
+        )
+        if bias is not None:
+            y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        return y

@@ -1,0 +1,59 @@
+"""`SparseDense` for flax.nnx: `nnx.Linear` whose product skips dead micro-tiles."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn import dtypes, initializers
+
+from pit_jax.flax._common import sparse_matmul_last_dim
+from pit_jax.pit_index import MicroTileSpec
+
+
+class SparseDense(nnx.Module):
+    """A drop-in for `flax.nnx.Linear` (same parameters `kernel` [in, out] and `bias`
+    [out], same initializers and dtypes), computed by `pit_jax.sparse_dense` with the
+    index built from the input on every call. `axis` and `micro_tile` as in the linen
+    layer."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        use_bias: bool = True,
+        dtype: Optional[Any] = None,
+        param_dtype: Any = jnp.float32,
+        precision: Any = None,
+        kernel_init: Any = initializers.lecun_normal(),
+        bias_init: Any = initializers.zeros_init(),
+        axis: str = "m",
+        micro_tile: Optional[MicroTileSpec] = None,
+        rngs: nnx.Rngs,
+    ):
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.precision = precision
+        self.axis = axis
+        self.micro_tile = micro_tile
+        self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
+        self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+
+    def __call__(self, inputs, index=None):
+        kernel = self.kernel[...]
+        bias = self.bias[...] if self.bias is not None else None
+        inputs, kernel, bias = dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        y = sparse_matmul_last_dim(
+            inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index
+        )
+        if bias is not None:
+            y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        return y
+
+
+SparseLinear = SparseDense

@@ -1,0 +1,378 @@
+"""pit_jax.sparse_dense against float64 NumPy: values, gradients, transformations, errors.
+
+Semantics checked: (x * mask(index)) @ w for axes "m" / "k", x @ (w * mask(index)) for
+axis "w"; gradients are those of that masked expression. Fresh random data every run;
+native outputs are poisoned (NaN) before each kernel, so unwritten elements fail.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+from pit_testing import PLATFORMS, fresh_rng, put, requires_gpu, tiled_sparse
+
+import pit_jax
+
+TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2, jnp.float16: 1e-2}
+TF32_TOL = 2e-3
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+# axis -> (x shape, w shape, micro_tile); shapes are not multiples of the tiles.
+CASES = {
+    "m": [((70, 50), (50, 36), (1, None)), ((45, 33), (33, 20), (3, None))],
+    "k": [((70, 50), (50, 36), (32, 1)), ((45, 66), (66, 20), (8, 4))],
+    "w": [((30, 80), (80, 72), (32, 64)), ((20, 70), (70, 40), (1, 16))],
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def poison_outputs():
+    mods = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
+    for m in mods:
+        m.set_poison_outputs(True)
+    yield
+    for m in mods:
+        m.set_poison_outputs(False)
+
+
+def f64(a):
+    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+
+
+def rel_err(got, want):
+    got, want = f64(got), np.asarray(want, np.float64)
+    assert not np.isnan(got).any(), "NaN in the output: an element was not written"
+    scale = max(np.abs(want).max(), 1e-30)
+    return np.abs(got - want).max() / scale
+
+
+def resolve(tile, shape):
+    return tuple(shape[i] if t is None else t for i, t in enumerate(tile))
+
+
+def make_case(rng, axis, xs, ws, tile, density, dtype, lead=()):
+    """x, w (numpy in dtype) and the element mask of the sparse operand (x, or w for "w")."""
+    if axis == "w":
+        x = np.asarray(jnp.asarray(rng.standard_normal((*lead, *xs)), dtype))
+        w, live = tiled_sparse(rng, ws, resolve(tile, ws), density, dtype)
+        mask = np.repeat(np.repeat(live, resolve(tile, ws)[0], -2), resolve(tile, ws)[1], -1)[: ws[0], : ws[1]]
+    else:
+        x, live = tiled_sparse(rng, (*lead, *xs), resolve(tile, xs), density, dtype)
+        h, wt = resolve(tile, xs)
+        mask = np.repeat(np.repeat(live, h, -2), wt, -1)[..., : xs[0], : xs[1]]
+        w = np.asarray(jnp.asarray(rng.standard_normal(ws), dtype))
+    return x, w, mask.astype(np.float64)
+
+
+def masked_ref(axis, x, w, mask):
+    x, w = f64(x), f64(w)
+    return (x @ (w * mask)) if axis == "w" else ((x * mask) @ w)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("axis,case", [(a, i) for a in CASES for i in range(len(CASES[a]))])
+def test_forward_matches_float64(platform, density, dtype, axis, case):
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][case]
+    x, w, mask = make_case(rng, axis, xs, ws, tile, density, dtype)
+    f = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile))
+    y = f(*put(platform, x, w))
+    assert y.dtype == jnp.dtype(dtype) and y.shape == (xs[0], ws[1])
+    err = rel_err(y, masked_ref(axis, x, w, mask))
+    assert err < TOL[dtype], f"seed={seed}: relative error {err:.2e}"
+    if density == 0.0:
+        assert not np.asarray(y, np.float32).any(), "no live tile: the result must be all zeros"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_explicit_index_masks_dense_operand(platform, axis):
+    """An index from ANOTHER pattern masks a dense operand: (x * mask) @ w, not x @ w."""
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][0]
+    owner = ws if axis == "w" else xs
+    pattern, live = tiled_sparse(rng, owner, resolve(tile, owner), 0.4, jnp.bool_)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    h, wt = resolve(tile, owner)
+    mask = np.repeat(np.repeat(live, h, 0), wt, 1)[: owner[0], : owner[1]].astype(np.float64)
+
+    def f(a, b, p):
+        idx = pit_jax.index(p, tile, group_by=None if axis == "m" else "both")
+        return pit_jax.sparse_dense(a, b, idx, axis=axis)
+
+    y = jax.jit(f)(*put(platform, x, w, pattern))
+    assert rel_err(y, masked_ref(axis, x, w, mask)) < TOL[jnp.float32], f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_tf32_precision(platform, axis):
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][0]
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32)
+    for precision in ("tensorfloat32", jax.lax.Precision.DEFAULT):
+        y = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile, precision=precision))(
+            *put(platform, x, w)
+        )
+        assert rel_err(y, masked_ref(axis, x, w, mask)) < TF32_TOL, f"seed={seed}"
+    y = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile, precision="highest"))(
+        *put(platform, x, w)
+    )
+    assert rel_err(y, masked_ref(axis, x, w, mask)) < TOL[jnp.float32], f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+@pytest.mark.parametrize("w_batch", ["shared", "batched", "broadcast"])
+def test_batch_dims_like_matmul(platform, axis, w_batch):
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][0]
+    lead = (2, 3)
+    if axis == "w":
+        w_lead = {"shared": (), "batched": lead, "broadcast": (3,)}[w_batch]
+        x = rng.standard_normal((*lead, *xs)).astype(np.float32)
+        w, live = tiled_sparse(rng, (*w_lead, *ws), resolve(tile, ws), 0.5, jnp.float32)
+        h, wt = resolve(tile, ws)
+        mask = np.repeat(np.repeat(live, h, -2), wt, -1)[..., : ws[0], : ws[1]]
+        ref = f64(x) @ (f64(w) * mask)
+    else:
+        x, _, _ = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32, lead)
+        w_lead = {"shared": (), "batched": lead, "broadcast": (3,)}[w_batch]
+        w = rng.standard_normal((*w_lead, *ws)).astype(np.float32)
+        ref = f64(x) @ f64(w)  # the index comes from x: the forward is x @ w exactly
+    y = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile))(*put(platform, x, w))
+    assert y.shape == ref.shape
+    assert rel_err(y, ref) < TOL[jnp.float32], f"seed={seed}"
+
+
+def test_vector_input():
+    x = np.maximum(np.random.default_rng().standard_normal(40), 0).astype(np.float32)
+    w = np.random.default_rng().standard_normal((40, 8)).astype(np.float32)
+    y = pit_jax.sparse_dense(x, w, axis="k", micro_tile=(1, 1))
+    assert y.shape == (8,) and rel_err(y, f64(x) @ f64(w)) < 1e-5
+
+
+# -- autodiff ---------------------------------------------------------------------------
+
+
+def _grads_ref(axis, x, w, mask, g):
+    x, w, g = f64(x), f64(w), f64(g)
+    if axis == "w":
+        return (g @ (w * mask).T), (x.T @ g) * mask
+    return ((g @ w.T) * mask), ((x * mask).T @ g)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("axis,case", [(a, i) for a in CASES for i in range(len(CASES[a]))])
+def test_grad_matches_masked_reference(platform, dtype, axis, case):
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][case]
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.5, dtype)
+    g = np.asarray(jnp.asarray(rng.standard_normal((xs[0], ws[1])), dtype))
+
+    def loss(a, b, gg):
+        return jnp.sum(pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile).astype(jnp.float32) * gg)
+
+    dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(*put(platform, x, w, g))
+    rx, rw = _grads_ref(axis, x, w, mask, g)
+    assert rel_err(dx, rx) < 2 * TOL[dtype], f"seed={seed}: dx"
+    assert rel_err(dw, rw) < 2 * TOL[dtype], f"seed={seed}: dw"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_check_grads_both_modes(platform, axis):
+    """With the index fixed the op is bilinear: numerical and analytic derivatives agree."""
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][1]
+    x, w, _ = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32)
+    x, w = put(platform, x, w)
+    owner = w if axis == "w" else x
+    idx = pit_jax.index(owner, tile, group_by=None if axis == "m" else "both")
+    f = lambda a, b: pit_jax.sparse_dense(a, b, idx, axis=axis)  # noqa: E731
+    check_grads(f, (x, w), order=2, modes=("fwd", "rev"), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_jvp(platform, axis):
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][0]
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32)
+    tx = rng.standard_normal(xs).astype(np.float32)
+    tw = rng.standard_normal(ws).astype(np.float32)
+    owner = w if axis == "w" else x
+    idx = pit_jax.index(put(platform, owner), tile, group_by=None if axis == "m" else "both")
+    f = lambda a, b: pit_jax.sparse_dense(a, b, idx, axis=axis)  # noqa: E731
+    y, t = jax.jit(lambda a, b, ta, tb: jax.jvp(f, (a, b), (ta, tb)))(*put(platform, x, w, tx, tw))
+    want = masked_ref(axis, tx, w, mask) + masked_ref(axis, x, tw, mask)
+    assert rel_err(t, want) < 1e-4, f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+@pytest.mark.parametrize("in_axes", [(0, None), (0, 0), (1, None)])
+def test_vmap_and_vmap_grad(platform, axis, in_axes):
+    rng, seed = fresh_rng()
+    xs, ws, tile = CASES[axis][0]
+    n = 3
+    xs_b = [make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32) for _ in range(n)]
+    x = np.stack([c[0] for c in xs_b])
+    w = np.stack([c[1] for c in xs_b]) if in_axes[1] == 0 else xs_b[0][1]
+    masks = [c[2] for c in xs_b]
+    if axis == "w" and in_axes[1] is None:  # one shared w: one mask
+        masks = [xs_b[0][2]] * n
+    x_in = np.moveaxis(x, 0, in_axes[0])
+    f = lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile)  # noqa: E731
+    y = jax.jit(jax.vmap(f, in_axes=in_axes))(*put(platform, x_in, w))
+    for i in range(n):
+        wi = w[i] if in_axes[1] == 0 else w
+        assert rel_err(y[i], masked_ref(axis, x[i], wi, masks[i])) < TOL[jnp.float32], f"seed={seed} entry {i}"
+
+    loss = lambda a, b: jnp.sum(f(a, b) ** 2)  # noqa: E731
+    gx, gw = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=in_axes))(*put(platform, x_in, w))
+    for i in range(n):
+        wi = w[i] if in_axes[1] == 0 else w
+        g = 2 * masked_ref(axis, x[i], wi, masks[i])
+        rx, rw = _grads_ref(axis, x[i], wi, masks[i], g)
+        assert rel_err(gx[i], rx) < 1e-4, f"seed={seed} dx entry {i}"
+        assert rel_err(gw[i], rw) < 1e-4, f"seed={seed} dw entry {i}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_vmap_over_index(platform):
+    """One x, a batch of masks: vmap over the index alone."""
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((40, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 16)).astype(np.float32)
+    masks = rng.random((4, 40, 1)) < 0.5
+
+    def f(m):
+        idx = pit_jax.index(m, "row")
+        return pit_jax.sparse_dense(x, w, idx, axis="m")
+
+    y = jax.jit(jax.vmap(f))(put(platform, masks))
+    for i in range(4):
+        assert rel_err(y[i], (f64(x) * masks[i]) @ f64(w)) < 1e-5, f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_index_reused_in_backward(platform):
+    """The backward runs on the forward's index: no pit_index call in the gradient."""
+    x = np.maximum(np.random.default_rng().standard_normal((64, 48)), 0).astype(np.float32)
+    w = np.random.default_rng().standard_normal((48, 32)).astype(np.float32)
+    loss = lambda a, b: jnp.sum(pit_jax.sparse_dense(a, b, axis="k", micro_tile=(16, 1)))  # noqa: E731
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*put(platform, x, w)).as_text()
+    assert hlo.count("@pit_index(") == 1, "the index must be built once, in the forward"
+    assert "@pit_sdd_matmul(" in hlo and "@pit_stile_matmul(" in hlo
+
+
+# -- the kill switch and errors ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_reference_switch(axis):
+    rng, _ = fresh_rng()
+    xs, ws, tile = CASES[axis][0]
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32)
+    f = lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile)  # noqa: E731
+    with pit_jax.use_reference():
+        hlo = jax.jit(f).lower(x, w).as_text()
+        y_ref = jax.jit(f)(x, w)
+    assert "pit_" not in hlo
+    assert rel_err(y_ref, masked_ref(axis, x, w, mask)) < 1e-5
+    assert rel_err(jax.jit(f)(x, w), y_ref) < 1e-5
+
+
+def test_errors_at_trace_time():
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
+    with pytest.raises(ValueError, match=r"inner dimensions differ: x is \(8, 16\), w is \(15, 4\)"):
+        pit_jax.sparse_dense(x, jnp.ones((15, 4)))
+    with pytest.raises(ValueError, match=r"axis must be one of \('m', 'k', 'w'\), got 'n'"):
+        pit_jax.sparse_dense(x, w, axis="n")
+    with pytest.raises(TypeError, match=r"must be float32, bfloat16 or float16, got int32"):
+        pit_jax.sparse_dense(x.astype(jnp.int32), w.astype(jnp.int32))
+    with pytest.raises(ValueError, match=r"w must have rank >= 2"):
+        pit_jax.sparse_dense(x, jnp.ones((16,)))
+    with pytest.raises(ValueError, match=r"the index was built for a \(6, 16\) matrix but x is \(8, 16\)"):
+        pit_jax.sparse_dense(x, w, pit_jax.index(jnp.ones((6, 16)), "row"))
+    with pytest.raises(ValueError, match=r"the index was built for a \(8, 8\) matrix but x is \(8, 16\)"):
+        pit_jax.sparse_dense(x, w, pit_jax.index(jnp.ones((8, 8)), (2, 2), group_by="both"), axis="k")
+    with pytest.raises(ValueError, match=r"micro_tile \(2, 1\) differs from the index's \(4, 1\)"):
+        pit_jax.sparse_dense(x, w, pit_jax.index(x, (4, 1), group_by="both"), axis="k", micro_tile=(2, 1))
+    with pytest.raises(ValueError, match=r"axis='m' needs an index of row micro-tiles \(h, 16\)"):
+        pit_jax.sparse_dense(x, w, pit_jax.index(x, (4, 1)), axis="m")
+    with pytest.raises(ValueError, match=r"axis='m' gathers whole rows"):
+        pit_jax.sparse_dense(x, w, axis="m", micro_tile=(1, 8))
+    with pytest.raises(ValueError, match=r"needs the index's per-row lists; build the index with group_by='row'"):
+        pit_jax.sparse_dense(x, w, pit_jax.index(x, (4, 1)), axis="k")
+    with pytest.raises(TypeError, match=r"index must be a pit_jax.PitIndex"):
+        pit_jax.sparse_dense(x, w, index=np.zeros(3))
+    with pytest.raises(ValueError, match=r"precision must be None, a jax.lax.Precision or one of"):
+        pit_jax.sparse_dense(x, w, precision="fp8")
+    with pytest.raises(ValueError, match=r"the index has batch dims \(3,\), x has \(2,\)"):
+        pit_jax.sparse_dense(jnp.ones((2, 8, 16)), w, pit_jax.index(jnp.ones((3, 8, 16)), "row"))
+    with pytest.raises(TypeError, match=r"micro_tile\[0\] must be a static Python int"):
+        jax.jit(lambda a, h: pit_jax.sparse_dense(a, w, axis="k", micro_tile=(h, 1)))(x, 2)
+
+
+def test_output_dtype_follows_matmul():
+    x = jnp.ones((8, 16), jnp.bfloat16)
+    for wdt in (jnp.bfloat16, jnp.float16, jnp.float32):
+        w = jnp.ones((16, 4), wdt)
+        assert pit_jax.sparse_dense(x, w).dtype == jnp.matmul(x, w).dtype
+
+
+# -- CUDA graphs (XLA command buffers) ----------------------------------------------------
+
+
+@requires_gpu
+def test_jitted_step_under_command_buffers(tmp_path):
+    """A jitted forward+backward runs inside an XLA command buffer (CUDA graph) and agrees."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np, pit_jax, re, sys
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(np.maximum(rng.standard_normal((256, 128)), 0), jnp.bfloat16)
+        w = jnp.asarray(rng.standard_normal((128, 64)), jnp.bfloat16)
+        def step(x, w):
+            f = lambda a, b: jnp.sum(pit_jax.sparse_dense(a, b, axis="k").astype(jnp.float32) ** 2)
+            l, (gx, gw) = jax.value_and_grad(f, argnums=(0, 1))(x, w)
+            return l, gx, w - 1e-3 * gw
+        c = jax.jit(step).lower(x, w).compile()
+        text = c.as_text()
+        blocks = re.split(r"\\n(?=\\S)", text)
+        captured = [b for b in blocks if "command_buffer" in b.split("\\n")[0] and "pit_" in b]
+        out = c(x, w)
+        with pit_jax.use_reference():
+            ref = jax.jit(step)(x, w)
+        err = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) / (float(jnp.max(jnp.abs(b.astype(jnp.float32)))) + 1e-30)) for a, b in zip(out, ref))
+        print("CAPTURED", len(captured), "ERR", err)
+        """
+    )
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"
+        " --xla_gpu_graph_min_graph_size=1"
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(pit_jax.__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"CAPTURED (\d+) ERR (\S+)", out.stdout)
+    assert m, out.stdout
+    assert int(m.group(1)) >= 1, "no pit_jax custom call was captured in a command buffer"
+    assert float(m.group(2)) < 2e-2
