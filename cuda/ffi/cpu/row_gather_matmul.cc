@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
 

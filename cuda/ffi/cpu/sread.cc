@@ -2,6 +2,7 @@
 // dtype in and out, so elements move as raw bytes (no conversion).
 #include <cstring>
 
+#include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/sread_swrite_args.h"
 

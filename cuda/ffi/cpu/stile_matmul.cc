@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
 
