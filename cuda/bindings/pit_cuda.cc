@@ -11,10 +11,17 @@ PYBIND11_MODULE(_pit_cuda, m) {
   m.def("registrations", []() {
     pybind11::dict targets;
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCuda);
+    targets["pit_sread"] = pit::HandlerCapsule(PitSreadCuda);
+    targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCuda);
+    targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);
+    targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCuda);
+    targets["pit_sdd_matmul"] = pit::HandlerCapsule(PitSddMatmulCuda);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },
         "Debug: fill outputs with NaN bytes before each kernel (tests catch unwritten elements).");
+  m.def("handler_calls", []() { return pit::HandlerCalls().load(); },
+        "Debug: host invocations of the CUDA handlers so far (not re-run when replayed in a CUDA graph).");
   m.def("build_info", []() {
     pybind11::dict info = pit::BuildInfo("CUDA");
     info["cuda_runtime_version"] = CUDART_VERSION;

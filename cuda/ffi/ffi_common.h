@@ -42,6 +42,14 @@ inline std::atomic<bool>& PoisonOutputs() {
   return flag;
 }
 
+// Debug counter (tests): how many times this module's handlers ran on the host. A
+// handler captured in an XLA command buffer (CUDA graph) is not re-run on replay, so
+// tests can see that capture happened.
+inline std::atomic<int64_t>& HandlerCalls() {
+  static std::atomic<int64_t> calls{0};
+  return calls;
+}
+
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Product of the leading `n` dims.

@@ -14,6 +14,7 @@ namespace {
 ffi::Error IndexCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles,
                      S32Result row_count, S32Result col_tiles, S32Result col_count, S32Result scratch, int64_t tile_h, int64_t tile_w,
                      bool group_rows, bool group_cols) {
+  ++HandlerCalls();
   auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w, group_rows,
                            group_cols);
   if (p.has_error()) return p.error();

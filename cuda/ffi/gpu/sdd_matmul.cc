@@ -1,0 +1,49 @@
+// pit_sdd_matmul on the GPU: decode and validate as the CPU handler does, then launch
+// on XLA's stream (no host sync, no allocation: command-buffer compatible).
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "cuda/ffi/gpu/gpu_common.h"
+#include "cuda/ffi/gpu/handlers.h"
+#include "cuda/ffi/matmul_args.h"
+#include "cuda/kernels/sparse_gemm.h"
+
+namespace pit {
+namespace {
+
+constexpr char kTarget[] = "pit_sdd_matmul";
+
+ffi::Error SddMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
+                         ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, int64_t tile_w, bool trans_a, bool trans_b,
+                         bool allow_tf32) {
+  ++HandlerCalls();
+  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b, false,
+                        allow_tf32);
+  if (p.has_error()) return p.error();
+  auto t = DecodeFlatList(kTarget, tiles, count, tile_h, tile_w);
+  if (t.has_error()) return t.error();
+  auto err = CheckIndexBatch(kTarget, *t, p->c_batch, "the result");
+  if (err.failure()) return err;
+  cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchSddMatmul(*p, *t, stream);
+  return gpu::LaunchStatus(kTarget, status);
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSddMatmulCuda, pit::SddMatmulCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()              // a
+                                  .Arg<xla::ffi::AnyBuffer>()              // b
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Ret<xla::ffi::AnyBuffer>()              // c
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<int64_t>("tile_w")
+                                  .Attr<bool>("trans_a")
+                                  .Attr<bool>("trans_b")
+                                  .Attr<bool>("allow_tf32"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,51 @@
+// pit_stile_matmul on the GPU: decode and validate as the CPU handler does, then
+// launch on XLA's stream (no host sync, no allocation: command-buffer compatible).
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "cuda/ffi/gpu/gpu_common.h"
+#include "cuda/ffi/gpu/handlers.h"
+#include "cuda/ffi/matmul_args.h"
+#include "cuda/kernels/sparse_gemm.h"
+
+namespace pit {
+namespace {
+
+constexpr char kTarget[] = "pit_stile_matmul";
+
+ffi::Error StileMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer lists,
+                           S32Buffer counts, ffi::Result<ffi::AnyBuffer> c, bool sparse_b, int64_t tile_h,
+                           int64_t tile_w, bool trans_a, bool trans_b, bool trans_c, bool allow_tf32) {
+  ++HandlerCalls();
+  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b,
+                        trans_c, allow_tf32);
+  if (p.has_error()) return p.error();
+  auto t = DecodeLists(kTarget, lists, counts, tile_h, tile_w);
+  if (t.has_error()) return t.error();
+  auto g = DecodeStileGeometry(kTarget, *p, *t, sparse_b);
+  if (g.has_error()) return g.error();
+  cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchStileMatmul(*p, *t, g->sparse_b, stream);
+  return gpu::LaunchStatus(kTarget, status);
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitStileMatmulCuda, pit::StileMatmulCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()              // a
+                                  .Arg<xla::ffi::AnyBuffer>()              // b
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // lists
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // counts
+                                  .Ret<xla::ffi::AnyBuffer>()              // c
+                                  .Attr<bool>("sparse_b")
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<int64_t>("tile_w")
+                                  .Attr<bool>("trans_a")
+                                  .Attr<bool>("trans_b")
+                                  .Attr<bool>("trans_c")
+                                  .Attr<bool>("allow_tf32"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

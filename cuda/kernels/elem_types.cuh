@@ -1,0 +1,57 @@
+// Element types of the float operands as raw words (copies move bits; math converts
+// to float32 and rounds once to nearest even on the way back).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace pit {
+namespace gemm {
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  using Word = uint32_t;
+  static __device__ __forceinline__ float ToFloat(uint32_t w) { return __uint_as_float(w); }
+  static __device__ __forceinline__ uint32_t FromFloat(float x) { return __float_as_uint(x); }
+};
+template <>
+struct Elem<__nv_bfloat16> {
+  using Word = uint16_t;
+  static __device__ __forceinline__ float ToFloat(uint16_t w) { return __uint_as_float(static_cast<uint32_t>(w) << 16); }
+  static __device__ __forceinline__ uint16_t FromFloat(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+};
+template <>
+struct Elem<__half> {
+  using Word = uint16_t;
+  static __device__ __forceinline__ float ToFloat(uint16_t w) { return __half2float(__ushort_as_half(w)); }
+  static __device__ __forceinline__ uint16_t FromFloat(float x) { return __half_as_ushort(__float2half_rn(x)); }
+};
+
+// 16 bytes of words <-> uint4 (word 0 in the low bits, as in memory).
+__device__ __forceinline__ uint4 Pack(const uint32_t (&w)[4]) { return make_uint4(w[0], w[1], w[2], w[3]); }
+__device__ __forceinline__ uint4 Pack(const uint16_t (&w)[8]) {
+  return make_uint4(w[0] | (static_cast<uint32_t>(w[1]) << 16), w[2] | (static_cast<uint32_t>(w[3]) << 16),
+                    w[4] | (static_cast<uint32_t>(w[5]) << 16), w[6] | (static_cast<uint32_t>(w[7]) << 16));
+}
+__device__ __forceinline__ void Unpack(const uint4& v, uint32_t (&w)[4]) {
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
+}
+__device__ __forceinline__ void Unpack(const uint4& v, uint16_t (&w)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[2 * i] = static_cast<uint16_t>(u[i] & 0xffffu);
+    w[2 * i + 1] = static_cast<uint16_t>(u[i] >> 16);
+  }
+}
+
+}  // namespace gemm
+}  // namespace pit
