@@ -1,0 +1,635 @@
+// Standalone correctness + timing harness of the sm_90a row-gather GEMM (not part of
+// the library; needs no jax/XLA/FFI). Build on an H100:
+//   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. \
+//     -DPIT_RG_EXPERIMENTS cuda/kernels/sm90/row_gather_bench.cu cuda/kernels/sm90/row_gather_gemm.cu -o rg_bench
+// (-DPIT_RG_EXPERIMENTS compiles the experiment variants too; without it only "default" runs.)
+// cuBLAS (the oracle: the same product on the already-compacted live rows) is loaded at
+// run time with dlopen, so the binary links without libcublas (-lcublas is harmless).
+// Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
+//        --no-time (skip timing), --only=v1,v2 (just these kernel variants, see kVariants),
+//        --case=TEXT (just the cases whose name contains TEXT).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <library_types.h>
+
+#include "cuda/kernels/sm90/row_gather_gemm.h"
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
+              cudaGetErrorString(e_));                                                         \
+      exit(2);                                                                                 \
+    }                                                                                          \
+  } while (0)
+
+using pit::DType;
+
+// ------------------------------- cuBLAS via dlopen -------------------------------
+namespace blas {
+typedef void* Handle;
+typedef int (*CreateFn)(Handle*);
+typedef int (*SetStreamFn)(Handle, cudaStream_t);
+typedef int (*GemmExFn)(Handle, int, int, int, int, int, const void*, const void*, cudaDataType, int, const void*,
+                        cudaDataType, int, const void*, void*, cudaDataType, int, int, int);
+constexpr int kOpN = 0, kOpT = 1, kCompute32F = 68, kCompute32FFastTf32 = 77, kAlgoDefault = -1;
+Handle handle = nullptr;
+GemmExFn gemm = nullptr;
+bool Init(cudaStream_t stream) {
+  const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+  void* lib = nullptr;
+  for (const char* n : names)
+    if ((lib = dlopen(n, RTLD_NOW | RTLD_GLOBAL))) break;
+  if (!lib) return false;
+  auto create = reinterpret_cast<CreateFn>(dlsym(lib, "cublasCreate_v2"));
+  auto set_stream = reinterpret_cast<SetStreamFn>(dlsym(lib, "cublasSetStream_v2"));
+  gemm = reinterpret_cast<GemmExFn>(dlsym(lib, "cublasGemmEx"));
+  if (!create || !gemm || !set_stream) return false;
+  return create(&handle) == 0 && set_stream(handle, stream) == 0;
+}
+}  // namespace blas
+
+// ------------------------------- device helpers -------------------------------
+__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToF(float v) { return v; }
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF(float v) { return __float2bfloat16(v); }
+template <>
+__device__ __forceinline__ __half FromF(float v) { return __float2half(v); }
+template <>
+__device__ __forceinline__ float FromF(float v) { return v; }
+
+__device__ __forceinline__ uint32_t Hash(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+// Uniform in [-1, 1), never zero.
+template <typename T>
+__global__ void FillRandom(T* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float v = (Hash(seed * 0x9E3779B97F4A7C15ull + i) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    T t = FromF<T>(v);
+    if (ToF(t) == 0.0f) t = FromF<T>(0.5f);
+    p[i] = t;
+  }
+}
+
+// Reference: Cref[j, n] = sum_k A[rows[j], k] * opB[k, n] in fp32 (one batch entry).
+template <typename T>
+__global__ void RefGemm(const T* A, const T* B, const int* rows, int R, int N, int K, bool trans_b, float* Cref) {
+  __shared__ float sa[32][33], sb[32][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;  // 256 threads: ty 0..7
+  const int j0 = blockIdx.y * 32, n0 = blockIdx.x * 32;
+  float acc[4] = {0, 0, 0, 0};
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    for (int i = ty; i < 32; i += 8) {
+      const int j = j0 + i, k = k0 + tx;
+      sa[i][tx] = (j < R && k < K) ? ToF(A[int64_t{rows[j]} * K + k]) : 0.f;
+      const int kk = k0 + i, n = n0 + tx;
+      float bv = 0.f;
+      if (kk < K && n < N) bv = trans_b ? ToF(B[int64_t{n} * K + kk]) : ToF(B[int64_t{kk} * N + n]);
+      sb[i][tx] = bv;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int k = 0; k < 32; ++k) {
+      const float b = sb[k][tx];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q] += sa[ty + 8 * q][k] * b;
+    }
+    __syncthreads();
+  }
+  for (int q = 0; q < 4; ++q) {
+    const int j = j0 + ty + 8 * q, n = n0 + tx;
+    if (j < R && n < N) Cref[int64_t{j} * N + n] = acc[q];
+  }
+}
+
+struct Stats {
+  double d2, r2;
+  unsigned long long bad_live, bad_dead;  // non-finite live values; dead values not exactly 0
+  unsigned int max_abs_bits;
+};
+
+template <typename T>
+__global__ void CompareLive(const T* C, const int* rows, int R, int N, const float* Cref, Stats* st) {
+  const int j = blockIdx.x;
+  if (j >= R) return;
+  double d2 = 0, r2 = 0;
+  unsigned long long bad = 0;
+  float mx = 0.f;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+    const float c = ToF(C[int64_t{rows[j]} * N + n]), r = Cref[int64_t{j} * N + n];
+    if (!isfinite(c)) {
+      ++bad;
+      continue;
+    }
+    d2 += double(c - r) * (c - r);
+    r2 += double(r) * r;
+    mx = fmaxf(mx, fabsf(c - r));
+  }
+  atomicAdd(&st->d2, d2);
+  atomicAdd(&st->r2, r2);
+  if (bad) atomicAdd(&st->bad_live, bad);
+  atomicMax(&st->max_abs_bits, __float_as_uint(mx));
+}
+
+template <typename T>
+__global__ void CheckDead(const T* C, const int* rows, int R, int N, Stats* st) {
+  const int j = blockIdx.x;
+  if (j >= R) return;
+  unsigned long long bad = 0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+    const float c = ToF(C[int64_t{rows[j]} * N + n]);
+    if (!(c == 0.0f)) ++bad;  // NaN poison or garbage
+  }
+  if (bad) atomicAdd(&st->bad_dead, bad);
+}
+
+template <typename T>
+__global__ void GatherRows(const T* A, const int* rows, int R, int K, T* out) {
+  const int j = blockIdx.x;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) out[int64_t{j} * K + k] = A[int64_t{rows[j]} * K + k];
+}
+
+__global__ void CountDiff(const uint16_t* x, const uint16_t* y, int64_t n, unsigned long long* diff) {
+  unsigned long long d = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    d += x[i] != y[i];
+  if (d) atomicAdd(diff, d);
+}
+
+// ------------------------------- cases -------------------------------
+struct Case {
+  std::string name;
+  DType dtype = DType::kBF16;
+  int64_t M = 0, N = 0, K = 0;
+  int batch = 1, a_batch = 1, b_batch = 1, idx_batch = 1;
+  int tile_h = 1;
+  bool trans_b = false;
+  double frac = 0.3;  // live row-block fraction (per index entry i: frac * (idx_batch - i) / idx_batch)
+  bool time = false;
+};
+
+static int g_fail = 0;
+static uint64_t g_seed = 12345;
+
+// Kernel variants (pit::sm90_rg_testing::LaunchVariant). diag != 0: timing only.
+struct Variant {
+  const char* name;
+  int cluster, stages_a, stages_b, gather_warps;
+  bool carve;
+  int diag;
+  bool epi_in_a;
+};
+static const Variant kVariants[] = {
+    {"default", 0, 0, 0, 0, false, 0, false},  // LaunchRowGatherGemmSm90 itself (= a3b5g0e.c2)
+    // aXbYgZ: X A-stages, Y B-stages, Z producer gather warps (0: consumer warps gather);
+    // e: epilogue staged in the freed A stage; .cN: N-CTA cluster, B multicast.
+    {"a4b4g2", 1, 4, 4, 2, false, 0, false},      {"a6b3g3", 1, 6, 3, 3, false, 0, false},
+    {"a4b4g3", 1, 4, 4, 3, false, 0, false},      {"a4b4g0", 1, 4, 4, 0, false, 0, false},
+    {"a3b4g0", 1, 3, 4, 0, false, 0, false},      {"a4b4g0e", 1, 4, 4, 0, false, 0, true},
+    {"a3b5g0e", 1, 3, 5, 0, false, 0, true},      {"a4b4g0.c2", 2, 4, 4, 0, false, 0, false},
+    {"a3b5g0e.c2", 2, 3, 5, 0, false, 0, true},   {"a3b5g0e.c4", 4, 3, 5, 0, false, 0, true},
+    {"a4b4g0e.c4", 4, 4, 4, 0, false, 0, true},
+    // diagnostics (timed only; wrong results): no zero-fill, no epilogue stores, no A / B loads
+    {"c2.noZero", 2, 3, 5, 0, false, 16, true},   {"c2.noStore", 2, 3, 5, 0, false, 8, true},
+    {"c2.noAB", 2, 3, 5, 0, false, 3, true},      {"c2.noA", 2, 3, 5, 0, false, 1, true},
+};
+
+
+static std::vector<std::string> g_only;  // --only=a,b,c: run just these variants
+static std::string g_case;               // --case=TEXT: run just the cases whose name contains TEXT
+bool Selected(const Variant& v) {
+  if (g_only.empty()) return true;
+  for (auto& n : g_only)
+    if (n == v.name) return true;
+  return false;
+}
+
+cudaError_t LaunchV(const Variant& v, const pit::MatmulParams& p, const pit::TileList& t, cudaStream_t s) {
+  if (v.cluster == 0) return pit::LaunchRowGatherGemmSm90(p, t, s);
+  return pit::sm90_rg_testing::LaunchVariant(p, t, s, v.cluster, v.stages_a, v.stages_b, v.gather_warps, v.carve,
+                                             v.diag, v.epi_in_a);
+}
+
+struct TimingRow {
+  std::string name;
+  double live_pct, oracle_ms, flops;
+  std::vector<std::pair<std::string, double>> ours;  // variant -> median ms
+};
+static std::vector<TimingRow> g_rows;
+
+float MedianMs(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+cudaDataType BlasType(DType t) {
+  return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+template <typename T>
+void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
+  const int64_t M = cs.M, N = cs.N, K = cs.K;
+  const int es = sizeof(T);
+  std::mt19937_64 rng(g_seed++);
+  const int64_t tile_rows = (M + cs.tile_h - 1) / cs.tile_h;
+  const int64_t cap = tile_rows;
+
+  // Index: per index entry, live ids shuffled, then dead ids as -1 - id (shuffled).
+  std::vector<int32_t> lists(cs.idx_batch * cap), counts(cs.idx_batch);
+  for (int i = 0; i < cs.idx_batch; ++i) {
+    const double f = cs.frac * double(cs.idx_batch - i) / cs.idx_batch;
+    const int64_t L = std::min<int64_t>(tile_rows, std::llround(f * tile_rows));
+    std::vector<int32_t> ids(tile_rows);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::shuffle(ids.begin() + L, ids.end(), rng);
+    for (int64_t s = 0; s < tile_rows; ++s) lists[i * cap + s] = s < L ? ids[s] : -1 - ids[s];
+    counts[i] = static_cast<int32_t>(L);
+  }
+
+  T *dA, *dB, *dC;
+  int32_t *dLists, *dCounts;
+  CK(cudaMalloc(&dA, cs.a_batch * M * K * es));
+  CK(cudaMalloc(&dB, cs.b_batch * K * N * es));
+  CK(cudaMalloc(&dC, cs.batch * M * N * es));
+  CK(cudaMalloc(&dLists, lists.size() * 4));
+  CK(cudaMalloc(&dCounts, counts.size() * 4));
+  CK(cudaMemcpy(dLists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dCounts, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+  FillRandom<<<1024, 256, 0, stream>>>(dA, cs.a_batch * M * K, g_seed++);
+  FillRandom<<<1024, 256, 0, stream>>>(dB, cs.b_batch * K * N, g_seed++);
+  CK(cudaGetLastError());
+
+  pit::MatmulParams p;
+  p.dtype = cs.dtype;
+  p.allow_tf32 = true;
+  p.M = M, p.N = N, p.K = K, p.batch = cs.batch;
+  p.a = {dA, cs.a_batch, M, K};
+  p.b = {dB, cs.b_batch, cs.trans_b ? N : K, cs.trans_b ? K : N};
+  p.c = dC;
+  p.c_batch = cs.batch;
+  p.trans_b = cs.trans_b;
+  pit::TileList tl;
+  tl.lists = dLists, tl.counts = dCounts, tl.batch = cs.idx_batch, tl.groups = 1, tl.capacity = cap;
+  tl.tile_h = cs.tile_h, tl.tile_w = K;
+
+  // ---- reference (once per case): live / dead rows per batch entry, fp32 product rows ----
+  std::vector<int*> dLive(cs.batch), dDead(cs.batch);
+  std::vector<int> nLive(cs.batch), nDead(cs.batch);
+  std::vector<float*> dRef(cs.batch, nullptr);
+  std::vector<int> live_rows_b0_vec;
+  for (int b = 0; b < cs.batch; ++b) {
+    const int ib = b / (cs.batch / cs.idx_batch);
+    std::vector<int> live, dead;
+    for (int64_t s = 0; s < cap; ++s) {
+      const int32_t v = lists[ib * cap + s];
+      const bool is_live = s < counts[ib];
+      const int64_t id = is_live ? v : -1 - v;
+      for (int w = 0; w < cs.tile_h; ++w) {
+        const int64_t r = id * cs.tile_h + w;
+        if (r < M) (is_live ? live : dead).push_back(static_cast<int>(r));
+      }
+    }
+    if (b == 0) live_rows_b0_vec = live;
+    nLive[b] = live.size(), nDead[b] = dead.size();
+    CK(cudaMalloc(&dLive[b], std::max<size_t>(1, live.size()) * 4));
+    CK(cudaMalloc(&dDead[b], std::max<size_t>(1, dead.size()) * 4));
+    if (!live.empty()) CK(cudaMemcpy(dLive[b], live.data(), live.size() * 4, cudaMemcpyHostToDevice));
+    if (!dead.empty()) CK(cudaMemcpy(dDead[b], dead.data(), dead.size() * 4, cudaMemcpyHostToDevice));
+    if (!live.empty()) {
+      CK(cudaMalloc(&dRef[b], live.size() * N * 4));
+      const T* A_b = dA + (b / (cs.batch / cs.a_batch)) * M * K;
+      const T* B_b = dB + (b / (cs.batch / cs.b_batch)) * K * N;
+      dim3 grid((N + 31) / 32, (live.size() + 31) / 32);
+      RefGemm<T><<<grid, 256, 0, stream>>>(A_b, B_b, dLive[b], (int)live.size(), (int)N, (int)K, cs.trans_b,
+                                           dRef[b]);
+      CK(cudaGetLastError());
+    }
+  }
+  CK(cudaStreamSynchronize(stream));
+  const int64_t live_rows_b0 = nLive[0];
+  Stats* dSt;
+  CK(cudaMalloc(&dSt, sizeof(Stats)));
+
+  // ---- correctness of every real variant: poison, run, compare every row ----
+  const double tol = cs.dtype == DType::kBF16 ? 8e-3 : cs.dtype == DType::kF16 ? 2e-3 : 3e-3;
+  std::vector<const Variant*> runnable;
+  for (const Variant& v : kVariants) {
+    if ((v.diag & ~4) || !Selected(v)) continue;  // diag 4 (no proxy fence) still computes the right thing
+    CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
+    cudaError_t e = LaunchV(v, p, tl, stream);
+    if (e == cudaErrorNotSupported && v.cluster != 0) continue;  // variant not compiled for this dtype
+    if (e != cudaSuccess) {
+      printf("[FAIL] %-30s %-8s launch returned %s\n", cs.name.c_str(), v.name, cudaGetErrorName(e));
+      ++g_fail;
+      continue;
+    }
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemset(dSt, 0, sizeof(Stats)));
+    for (int b = 0; b < cs.batch; ++b) {
+      const T* C_b = dC + b * M * N;
+      if (nLive[b]) CompareLive<T><<<nLive[b], 256, 0, stream>>>(C_b, dLive[b], nLive[b], (int)N, dRef[b], dSt);
+      if (nDead[b]) CheckDead<T><<<nDead[b], 256, 0, stream>>>(C_b, dDead[b], nDead[b], (int)N, dSt);
+      CK(cudaGetLastError());
+    }
+    Stats st;
+    CK(cudaMemcpy(&st, dSt, sizeof(Stats), cudaMemcpyDeviceToHost));
+    const double rel = st.r2 > 0 ? std::sqrt(st.d2 / st.r2) : std::sqrt(st.d2);
+    float max_abs;
+    memcpy(&max_abs, &st.max_abs_bits, 4);
+    const bool ok = st.bad_live == 0 && st.bad_dead == 0 && rel <= tol;
+    if (!ok) ++g_fail;
+    runnable.push_back(&v);
+    printf("[%s] %-30s %-8s M=%lld N=%lld K=%lld b=%d(a%d,b%d,i%d) th=%d tb=%d live_b0=%lld rel=%.2e maxabs=%.3g "
+           "nonfinite_live=%llu nonzero_dead=%llu\n",
+           ok ? " OK " : "FAIL", cs.name.c_str(), v.name, (long long)M, (long long)N, (long long)K, cs.batch,
+           cs.a_batch, cs.b_batch, cs.idx_batch, cs.tile_h, (int)cs.trans_b, (long long)live_rows_b0, rel, max_abs,
+           st.bad_live, st.bad_dead);
+  }
+
+  // ---- determinism: a second run of the default must give the same bits (16-bit types) ----
+  if (es == 2 && cs.time) {
+    T* dC2;
+    CK(cudaMalloc(&dC2, cs.batch * M * N * es));
+    CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
+    CK(pit::LaunchRowGatherGemmSm90(p, tl, stream));
+    CK(cudaMemcpyAsync(dC2, dC, cs.batch * M * N * es, cudaMemcpyDeviceToDevice, stream));
+    CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
+    CK(pit::LaunchRowGatherGemmSm90(p, tl, stream));
+    unsigned long long* dDiff;
+    CK(cudaMalloc(&dDiff, 8));
+    CK(cudaMemsetAsync(dDiff, 0, 8, stream));
+    CountDiff<<<1024, 256, 0, stream>>>(reinterpret_cast<uint16_t*>(dC), reinterpret_cast<uint16_t*>(dC2),
+                                        cs.batch * M * N, dDiff);
+    unsigned long long diff = 0;
+    CK(cudaMemcpyAsync(&diff, dDiff, 8, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    printf("[%s] %-30s rerun bitwise diff = %llu\n", diff == 0 ? " OK " : "FAIL", cs.name.c_str(), diff);
+    if (diff) ++g_fail;
+    CK(cudaFree(dC2));
+    CK(cudaFree(dDiff));
+  }
+
+  // ---- timing: each variant vs cuBLAS on the compacted live rows ----
+  if (do_time && cs.time) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    TimingRow row;
+    row.name = cs.name;
+    row.live_pct = 100.0 * live_rows_b0 / M;
+    row.flops = 2.0 * live_rows_b0 * N * K;
+    for (const Variant& v : kVariants) {
+      bool ok_to_time = false;
+      for (auto* r : runnable) ok_to_time |= r == &v;
+      if (v.diag & ~4) ok_to_time = cs.dtype == DType::kBF16 && !cs.trans_b;
+      if (!ok_to_time || !Selected(v)) continue;
+      std::vector<float> ms_v;
+      bool ok = true;
+      for (int it = 0; it < 35 && ok; ++it) {
+        CK(cudaEventRecord(e0, stream));
+        ok = LaunchV(v, p, tl, stream) == cudaSuccess;
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 5) ms_v.push_back(ms);
+      }
+      if (!ok || ms_v.empty()) continue;
+      const double med = MedianMs(ms_v);
+      std::sort(ms_v.begin(), ms_v.end());
+      printf("       %-30s %-16s median %.4f ms (min %.4f, max %.4f)\n", cs.name.c_str(), v.name, med, ms_v.front(),
+             ms_v.back());
+      row.ours.push_back({v.name, med});
+    }
+    double oracle_ms = -1;
+    const int R = static_cast<int>(live_rows_b0);
+    if (blas::handle && cs.batch == 1 && R > 0) {
+      T *dAc, *dCc;
+      CK(cudaMalloc(&dAc, int64_t{R} * K * es));
+      CK(cudaMalloc(&dCc, int64_t{R} * N * es));
+      GatherRows<T><<<R, 256, 0, stream>>>(dA, dLive[0], R, (int)K, dAc);
+      CK(cudaGetLastError());
+      const float alpha = 1.f, beta = 0.f;
+      const cudaDataType dt = BlasType(cs.dtype);
+      const int compute = cs.dtype == DType::kF32 ? blas::kCompute32FFastTf32 : blas::kCompute32F;
+      // Row-major C[R,N] = A[R,K] @ op(B): column-major C^T[N,R] = op(B)^T[N,K] @ A^T[K,R].
+      auto call = [&] {
+        return blas::gemm(blas::handle, cs.trans_b ? blas::kOpT : blas::kOpN, blas::kOpN, (int)N, R, (int)K, &alpha,
+                          dB, dt, cs.trans_b ? (int)K : (int)N, dAc, dt, (int)K, &beta, dCc, dt, (int)N, compute,
+                          blas::kAlgoDefault);
+      };
+      std::vector<float> oracle;
+      bool blas_ok = true;
+      for (int it = 0; it < 35 && blas_ok; ++it) {
+        CK(cudaEventRecord(e0, stream));
+        blas_ok = call() == 0;
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 5) oracle.push_back(ms);
+      }
+      if (blas_ok) oracle_ms = MedianMs(oracle);
+      printf("       %-30s %-16s median %.4f ms\n", cs.name.c_str(), "cuBLAS oracle", oracle_ms);
+      CK(cudaFree(dAc));
+      CK(cudaFree(dCc));
+    }
+    row.oracle_ms = oracle_ms;
+    g_rows.push_back(row);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+  }
+  for (int b = 0; b < cs.batch; ++b) {
+    CK(cudaFree(dLive[b]));
+    CK(cudaFree(dDead[b]));
+    if (dRef[b]) CK(cudaFree(dRef[b]));
+  }
+  CK(cudaFree(dA));
+  CK(cudaFree(dB));
+  CK(cudaFree(dC));
+  CK(cudaFree(dLists));
+  CK(cudaFree(dCounts));
+  CK(cudaFree(dSt));
+}
+
+void Run(const Case& cs, cudaStream_t s, bool do_time) {
+  if (cs.dtype == DType::kBF16) RunCase<__nv_bfloat16>(cs, s, do_time);
+  if (cs.dtype == DType::kF16) RunCase<__half>(cs, s, do_time);
+  if (cs.dtype == DType::kF32) RunCase<float>(cs, s, do_time);
+}
+
+// Configurations the kernel must refuse (launching nothing).
+void CheckNotSupported(cudaStream_t s) {
+  void* buf;
+  int32_t* idx;
+  CK(cudaMalloc(&buf, 1 << 20));
+  CK(cudaMalloc(&idx, 4096));
+  CK(cudaMemset(idx, 0, 4096));
+  auto base = [&] {
+    pit::MatmulParams p;
+    p.dtype = DType::kBF16;
+    p.M = 64, p.N = 64, p.K = 64;
+    p.a = {buf, 1, 64, 64};
+    p.b = {buf, 1, 64, 64};
+    p.c = buf;
+    return p;
+  };
+  pit::TileList tl;
+  tl.lists = idx, tl.counts = idx, tl.capacity = 64;
+  struct T {
+    const char* what;
+    pit::MatmulParams p;
+    pit::TileList t;
+  };
+  std::vector<T> tests;
+  {
+    auto p = base();
+    p.N = 60;
+    tests.push_back({"N % 8 != 0", p, tl});
+  }
+  {
+    auto p = base();
+    p.K = 36;
+    tests.push_back({"K % 8 != 0", p, tl});
+  }
+  {
+    auto p = base();
+    auto t = tl;
+    t.capacity = 32;
+    tests.push_back({"capacity < row blocks", p, t});
+  }
+  {
+    auto p = base();
+    p.dtype = DType::kF32;
+    p.allow_tf32 = true;
+    tests.push_back({"f32 tf32 without trans_b", p, tl});
+  }
+  {
+    auto p = base();
+    p.dtype = DType::kF32;
+    p.trans_b = true;
+    tests.push_back({"f32 without allow_tf32", p, tl});
+  }
+  {
+    auto p = base();
+    p.batch = 2, p.c_batch = 1;
+    p.a.batch = 2;
+    tests.push_back({"batch reduction", p, tl});
+  }
+  {
+    auto p = base();
+    p.trans_a = true;
+    tests.push_back({"trans_a", p, tl});
+  }
+  for (auto& t : tests) {
+    const cudaError_t e = pit::LaunchRowGatherGemmSm90(t.p, t.t, s);
+    const bool ok = e == cudaErrorNotSupported;
+    if (!ok) ++g_fail;
+    printf("[%s] NotSupported: %-28s -> %s\n", ok ? " OK " : "FAIL", t.what, cudaGetErrorName(e));
+  }
+  CK(cudaGetLastError());
+  CK(cudaFree(buf));
+  CK(cudaFree(idx));
+}
+
+int main(int argc, char** argv) {
+  bool small = false, do_time = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--small")) small = true;
+    if (!strcmp(argv[i], "--no-time")) do_time = false;
+    if (!strncmp(argv[i], "--case=", 7)) g_case = argv[i] + 7;
+    if (!strncmp(argv[i], "--only=", 7)) {
+      std::string list = argv[i] + 7;
+      size_t pos = 0;
+      while (pos <= list.size()) {
+        size_t c = list.find(',', pos);
+        if (c == std::string::npos) c = list.size();
+        if (c > pos) g_only.push_back(list.substr(pos, c - pos));
+        pos = c + 1;
+      }
+    }
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, %d SMs, cc %d.%d, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
+         prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  const bool have_blas = !small && blas::Init(s);
+  printf("cuBLAS: %s\n", have_blas ? "loaded" : "not loaded");
+
+  std::vector<Case> cases;
+  auto add = [&](Case c) { cases.push_back(c); };
+  // Small / odd shapes (correctness).
+  add({"odd bf16", DType::kBF16, 1000, 264, 136, 1, 1, 1, 1, 1, false, 0.4});
+  add({"odd bf16 trans_b", DType::kBF16, 1000, 264, 136, 1, 1, 1, 1, 1, true, 0.4});
+  add({"odd f16", DType::kF16, 1000, 264, 136, 1, 1, 1, 1, 1, false, 0.4});
+  add({"odd f16 trans_b", DType::kF16, 1000, 264, 136, 1, 1, 1, 1, 1, true, 0.6});
+  add({"tile_h=2 bf16", DType::kBF16, 999, 512, 256, 1, 1, 1, 1, 2, false, 0.5});
+  add({"tile_h=3 bf16 trans_b", DType::kBF16, 1000, 320, 200, 1, 1, 1, 1, 3, true, 0.3});
+  add({"batch2 B shared, idx per entry", DType::kBF16, 700, 384, 264, 2, 2, 1, 2, 1, false, 0.4});
+  add({"batch4 a4 b2 idx1 f16 trans_b", DType::kF16, 300, 136, 72, 4, 4, 2, 1, 1, true, 0.5});
+  add({"batch2 a1 b2 idx2 th2", DType::kBF16, 513, 264, 128, 2, 1, 2, 2, 2, false, 0.7});
+  add({"tf32 trans_b", DType::kF32, 2048, 512, 520, 1, 1, 1, 1, 1, true, 0.25});
+  add({"tf32 batch2 th2", DType::kF32, 300, 136, 72, 2, 2, 2, 2, 2, true, 0.5});
+  add({"all dead", DType::kBF16, 512, 256, 64, 1, 1, 1, 1, 1, false, 0.0});
+  add({"all live", DType::kBF16, 384, 512, 128, 1, 1, 1, 1, 1, false, 1.0});
+  add({"one row", DType::kBF16, 1, 8, 8, 1, 1, 1, 1, 1, false, 1.0});
+  add({"K=8 N=8", DType::kF16, 129, 8, 8, 1, 1, 1, 1, 1, true, 0.5});
+  if (!small) {
+    // The target shapes: M=16384 rows, K=N=4096.
+    for (double f : {0.1, 0.3, 0.5}) {
+      char name[64];
+      snprintf(name, sizeof name, "bf16 fwd %d%%", int(f * 100 + 0.5));
+      add({name, DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, f, true});
+    }
+    add({"f16 fwd 30%", DType::kF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 0.3, true});
+    for (double f : {0.1, 0.3, 0.5}) {
+      char name[64];
+      snprintf(name, sizeof name, "bf16 trans_b %d%%", int(f * 100 + 0.5));
+      add({name, DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, true, f, true});
+    }
+    add({"tf32 trans_b 30%", DType::kF32, 16384, 4096, 4096, 1, 1, 1, 1, 1, true, 0.3, true});
+    add({"bf16 fwd 100%", DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 1.0, true});
+  }
+  CheckNotSupported(s);
+  for (auto& c : cases)
+    if (g_case.empty() || c.name.find(g_case) != std::string::npos) Run(c, s, do_time);
+
+  if (!g_rows.empty()) {
+    printf("\n%-20s %-16s %6s %9s %9s %6s %8s\n", "case", "variant", "live%", "ours ms", "oracle", "ratio", "TFLOP/s");
+    for (auto& r : g_rows)
+      for (auto& v : r.ours)
+        printf("%-20s %-16s %6.1f %9.4f %9.4f %6.3f %8.1f\n", r.name.c_str(), v.first.c_str(), r.live_pct, v.second,
+               r.oracle_ms, r.oracle_ms > 0 ? v.second / r.oracle_ms : -1.0, r.flops / v.second * 1e-9);
+  }
+  printf("\n%s: %d failure(s)\n", g_fail ? "FAILED" : "PASSED", g_fail);
+  return g_fail ? 1 : 0;
+}

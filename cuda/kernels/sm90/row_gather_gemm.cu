@@ -1,0 +1,283 @@
+// Host launcher of the sm_90a row-gather GEMM (device code: row_gather_gemm.cuh).
+#include "cuda/kernels/sm90/row_gather_gemm.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include "cuda/kernels/sm90/row_gather_gemm.cuh"
+
+namespace pit {
+namespace {
+
+using sm90_rg::Args;
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  bool sm90 = false;
+  int sms = 0;
+};
+
+// Compute capability and SM count per device, looked up once.
+const DeviceInfo* GetDeviceInfo() {
+  static DeviceInfo info[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return nullptr;
+  std::call_once(once[dev], [dev] {
+    int major = 0, minor = 0, sms = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    info[dev].sm90 = major == 9 && minor == 0;
+    info[dev].sms = sms;
+  });
+  return &info[dev];
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 GetEncodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+#else
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+#endif
+  });
+  return fn;
+}
+
+struct Variant {
+  int cluster = 1;     // CTAs per cluster along M (B multicast when > 1)
+  int stages_a = 6;    // A pipeline depth (16 KB a stage)
+  int stages_b = 3;    // B pipeline depth (32 KB a stage)
+  int gather_warps = 3;
+  bool carve = false;  // ask for the smallest shared-memory carve-out that fits (more L1)
+  int diag = 0;        // timing experiments only
+  bool epi_in_a = false;  // epilogue staging in the freed A stage (consumer gather only)
+};
+
+// The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA
+// clusters sharing B by multicast, the consumer warps gather A, 3 A + 5 B stages, the
+// epilogue staged in the freed A stage.
+constexpr Variant kDefault{2, 3, 5, 0, false, 0, true};
+
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in, int sms, cudaStream_t stream) {
+  auto kernel = sm90_rg::RowGatherGemmKernel<Cfg, kKind, kTransB, kCluster, kDiag>;
+  // Per device: the shared-memory opt-in and how many clusters fit at once (queries, not
+  // stream operations: capture-safe).
+  static int clusters[kMaxDevices] = {};
+  static int carve_set[kMaxDevices] = {};  // 0 unset, 1 default, 2 minimal
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return cudaErrorNotSupported;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  if (v.carve != (carve_set[dev] == 2)) {  // experiment only: the default never sets it
+    // Carve-out in percent of the 228 KB maximum; the driver rounds up to a supported size.
+    const int pct = v.carve ? static_cast<int>((int64_t{Cfg::kSmemBytes + 1024} * 100 + 233471) / 233472) : -1;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct);
+    if (e != cudaSuccess) return e;
+    carve_set[dev] = v.carve ? 2 : 1;
+  }
+  if (clusters[dev] == 0) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    // One CTA per SM; with clusters, as many clusters as fit at once (the occupancy query).
+    int n = sms / kCluster, active = -1;
+    if (kCluster > 1) {
+      cfg.gridDim = dim3(kCluster * n);
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active > 0) n = std::min(n, active);
+    }
+#ifdef PIT_RG_EXPERIMENTS
+    // Bench-only knobs: PIT_RG_CLUSTERS=N caps the cluster count; PIT_RG_DEBUG=1 prints the grid.
+    if (const char* nc = getenv("PIT_RG_CLUSTERS"); nc && atoi(nc) > 0) n = std::min(n, atoi(nc));
+    if (const char* dbg = getenv("PIT_RG_DEBUG"); dbg && dbg[0] == '1')
+      fprintf(stderr, "row_gather sm90: cluster %d, %d clusters (occupancy query %d), smem %d B, %d threads\n", kCluster,
+              n, active, Cfg::kSmemBytes, Cfg::kThreads);
+#endif
+    clusters[dev] = n;
+  }
+  cfg.gridDim = dim3(kCluster * clusters[dev]);
+  const Args g = g_in;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map_b, g);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+using sm90_rg::Config;
+
+template <int kKind, bool kTransB>
+cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, int sms, cudaStream_t s) {
+  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea) {
+    return v.cluster == c && v.stages_a == sa && v.stages_b == sb && v.gather_warps == gw && v.diag == d &&
+           v.epi_in_a == ea;
+  };
+  // The default configuration, for every type and layout.
+  if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
+#ifdef PIT_RG_EXPERIMENTS
+  // Experiments of docs/notes/sm90_row_gather.md (bf16 only; the bench builds with
+  // -DPIT_RG_EXPERIMENTS, the library without).
+  using namespace sm90_rg;
+  if constexpr (kKind == kBf16) {
+    // producer warps gather A (2 or 3 warps)
+    if (is(1, 4, 4, 2, 0, false)) return Launch<Config<4, 4, 2>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 6, 3, 2, 0, false)) return Launch<Config<6, 3, 2>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 6, 3, 3, 0, false)) return Launch<Config<6, 3, 3>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 4, 4, 3, 0, false)) return Launch<Config<4, 4, 3>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 4, 3, 3, 0, false)) return Launch<Config<4, 3, 3>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    // consumer warps gather A
+    if (is(1, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 3, 4, 0, 0, false)) return Launch<Config<3, 4, 0>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(2, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
+    if (is(4, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
+    if (is(4, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
+    if constexpr (!kTransB) {  // diagnostics (wrong results)
+      if (is(2, 3, 5, 0, kDiagNoZero, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoZero>(v, mb, g, sms, s);
+      if (is(2, 3, 5, 0, kDiagNoStore, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoStore>(v, mb, g, sms, s);
+      if (is(2, 3, 5, 0, kDiagNoA | kDiagNoB, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA | kDiagNoB>(v, mb, g, sms, s);
+      if (is(2, 3, 5, 0, kDiagNoA, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA>(v, mb, g, sms, s);
+    }
+  }
+#endif
+  return cudaErrorNotSupported;
+}
+
+cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t stream, const Variant& v);
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t stream, const Variant& v) {
+  constexpr cudaError_t kNo = cudaErrorNotSupported;
+  using namespace sm90_rg;
+  // ---- what this kernel covers ----
+  int kind = -1;
+  if (p.dtype == DType::kBF16) kind = kBf16;
+  if (p.dtype == DType::kF16) kind = kF16;
+  if (p.dtype == DType::kF32 && p.allow_tf32 && p.trans_b) kind = kTf32;
+  if (kind < 0) return kNo;
+  if (p.trans_a || p.trans_c) return kNo;
+  if (p.M < 0 || p.N < 0 || p.K <= 0 || p.batch < 1) return kNo;
+  if (p.N % 8 != 0 || p.K % 8 != 0) return kNo;
+  if (p.M >= (int64_t{1} << 31) || p.N >= (int64_t{1} << 31) || p.K >= (int64_t{1} << 31)) return kNo;
+  if (p.batch >= (int64_t{1} << 31)) return kNo;
+  if (p.c_batch != p.batch) return kNo;
+  if (p.a.batch < 1 || p.batch % p.a.batch != 0 || p.b.batch < 1 || p.batch % p.b.batch != 0) return kNo;
+  if (rows.batch < 1 || p.batch % rows.batch != 0 || rows.groups != 1 || rows.tile_h < 1) return kNo;
+  if (!rows.lists || !rows.counts) return kNo;
+  if (p.M == 0 || p.N == 0) return cudaSuccess;  // nothing to write
+  const int64_t tile_rows = (p.M + rows.tile_h - 1) / rows.tile_h;
+  if (rows.capacity != tile_rows) return kNo;  // dead ids are only listed at full capacity
+  if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || !Aligned16(p.c)) return kNo;
+  const DeviceInfo* dev = GetDeviceInfo();
+  if (!dev || !dev->sm90 || dev->sms <= 0) return kNo;
+  auto encode = GetEncodeTiled();
+  if (!encode) return kNo;
+
+  const int es = DTypeBytes(p.dtype);
+  Args g;
+  g.a = static_cast<const char*>(p.a.data);
+  g.c = static_cast<char*>(p.c);
+  g.lists = rows.lists;
+  g.counts = rows.counts;
+  g.a_batch_bytes = p.M * p.K * es;
+  g.c_batch_bytes = p.M * p.N * es;
+  g.a_row_bytes = p.K * es;
+  g.c_row_bytes = p.N * es;
+  g.M = static_cast<int>(p.M);
+  g.N = static_cast<int>(p.N);
+  g.batch = static_cast<int>(p.batch);
+  g.a_div = static_cast<int>(p.batch / p.a.batch);
+  g.b_div = static_cast<int>(p.batch / p.b.batch);
+  g.idx_div = static_cast<int>(p.batch / rows.batch);
+  g.capacity = static_cast<int>(rows.capacity);
+  g.tile_h = static_cast<int>(rows.tile_h);
+  g.tile_rows = static_cast<int>(tile_rows);
+  g.n_tiles = static_cast<int>((p.N + kBN - 1) / kBN);
+  g.m_tiles = static_cast<int>((rows.capacity * rows.tile_h + kBM - 1) / kBM);
+  g.m_groups = (g.m_tiles + v.cluster - 1) / v.cluster;
+  g.num_kb = static_cast<int>((p.K * es + kBKBytes - 1) / kBKBytes);
+  const int64_t total = p.batch * int64_t{g.m_groups} * g.n_tiles;
+  if (total >= (int64_t{1} << 31) || rows.capacity * rows.tile_h >= (int64_t{1} << 31)) return kNo;
+  g.total_tiles = static_cast<int>(total);
+
+  // ---- tensor maps: 3-D (inner, outer, batch), 128B swizzle, zero fill out of bounds ----
+  const CUtensorMapDataType dt = kind == kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                 : kind == kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const uint32_t box_inner = kBKBytes / es;  // 128 bytes: 64 bf16/f16 or 32 f32
+  auto make_map = [&](CUtensorMap* map, const void* data, uint64_t inner, uint64_t outer, uint64_t batch,
+                      uint32_t box_outer) {
+    cuuint64_t dims[3] = {inner, outer, batch};
+    cuuint64_t strides[2] = {inner * es, inner * outer * es};
+    cuuint32_t box[3] = {box_inner, box_outer, 1u};
+    cuuint32_t estrides[3] = {1, 1, 1};
+    return encode(map, dt, 3, const_cast<void*>(data), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  CUtensorMap map_b;
+  const uint64_t inner = p.trans_b ? p.K : p.N, outer = p.trans_b ? p.N : p.K;
+  // B box: trans_b: (128 B of K) x (256 / cluster) rows of N; else (64 columns of N) x 64 rows of K.
+  if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? kBN / v.cluster : 64u)) return kNo;
+
+  const int sms = dev->sms;
+  if (kind == kBf16)
+    return p.trans_b ? LaunchKind<kBf16, true>(v, map_b, g, sms, stream)
+                     : LaunchKind<kBf16, false>(v, map_b, g, sms, stream);
+  if (kind == kF16)
+    return p.trans_b ? LaunchKind<kF16, true>(v, map_b, g, sms, stream)
+                     : LaunchKind<kF16, false>(v, map_b, g, sms, stream);
+  return LaunchKind<kTf32, true>(v, map_b, g, sms, stream);
+}
+
+}  // namespace
+
+cudaError_t LaunchRowGatherGemmSm90(const MatmulParams& p, const TileList& rows, cudaStream_t stream) {
+  return LaunchImpl(p, rows, stream, kDefault);
+}
+
+namespace sm90_rg_testing {
+cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStream_t stream, int cluster, int stages_a,
+                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a) {
+  Variant v;
+  v.epi_in_a = epi_in_a;
+  v.cluster = cluster, v.stages_a = stages_a, v.stages_b = stages_b, v.gather_warps = gather_warps;
+  v.carve = carve, v.diag = diag;
+  if (cluster != 1 && cluster != 2 && cluster != 4) return cudaErrorNotSupported;
+  return LaunchImpl(p, rows, stream, v);
+}
+}  // namespace sm90_rg_testing
+
+}  // namespace pit

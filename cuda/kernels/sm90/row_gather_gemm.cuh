@@ -1,0 +1,771 @@
+// Row-gather GEMM for Hopper (sm_90a): the device side. See row_gather_gemm.cu for
+// the launcher and docs/notes/sm90_row_gather.md for the measurements behind each choice.
+//
+//   C[b, r, :] = A[b, r, :] @ op(B[b'])   for the rows r of the listed row blocks,
+//   C[b, r, :] = 0                        for the rows of the dead blocks (list tail).
+//
+// The configuration LaunchRowGatherGemmSm90 uses (Config<3, 5, 0, true>, 2-CTA clusters):
+// persistent, one CTA per SM, 384 threads = 3 warpgroups; a tile is 128 gathered rows x
+// 256 columns, K in steps of 128 bytes (64 bf16/f16 or 32 f32).
+//   WG0 (producer, 40 registers after setmaxnreg):
+//     warp 2, one lane: B by TMA (128B swizzle, zero fill past N and K), 5 stages; the two
+//       CTAs of a cluster work on two row tiles of the same column tile, each loads half of
+//       B and multicasts it to both (halves B's L2 traffic);
+//     warps 0, 1, 3: write zeros over the dead rows of C (list tail `-1 - id`, spread over
+//       all CTAs) while the math runs.
+//   WG1, WG2 (consumers, 232 registers): each owns 64 of the tile's 128 rows and issues
+//     m64n256k16 (bf16/f16) or m64n256k8 (tf32) wgmma from shared memory into 128 fp32
+//     accumulators per thread. They also gather A themselves: each warp cp.asyncs (16 B,
+//     zero-fill for missing rows and the K tail) the 16 rows it computes, 128B-swizzled, into
+//     the A stage (3 stages) that its previous wgmma has just freed, so the gather is
+//     spread over all 4 SM sub-partitions. Epilogue: through the warpgroup's half of the
+//     A stage freed last (XOR-swizzled), then 16-byte stores to the gathered row addresses.
+// The tile scheduler walks a static tile space (batch x capacity-bound row tiles x column
+// tiles) round-robin; row tiles past the device-side count are skipped by every role
+// alike, so no host read of the count is needed.
+// Other configurations (producer-warp gather, no cluster, ...) are the experiments of the
+// notes, compiled only with -DPIT_RG_EXPERIMENTS.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/sm90/row_gather_wgmma.cuh"
+
+namespace pit {
+namespace sm90_rg {
+
+// Element kinds of one instantiation.
+enum Kind : int { kBf16 = 0, kF16 = 1, kTf32 = 2 };
+
+constexpr int kBM = 128;       // gathered rows per tile (2 consumer warpgroups x 64)
+constexpr int kBN = 256;       // columns per tile (one m64n256 per consumer warpgroup)
+constexpr int kBKBytes = 128;  // bytes of K per stage (one 128B swizzle row)
+constexpr int kStageABytes = kBM * kBKBytes;  // 16 KB
+constexpr int kStageBBytes = kBN * kBKBytes;  // 32 KB
+constexpr int kEpiPitch = 144;                // staging row: 64 columns x 2 B + 16 B pad
+constexpr int kEpiWarpBytes = 16 * kEpiPitch; // one consumer warp's 16 rows
+constexpr int kConsumerWarps = 8;
+
+// Shared-memory layout and thread roles of one configuration (384 threads: a producer
+// warpgroup and 2 consumer warpgroups; 512 threads would cap registers at 128, too few
+// for a 128-accumulator wgmma):
+//   kStagesA / kStagesB: separate pipelines for the gathered A (16 KB/stage, cp.async)
+//   and B (32 KB/stage, TMA), so A, whose rows come from DRAM, can run further ahead;
+//   kGatherWarps 2: warps 0-1 gather A (64 rows each), warp 2 loads B, warp 3 zero-fills;
+//   kGatherWarps 3: warps 0, 1, 3 gather A (48, 48, 32 rows), warp 2 loads B and zero-fills
+//   one dead row per B stage in between (the rest after its last stage);
+//   kGatherWarps 0: the consumer warps gather A themselves (each warp the 16 rows whose
+//   results it computes, 4 cp.async per thread per stage, into the stage its previous
+//   wgmma just freed); warp 2 loads B, warps 0, 1, 3 zero-fill.
+//   The zero-fill uses 16-byte stores, equal shares per zero-fill warp over all CTAs (paced
+//   or concentrated variants measured no better: docs/notes/sm90_row_gather.md).
+//   kEpiInA (consumer gather only): the epilogue stages C through the warpgroup's half of
+//   the A stage its last wgmma just freed (2 KB per warp, XOR-swizzled), refilled after the
+//   epilogue; this frees 18 KB for a fifth B stage.
+template <int kStagesA_, int kStagesB_, int kGatherWarps_, bool kEpiInA_ = false>
+struct Config {
+  static constexpr int kStagesA = kStagesA_, kStagesB = kStagesB_, kGatherWarps = kGatherWarps_;
+  static constexpr bool kEpiInA = kEpiInA_;
+  static_assert(!kEpiInA || kGatherWarps == 0, "epilogue in A needs the consumer gather");
+  static_assert(kGatherWarps == 0 || kGatherWarps == 2 || kGatherWarps == 3, "0, 2 or 3 gather warps");
+  static constexpr bool kConsumerGather = kGatherWarps == 0;
+  static constexpr int kThreads = 384;
+  static constexpr int kBWarp = 2;
+  static constexpr bool kZeroWarp = kGatherWarps != 3;  // warp 3 (and 0, 1 when idle) zero-fill, else the B warp
+  static constexpr int kGatherThreads = 32 * kGatherWarps;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 65536
+  // Gather rows of warp w (multiples of 4: one cp.async instruction covers 4 rows).
+  __host__ __device__ static constexpr int RowBegin(int w) { return kGatherWarps == 2 ? w * 64 : (w == 0 ? 0 : (w == 1 ? 48 : 96)); }
+  __host__ __device__ static constexpr int RowCount(int w) { return kGatherWarps == 2 ? 64 : (w == 3 ? 32 : 48); }
+  // Offsets from the 1024-aligned base.
+  static constexpr int kAOffset = 0;
+  static constexpr int kBOffset = kStagesA * kStageABytes;
+  static constexpr int kEpiOffset = kBOffset + kStagesB * kStageBBytes;
+  static constexpr int kBarOffset = kEpiOffset + (kEpiInA ? 0 : kConsumerWarps * kEpiWarpBytes);
+  // fullA: per stage (producer gather) or per consumer warpgroup and stage (consumer gather).
+  static constexpr int kFullA = kBarOffset, kEmptyA = kFullA + 8 * 2 * kStagesA;
+  static constexpr int kFullB = kEmptyA + 8 * kStagesA, kEmptyB = kFullB + 8 * kStagesB;
+  static constexpr int kTableOffset = kEmptyB + 8 * kStagesB;  // row byte offsets (kBM entries)
+  static constexpr int kSmemBytes = kTableOffset + (kConsumerGather ? 0 : kBM * 8) + 1024;  // + align slack
+  static_assert(kSmemBytes <= 232448, "over the 227 KB opt-in limit");
+};
+
+// Diagnostic switches (timing experiments only; results are wrong when set).
+enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8, kDiagNoZero = 16 };
+
+struct Args {
+  const char* a = nullptr;          // A base, bytes
+  char* c = nullptr;                // C base, bytes
+  const int32_t* lists = nullptr;   // [idx_batch, capacity]
+  const int32_t* counts = nullptr;  // [idx_batch]
+  int64_t a_batch_bytes = 0;        // M * K * es
+  int64_t c_batch_bytes = 0;        // M * N * es
+  int64_t a_row_bytes = 0;          // K * es
+  int64_t c_row_bytes = 0;          // N * es
+  int M = 0, N = 0;
+  int batch = 1, a_div = 1, b_div = 1, idx_div = 1;  // entry b reads A[b / a_div] ...
+  int capacity = 0, tile_h = 1, tile_rows = 0;
+  int n_tiles = 0, m_tiles = 0, num_kb = 0;  // m_tiles: static bound ceil(capacity*tile_h/kBM)
+  int m_groups = 0;                          // ceil(m_tiles / cluster size)
+  int total_tiles = 0;                       // batch * m_groups * n_tiles
+};
+
+// ---------------------------------------------------------------------------------
+// PTX helpers
+// ---------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// 16-byte async copy global -> shared, L2 only; src_bytes == 0 writes 16 zero bytes.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// The barrier gets one arrival once all of this thread's earlier cp.async are done
+// (noinc: that arrival counts against the barrier's expected count).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// The same, delivered to every CTA of the cluster in `mask` (same smem offsets), each
+// CTA's barrier at the same offset receiving the bytes it got.
+__device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                   uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t ClusterId() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t ClusterCount() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Arrive on the barrier at the same offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
+  // Default semantics (release, CTA scope), as CUTLASS's ClusterBarrier: an explicit
+  // .release.cluster fences this thread's outstanding global stores and cp.async first,
+  // which measured 2.2x slower overall.
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Pins the accumulators in place around wgmma waits (no reordering of their uses).
+__device__ __forceinline__ void FenceOperands(float* d) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+//  K-major tile (rows of 128 B, 8-row atoms of 1024 B): lbo unused (16), sbo = 1024.
+//  MN-major tile (blocks of 64 columns x K rows of 128 B): lbo = byte step between
+//  64-column blocks, sbo = byte step between 8-row K groups (1024).
+__device__ __forceinline__ uint64_t MakeDesc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(1) << 62;  // SWIZZLE_128B
+  return d;
+}
+
+// ---------------------------------------------------------------------------------
+// Work decoding, shared by every role (each walks the same sequence)
+// ---------------------------------------------------------------------------------
+struct Tile {
+  int b;       // batch entry
+  int m0;      // first gathered (virtual) row of the tile: index into the live rows
+  int n0;      // first column
+  int live;    // live virtual rows of entry b: min(count, capacity) * tile_h
+  const int32_t* list;
+};
+
+// Tile t of this CTA's walk. With clusters of kCluster CTAs along M, one work item is
+// kCluster consecutive row tiles on the same column tile (they share B, multicast); the
+// CTA of rank `rank` takes row tile group * kCluster + rank, which may lie past the live
+// rows (then all its rows are missing: it computes zeros and stores nothing).
+template <int kCluster>
+__device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile& tile) {
+  const int per_b = g.m_groups * g.n_tiles;
+  const int b = t / per_b;
+  const int rem = t - b * per_b;
+  const int mg = rem / g.n_tiles;
+  const int nt = rem - mg * g.n_tiles;
+  const int ib = b / g.idx_div;
+  int count = __ldg(g.counts + ib);
+  count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+  const int live = count * g.tile_h;
+  if (mg * kCluster * kBM >= live) return false;
+  tile.b = b;
+  tile.m0 = (mg * kCluster + rank) * kBM;
+  tile.n0 = nt * kBN;
+  tile.live = live;
+  tile.list = g.lists + static_cast<int64_t>(ib) * g.capacity;
+  return true;
+}
+
+// Matrix row of live virtual row j of a tile's entry, or -1 (past the count, a bad id,
+// or a row past M in the last block).
+__device__ __forceinline__ int RowOf(const Args& g, const Tile& tile, int j) {
+  if (j >= tile.live) return -1;
+  int slot = j, within = 0;
+  if (g.tile_h != 1) {
+    slot = j / g.tile_h;
+    within = j - slot * g.tile_h;
+  }
+  const int id = __ldg(tile.list + slot);
+  if (id < 0 || id >= g.tile_rows) return -1;
+  const int64_t row = static_cast<int64_t>(id) * g.tile_h + within;
+  return row < g.M ? static_cast<int>(row) : -1;
+}
+
+// ---------------------------------------------------------------------------------
+// Roles. Every role walks the same tiles: t = cluster id, += cluster count.
+// ---------------------------------------------------------------------------------
+template <int kCluster>
+struct Walk {
+  int first, step, rank;
+  __device__ __forceinline__ Walk() {
+    if constexpr (kCluster == 1) {
+      first = blockIdx.x, step = gridDim.x, rank = 0;
+    } else {
+      first = ClusterId(), step = ClusterCount(), rank = ClusterRank();
+    }
+  }
+};
+
+// A pipeline stage counter.
+template <int kStages>
+struct Pipe {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Next() {
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+};
+
+// A rows by cp.async (gather warps). Lane l copies 16-byte chunk (l % 8) of rows
+// l/8 + 4i of its warp's rows, so 8 lanes read one row's 128 contiguous bytes and the
+// smem chunk lands at (chunk ^ (row % 8)): the 128B swizzle.
+template <class Cfg, int kCluster, int kDiag, int kWarp>
+__device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
+  constexpr int row0 = Cfg::RowBegin(kWarp), nrows = Cfg::RowCount(kWarp);
+  int64_t* table = reinterpret_cast<int64_t*>(smem + Cfg::kTableOffset) + row0;
+  const uint32_t base = SmemAddr(smem);
+  const int chunk = lane & 7;
+  const Walk<kCluster> w;
+  Pipe<Cfg::kStagesA> pipe;
+  for (int t = w.first; t < g.total_tiles; t += w.step) {
+    Tile tile;
+    if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+    const char* a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
+    __syncwarp();
+    for (int r = lane; r < nrows; r += 32) {
+      const int row = RowOf(g, tile, tile.m0 + row0 + r);
+      table[r] = row < 0 ? int64_t{-1} : row * g.a_row_bytes;
+    }
+    __syncwarp();
+    for (int kb = 0; kb < g.num_kb; ++kb) {
+      MbarWait(base + Cfg::kEmptyA + pipe.stage * 8, pipe.phase ^ 1);
+      const uint32_t sa = base + Cfg::kAOffset + pipe.stage * kStageABytes;
+      const int64_t kbyte = static_cast<int64_t>(kb) * kBKBytes + chunk * 16;
+      const bool k_ok = kbyte < g.a_row_bytes;
+      if constexpr (!(kDiag & kDiagNoA)) {
+#pragma unroll 4
+        for (int rl = lane >> 3; rl < nrows; rl += 4) {
+          const int r = row0 + rl;
+          const int64_t off = table[rl];
+          const bool ok = k_ok && off >= 0;
+          const char* src = ok ? a_b + off + kbyte : g.a;
+          CpAsync16(sa + r * kBKBytes + ((chunk ^ (r & 7)) << 4), src, ok ? 16u : 0u);
+        }
+      }
+      CpAsyncArriveNoinc(base + Cfg::kFullA + pipe.stage * 8);
+      pipe.Next();
+    }
+  }
+  CpAsyncWaitAll();
+}
+
+// Zero-fill of the dead rows (list slots past the count hold -1 - id). One unit = one
+// row of one batch entry; units are dealt round-robin over all CTAs, continuing across
+// batch entries. Resumable: Next() writes one row (the whole warp) and returns false once
+// this CTA has none left.
+struct ZeroFill {
+  int b = -1, u = 0, units = 0, count = 0, offset = 0;
+  int worker = blockIdx.x, G = gridDim.x;  // this warp's share: units = worker (mod G)
+  __device__ __forceinline__ ZeroFill() {}
+  __device__ __forceinline__ ZeroFill(int k, int per_cta) : worker(blockIdx.x * per_cta + k), G(gridDim.x * per_cta) {}
+  // The next unit: false once none is left; *row = the row's first byte, or nullptr when the
+  // unit has nothing to write (a bad id, or a row past M in the last block).
+  __device__ __forceinline__ bool NextRow(const Args& g, char** row) {
+    for (;;) {
+      if (b >= 0 && u < units) break;
+      if (b >= 0) offset = (offset + units % G) % G;  // 32-bit: no 64-bit modulo call
+      if (++b >= g.batch) return false;
+      count = __ldg(g.counts + b / g.idx_div);
+      count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+      units = (g.capacity - count) * g.tile_h;
+      u = worker - offset;
+      if (u < 0) u += G;
+    }
+    int slot = u, within = 0;
+    if (g.tile_h != 1) {
+      slot = u / g.tile_h;
+      within = u - slot * g.tile_h;
+    }
+    u += G;
+    *row = nullptr;
+    const int32_t* list = g.lists + static_cast<int64_t>(b / g.idx_div) * g.capacity;
+    const int id = -1 - __ldg(list + count + slot);
+    if (id < 0 || id >= g.tile_rows) return true;
+    const int64_t r = static_cast<int64_t>(id) * g.tile_h + within;
+    if (r >= g.M) return true;
+    *row = g.c + static_cast<int64_t>(b) * g.c_batch_bytes + r * g.c_row_bytes;
+    return true;
+  }
+  // Writes the next unit's row with the whole warp (16-byte stores).
+  __device__ __forceinline__ bool Next(const Args& g, int lane) {
+    char* dst;
+    if (!NextRow(g, &dst)) return false;
+    if (dst)
+      for (int64_t x = lane * 16; x < g.c_row_bytes; x += 32 * 16)
+        __stcs(reinterpret_cast<int4*>(dst + x), make_int4(0, 0, 0, 0));
+    return true;
+  }
+};
+
+// One B stage by TMA (lane 0 of the B warp): wait until the consumers (of every CTA in
+// the cluster) freed the stage, announce 32 KB, load this CTA's part (multicast).
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+__device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, int n0, int bb, int kb, int stage,
+                                       uint32_t phase, int rank) {
+  constexpr int kBKElems = kKind == kTf32 ? 32 : 64;
+  constexpr int kPart = kBN / kCluster;  // columns this CTA loads
+  MbarWait(base + Cfg::kEmptyB + stage * 8, phase ^ 1);
+  const uint32_t full = base + Cfg::kFullB + stage * 8;
+  if constexpr (kDiag & kDiagNoB) {
+    MbarArrive(full);
+  } else {
+    MbarArriveExpectTx(full, kStageBBytes);
+    const uint32_t sb = base + Cfg::kBOffset + stage * kStageBBytes;
+    if constexpr (kTransB) {
+      // B stored [N, K]: one box of kPart rows (n) x 128 bytes (k): K-major tile.
+      const uint32_t dst = sb + rank * kPart * kBKBytes;
+      if constexpr (kCluster == 1) {
+        TmaLoad3d(dst, map, kb * kBKElems, n0 + rank * kPart, bb, full);
+      } else {
+        TmaLoad3dMulticast(dst, map, kb * kBKElems, n0 + rank * kPart, bb, full, (1u << kCluster) - 1);
+      }
+    } else {
+      // B stored [K, N]: boxes of 64 rows (k) x 64 columns (n) = 8 KB each: N-major tile.
+#pragma unroll
+      for (int j = 0; j < kPart / 64; ++j) {
+        const int jj = rank * (kPart / 64) + j;
+        if constexpr (kCluster == 1) {
+          TmaLoad3d(sb + jj * 8192, map, n0 + 64 * jj, kb * kBKElems, bb, full);
+        } else {
+          TmaLoad3dMulticast(sb + jj * 8192, map, n0 + 64 * jj, kb * kBKElems, bb, full, (1u << kCluster) - 1);
+        }
+      }
+    }
+  }
+}
+
+// B tiles by TMA (lane 0 of the B warp). Zero fill past N and K. With a cluster, CTA
+// rank r loads columns [r * 256/kCluster, (r+1) * 256/kCluster) of the tile and
+// multicasts them to all CTAs of the cluster; every CTA's full barrier expects the whole
+// 32 KB. Without a zero-fill warp, the whole warp writes one dead row per stage here.
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+__device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, char* smem, int lane) {
+  ZeroFill zf;
+  bool zero_left = !Cfg::kZeroWarp;
+  const uint32_t base = SmemAddr(smem);
+  const Walk<kCluster> w;
+  Pipe<Cfg::kStagesB> pipe;
+  for (int t = w.first; t < g.total_tiles; t += w.step) {
+    Tile tile;
+    if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+    const int bb = tile.b / g.b_div;
+    for (int kb = 0; kb < g.num_kb; ++kb) {
+      if (lane == 0) IssueB<Cfg, kKind, kTransB, kCluster, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
+      __syncwarp();
+      if (zero_left) zero_left = zf.Next(g, lane);
+      pipe.Next();
+    }
+  }
+  if (zero_left)
+    while (zf.Next(g, lane)) {
+    }
+}
+
+template <int kKind, bool kTransB>
+__device__ __forceinline__ void Mma(float* acc, uint64_t da, uint64_t db) {
+  if constexpr (kKind == kBf16) {
+    WgmmaBf16<kTransB ? 0 : 1>(acc, da, db);
+  } else if constexpr (kKind == kF16) {
+    WgmmaF16<kTransB ? 0 : 1>(acc, da, db);
+  } else {
+    WgmmaTf32(acc, da, db);
+  }
+}
+
+// Two output elements (fp32) as the 4 bytes of C's type (bf16x2 / f16x2), or 8 bytes of f32.
+template <int kKind>
+__device__ __forceinline__ uint32_t Pack2(float x, float y) {
+  if constexpr (kKind == kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Consumer-side gather of A (Config kGatherWarps == 0). Each consumer thread owns
+// chunk (lane % 8) of rows warp*16 + lane/8 + 4i (i < 4) of its warpgroup's 64 rows
+// (the rows its warp computes), and walks the same (tile, k-block) sequence as the
+// compute loop, S stages ahead: Issue() loads the next k-block into the stage that the
+// warpgroup's previous wgmma has just released.
+template <class Cfg, int kCluster>
+struct ALoader {
+  int t, kb = 0, stage = 0;
+  bool valid = false;
+  const char* a_b = nullptr;
+  int64_t off[4];  // row byte offsets (or -1: no row)
+  __device__ __forceinline__ void Start(const Args& g, const Walk<kCluster>& w, int wg, int warp, int lane) {
+    t = w.first - w.step;
+    NextTile(g, w, wg, warp, lane);
+  }
+  __device__ __forceinline__ void NextTile(const Args& g, const Walk<kCluster>& w, int wg, int warp, int lane) {
+    valid = false;
+    for (t += w.step; t < g.total_tiles; t += w.step) {
+      Tile tile;
+      if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+      a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = RowOf(g, tile, tile.m0 + wg * 64 + warp * 16 + (lane >> 3) + 4 * i);
+        off[i] = row < 0 ? int64_t{-1} : row * g.a_row_bytes;
+      }
+      valid = true;
+      return;
+    }
+  }
+  __device__ __forceinline__ void Issue(const Args& g, const Walk<kCluster>& w, uint32_t base, int wg, int warp,
+                                        int lane) {
+    if (!valid) return;
+    const int chunk = lane & 7;
+    const int64_t kbyte = static_cast<int64_t>(kb) * kBKBytes + chunk * 16;
+    const bool k_ok = kbyte < g.a_row_bytes;
+    const uint32_t sa = base + Cfg::kAOffset + stage * kStageABytes + wg * (64 * kBKBytes);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int rl = warp * 16 + (lane >> 3) + 4 * i;
+      const bool ok = k_ok && off[i] >= 0;
+      CpAsync16(sa + rl * kBKBytes + ((chunk ^ (rl & 7)) << 4), ok ? a_b + off[i] + kbyte : g.a, ok ? 16u : 0u);
+    }
+    CpAsyncArriveNoinc(base + Cfg::kFullA + (wg * Cfg::kStagesA + stage) * 8);
+    if (++stage == Cfg::kStagesA) stage = 0;
+    if (++kb == g.num_kb) {
+      kb = 0;
+      NextTile(g, w, wg, warp, lane);
+    }
+  }
+};
+
+// Consumer warpgroup wg (0/1): rows wg*64 .. wg*64+63 of each tile.
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+__device__ __forceinline__ void Consume(const Args& g, char* smem, int wg, int tid) {
+  const uint32_t base = SmemAddr(smem);
+  const int warp = tid >> 5, lane = tid & 31;
+  const Walk<kCluster> w;
+  Pipe<Cfg::kStagesA> pa;
+  Pipe<Cfg::kStagesB> pb;
+  // This warp's epilogue staging: 16 rows x 64 columns at a time (16-bit types).
+  char* epi = smem + Cfg::kEpiOffset + (wg * 4 + warp) * kEpiWarpBytes;
+  const uint32_t epi_s = SmemAddr(epi);
+  float acc[128];
+  ALoader<Cfg, kCluster> loader;
+  if constexpr (Cfg::kConsumerGather) {
+    loader.Start(g, w, wg, warp, lane);
+    for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
+  }
+  for (int t = w.first; t < g.total_tiles; t += w.step) {
+    Tile tile;
+    if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+    // Rows this lane writes (looked up now; used after the main loop). fp32 C: the rows of
+    // the accumulator fragment (lane/4 and lane/4 + 8). 16-bit C (staged): rows lane/8 + 4i
+    // of the warp's 16.
+    const int wrow = tile.m0 + wg * 64 + warp * 16;
+    int rows[4];
+    if constexpr (kKind == kTf32) {
+      rows[0] = RowOf(g, tile, wrow + (lane >> 2));
+      rows[1] = RowOf(g, tile, wrow + (lane >> 2) + 8);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) rows[i] = RowOf(g, tile, wrow + (lane >> 3) + 4 * i);
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    int prev_a = -1, prev_b = -1;
+    for (int kb = 0; kb < g.num_kb; ++kb) {
+      MbarWait(base + Cfg::kFullA + ((Cfg::kConsumerGather ? wg * Cfg::kStagesA : 0) + pa.stage) * 8, pa.phase);
+      MbarWait(base + Cfg::kFullB + pb.stage * 8, pb.phase);
+      // cp.async writes are generic-proxy writes that wgmma reads through the async proxy.
+      if constexpr (!(kDiag & kDiagNoFence)) FenceProxyAsync();
+      const uint32_t sa = base + Cfg::kAOffset + pa.stage * kStageABytes + wg * (64 * kBKBytes);
+      const uint32_t sb = base + Cfg::kBOffset + pb.stage * kStageBBytes;
+      const uint64_t da = MakeDesc(sa, 16, 1024);
+      const uint64_t db = kTransB ? MakeDesc(sb, 16, 1024) : MakeDesc(sb, 8192, 1024);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        // A: +32 bytes of K per step inside the swizzle row. B: the same when K-major;
+        // when N-major, +16 K rows = 2048 bytes.
+        const uint64_t a_step = static_cast<uint64_t>(kk * 32) >> 4;
+        const uint64_t b_step = static_cast<uint64_t>(kTransB ? kk * 32 : kk * 2048) >> 4;
+        Mma<kKind, kTransB>(acc, da + a_step, db + b_step);
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();
+      // The previous step's stage is free: refill its A (consumer gather), release its B.
+      if constexpr (Cfg::kConsumerGather) {
+        if (prev_a >= 0) loader.Issue(g, w, base, wg, warp, lane);
+      }
+      if (prev_a >= 0 && tid == 0) {
+        if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
+        if constexpr (kCluster == 1) {
+          MbarArrive(base + Cfg::kEmptyB + prev_b * 8);
+        } else {
+#pragma unroll
+          for (int c = 0; c < kCluster; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
+        }
+      }
+      prev_a = pa.stage, prev_b = pb.stage;
+      pa.Next(), pb.Next();
+    }
+    WgmmaWait<0>();
+    FenceOperands(acc);
+    if constexpr (Cfg::kConsumerGather && !Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
+    if (tid == 0) {
+      if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
+      if constexpr (kCluster == 1) {
+        MbarArrive(base + Cfg::kEmptyB + prev_b * 8);
+      } else {
+#pragma unroll
+        for (int c = 0; c < kCluster; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
+      }
+    }
+    if constexpr (kDiag & kDiagNoStore) {
+      if constexpr (Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
+      continue;
+    }
+
+    // Epilogue. The thread holds cols n0 + 8j + 2(lane%4) + {0,1} of fragment rows lane/4
+    // (acc[4j], acc[4j+1]) and lane/4 + 8 (acc[4j+2], acc[4j+3]).
+    char* c_b = g.c + static_cast<int64_t>(tile.b) * g.c_batch_bytes;
+    if constexpr (kKind == kTf32) {
+      // fp32 C: 8-byte stores straight from registers.
+      char* p0 = rows[0] >= 0 ? c_b + rows[0] * g.c_row_bytes : nullptr;
+      char* p1 = rows[1] >= 0 ? c_b + rows[1] * g.c_row_bytes : nullptr;
+      const int col0 = tile.n0 + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = col0 + 8 * j;
+        if (col < g.N) {
+          const int64_t off = static_cast<int64_t>(col) * 4;
+          if (p0) *reinterpret_cast<float2*>(p0 + off) = make_float2(acc[4 * j], acc[4 * j + 1]);
+          if (p1) *reinterpret_cast<float2*>(p1 + off) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    } else {
+      // 16-bit C: through the warp's staging rows, 64 columns at a time, then 16-byte
+      // stores (8 lanes cover one row's 128 contiguous bytes). Staging: padded rows of 144 B
+      // (own area), or with kEpiInA the warp's 16 rows of the freed A stage (128 B rows, the
+      // 16-byte chunk XOR-swizzled by row % 8: conflict-free both ways).
+      uint32_t stage_s = epi_s;
+      if constexpr (Cfg::kEpiInA)
+        stage_s = base + Cfg::kAOffset + prev_a * kStageABytes + wg * (64 * kBKBytes) + warp * (16 * kBKBytes);
+      constexpr int kPitch = Cfg::kEpiInA ? kBKBytes : kEpiPitch;
+      auto chunk_at = [](int row, int c) { return Cfg::kEpiInA ? ((c ^ (row & 7)) << 4) : (c << 4); };
+      char* p[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] = rows[i] >= 0 ? c_b + rows[i] * g.c_row_bytes : nullptr;
+      const int fr = lane >> 2, fq = lane & 3;
+#pragma unroll
+      for (int ch = 0; ch < 4; ++ch) {
+        if (tile.n0 + 64 * ch >= g.N) break;
+        __syncwarp();  // the previous chunk's reads are done
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = ch * 8 + jj;
+          const uint32_t o0 = fr * kPitch + chunk_at(fr, jj) + fq * 4;
+          const uint32_t o1 = (fr + 8) * kPitch + chunk_at(fr + 8, jj) + fq * 4;
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(stage_s + o0), "r"(Pack2<kKind>(acc[4 * j], acc[4 * j + 1]))
+                       : "memory");
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(stage_s + o1), "r"(Pack2<kKind>(acc[4 * j + 2], acc[4 * j + 3]))
+                       : "memory");
+        }
+        __syncwarp();
+        const int col = tile.n0 + 64 * ch + 8 * (lane & 7);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = (lane >> 3) + 4 * i;
+          uint4 v;
+          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(stage_s + r * kPitch + chunk_at(r, lane & 7))
+                       : "memory");
+          if (p[i] && col < g.N) *reinterpret_cast<uint4*>(p[i] + static_cast<int64_t>(col) * 2) = v;
+        }
+      }
+    }
+    if constexpr (Cfg::kEpiInA) {
+      __syncwarp();  // the warp's staging reads are done before its refill lands there
+      loader.Issue(g, w, base, wg, warp, lane);
+    }
+  }
+  if constexpr (Cfg::kConsumerGather) CpAsyncWaitAll();
+}
+
+// kCluster: CTAs per cluster along M (1 or 2; B multicast when 2). kDiag: timing
+// experiments (see Diag).
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const Args g) {
+  static_assert(kKind != kTf32 || kTransB, "tf32 wgmma needs K-major B (trans_b)");
+  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    const uint32_t base = SmemAddr(smem);
+    for (int s = 0; s < Cfg::kStagesA; ++s) {
+      if constexpr (Cfg::kConsumerGather) {
+        MbarInit(base + Cfg::kFullA + s * 8, 128);                    // warpgroup 0's cp.async (noinc)
+        MbarInit(base + Cfg::kFullA + (Cfg::kStagesA + s) * 8, 128);  // warpgroup 1's
+      } else {
+        MbarInit(base + Cfg::kFullA + s * 8, Cfg::kGatherThreads);  // cp.async arrivals (noinc)
+        MbarInit(base + Cfg::kEmptyA + s * 8, 2);                   // the 2 local consumer warpgroups
+      }
+    }
+    for (int s = 0; s < Cfg::kStagesB; ++s) {
+      MbarInit(base + Cfg::kFullB + s * 8, 1);              // the TMA lane (+ bytes)
+      MbarInit(base + Cfg::kEmptyB + s * 8, 2 * kCluster);  // consumer warpgroups of the cluster
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+  }
+  if constexpr (kCluster == 1) {
+    __syncthreads();
+  } else {
+    ClusterSync();  // the peers' barriers are initialized before any multicast or remote arrive
+  }
+  if (warp < 4) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    if (warp == Cfg::kBWarp) {
+      LoadB<Cfg, kKind, kTransB, kCluster, kDiag>(g, &map_b, smem, lane);
+    } else if (Cfg::kConsumerGather) {
+      ZeroFill zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
+      if (!(kDiag & kDiagNoZero))
+        while (zf.Next(g, lane)) {
+        }
+    } else if (warp == 3 && Cfg::kZeroWarp) {
+      ZeroFill zf;
+      while (zf.Next(g, lane)) {
+      }
+    } else {
+      // warps 0, 1 (and 3): each its own instantiation, so its row range is a constant
+      if (warp == 0) {
+        GatherA<Cfg, kCluster, kDiag, 0>(g, smem, lane);
+      } else if (warp == 1) {
+        GatherA<Cfg, kCluster, kDiag, 1>(g, smem, lane);
+      } else {
+        GatherA<Cfg, kCluster, kDiag, 3>(g, smem, lane);
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+    const int wg = (warp >> 2) - 1;
+    Consume<Cfg, kKind, kTransB, kCluster, kDiag>(g, smem, wg, threadIdx.x - 128 * (wg + 1));
+  }
+  // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    ClusterSync();
+  }
+#endif
+}
+
+}  // namespace sm90_rg
+}  // namespace pit
