@@ -91,12 +91,14 @@ def test_transforms(platform):
     x, _ = tiled_sparse(rng, (3, 20, 24), (4, 6), 0.5, jnp.float32)
     x = put(platform, x)
     idx = pit_jax.index(x, (4, 6))
-    check_grads(lambda a: pit_jax.sread(a, idx), (x,), order=2, modes=("fwd", "rev"))
+    # The ops are linear, so only float32 rounding of check_grads' projections differs.
+    tol = dict(atol=1e-2, rtol=1e-2)
+    check_grads(lambda a: pit_jax.sread(a, idx), (x,), order=2, modes=("fwd", "rev"), **tol)
     packed = pit_jax.sread(x, idx)
     base = jnp.ones_like(x)
     for acc in (False, True):
         check_grads(lambda p, b: pit_jax.swrite(p, idx, out=b, accumulate=acc), (packed, base), order=2,
-                    modes=("fwd", "rev"))
+                    modes=("fwd", "rev"), **tol)
     # vmap over data and index together, and over data with a shared (unbatched) index
     v = jax.vmap(lambda a, i: pit_jax.sread(a, i))(x, idx)
     np.testing.assert_array_equal(np.asarray(v), np.asarray(packed))

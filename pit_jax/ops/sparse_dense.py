@@ -45,11 +45,13 @@ _TF32 = {"default", "high", "fastest", "tensorfloat32", "tf32", "bfloat16", "bfl
 def allow_tf32(precision: Any) -> bool:
     """Maps a `precision` argument to whether float32 products may use TF32.
 
-    None (the default) and HIGHEST mean exact float32; DEFAULT / HIGH or
-    "tensorfloat32" ask for speed and allow TF32. Ignored for 16-bit inputs.
+    None (the default) means exact float32 unless `jax.default_matmul_precision` was set
+    to a TF32-allowing value; HIGHEST means exact; DEFAULT / HIGH or "tensorfloat32"
+    ask for speed and allow TF32. Ignored for 16-bit inputs.
     """
     if precision is None:
-        return False
+        configured = jax.config.jax_default_matmul_precision
+        return allow_tf32(configured) if configured is not None else False
     if isinstance(precision, (tuple, list)) and len(precision) == 2:
         first, second = (allow_tf32(p) for p in precision)
         if first != second:
