@@ -14,7 +14,13 @@ if [ "${1:-}" = "--sanitize" ]; then
   # XLA must not grab most of the GPU up front under the sanitizer; check our kernels
   # only (their names are in namespace pit), the library ones are not ours to fix.
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  paths=()
+  for a in "$@"; do case $a in tests*) ;; *) continue ;; esac; paths+=(x); done
+  [ ${#paths[@]} -eq 0 ] && set -- tests "$@"
   exec compute-sanitizer --tool "$tool" --kernel-name kns=pit --error-exitcode 9 \
-    "$PY" -m pytest -q -p no:cacheprovider -k gpu tests "$@"
+    "$PY" -m pytest -q -p no:cacheprovider -k gpu "$@"
 fi
-exec "$PY" -m pytest -q -p no:cacheprovider -rs tests "$@"
+paths=()
+for a in "$@"; do case $a in tests*) paths+=(x) ;; esac; done
+[ ${#paths[@]} -eq 0 ] && set -- tests "$@"
+exec "$PY" -m pytest -q -p no:cacheprovider -rs "$@"
