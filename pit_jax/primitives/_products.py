@@ -17,12 +17,12 @@ can pick the lists they need; they have their owner's batch dims.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 from jax.core import ShapedArray
+from jax.interpreters import ad
 
 NUM_INDEX = 6  # tiles, count, row_tiles, row_count, col_tiles, col_count
 FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -69,10 +69,6 @@ def product_shape(a, b, idx_batch, *, trans_a, trans_b, trans_c, out_batch, what
     return ProductShape(m, n, k, full, tuple(full[:out_batch]) + tail)
 
 
-def out_aval(a, shape: ProductShape) -> ShapedArray:
-    return ShapedArray(shape.out_shape, a.dtype)
-
-
 def index_batch(index_avals) -> Tuple[int, ...]:
     """Leading dims of the index (those of its count)."""
     return tuple(index_avals[1].shape)
@@ -85,6 +81,28 @@ def has_rows(index_avals) -> bool:
 
 def has_cols(index_avals) -> bool:
     return index_avals[4].shape[-1] > 0
+
+
+# -- autodiff -------------------------------------------------------------------------
+
+
+def bilinear_jvp(prim):
+    """JVP rule of a product bilinear in its first two operands (the index is constant)."""
+
+    def jvp(primals, tangents, **params):
+        a, b, *idx = primals
+        da, db = tangents[:2]
+        out = prim.bind(a, b, *idx, **params)
+        terms = []
+        if type(da) is not ad.Zero:
+            terms.append(prim.bind(da, b, *idx, **params))
+        if type(db) is not ad.Zero:
+            terms.append(prim.bind(a, db, *idx, **params))
+        if not terms:
+            return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+        return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    return jvp
 
 
 # -- batching -------------------------------------------------------------------------

@@ -84,20 +84,6 @@ def sdd_matmul(a, b, idx, *, tile, trans_a=False, trans_b=False, allow_tf32=Fals
     )
 
 
-def _jvp(primals, tangents, **params):
-    a, b, *idx = primals
-    da, db = tangents[:2]
-    out = sdd_matmul_p.bind(a, b, *idx, **params)
-    terms = []
-    if type(da) is not ad.Zero:
-        terms.append(sdd_matmul_p.bind(da, b, *idx, **params))
-    if type(db) is not ad.Zero:
-        terms.append(sdd_matmul_p.bind(a, db, *idx, **params))
-    if not terms:
-        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
-    return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
-
-
 def _transpose(ct, a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
     from pit_jax.primitives.stile_matmul import stile_matmul  # the sparse-reduction products
 
@@ -135,7 +121,7 @@ def _batch(args, dims, **params):
 
 sdd_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(sdd_matmul_p, *args, **params))
 sdd_matmul_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[sdd_matmul_p] = _jvp
+ad.primitive_jvps[sdd_matmul_p] = _products.bilinear_jvp(sdd_matmul_p)
 ad.primitive_transposes[sdd_matmul_p] = _transpose
 batching.primitive_batchers[sdd_matmul_p] = _batch
 _lowering.register_traced_lowering(sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"))

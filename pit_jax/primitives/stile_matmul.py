@@ -182,20 +182,6 @@ def stile_matmul(a, b, idx, *, sparse, tile, trans_a=False, trans_b=False, trans
 # -- autodiff: bilinear in (a, b) for a fixed index ------------------------------------
 
 
-def _jvp(primals, tangents, **params):
-    a, b, *idx = primals
-    da, db = tangents[:2]
-    out = stile_matmul_p.bind(a, b, *idx, **params)
-    terms = []
-    if type(da) is not ad.Zero:
-        terms.append(stile_matmul_p.bind(da, b, *idx, **params))
-    if type(db) is not ad.Zero:
-        terms.append(stile_matmul_p.bind(a, db, *idx, **params))
-    if not terms:
-        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
-    return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
-
-
 def _transpose(ct, a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
     from pit_jax.primitives.sdd_matmul import sdd_matmul  # the masked operand's gradient
 
@@ -243,7 +229,7 @@ def _batch(args, dims, **params):
 
 stile_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(stile_matmul_p, *args, **params))
 stile_matmul_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[stile_matmul_p] = _jvp
+ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p)
 ad.primitive_transposes[stile_matmul_p] = _transpose
 batching.primitive_batchers[stile_matmul_p] = _batch
 _lowering.register_traced_lowering(stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul"))
