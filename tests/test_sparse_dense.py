@@ -193,12 +193,17 @@ def test_grad_matches_masked_reference(platform, dtype, axis, case):
     assert rel_err(dw, rw) < 2 * TOL[dtype], f"seed={seed}: dw"
 
 
+# Small problems: check_grads' float32 finite differences are projections onto random
+# directions, whose rounding noise grows with the number of elements summed.
+GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("axis", ["m", "k", "w"])
 def test_check_grads_both_modes(platform, axis):
     """With the index fixed the op is bilinear: numerical and analytic derivatives agree."""
     rng, seed = fresh_rng()
-    xs, ws, tile = CASES[axis][1]
+    xs, ws, tile = GRAD_CHECK_CASES[axis]
     x, w, _ = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32)
     x, w = put(platform, x, w)
     owner = w if axis == "w" else x
