@@ -134,4 +134,58 @@ inline ffi::ErrorOr<StileGeometry> DecodeStileGeometry(const std::string& target
   return g;
 }
 
+// -- one decoder per product target, shared by its CPU and CUDA handlers ----------------
+
+struct ProductArgs {
+  MatmulParams mm;
+  TileList index;
+  StileGeometry geometry;  // pit_stile_matmul only
+};
+
+inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
+                                                     S32Buffer count, ffi::Result<ffi::AnyBuffer>& c,
+                                                     int64_t tile_h, bool trans_b, bool allow_tf32) {
+  const std::string target = "pit_row_gather_matmul";
+  auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
+                        allow_tf32);
+  if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
+  // c has a's leading dims: no batch reduction, and a is never the shared operand.
+  if (p->a.batch != p->batch || p->c_batch != p->batch)
+    return InvalidArg(target + ": the result must have a's leading dims, and b's batch count must divide a's");
+  auto t = DecodeFlatList(target, tiles, count, tile_h, 1);
+  if (t.has_error()) return ffi::Unexpected<ffi::Error>(t.error());
+  auto err = CheckIndexBatch(target, *t, p->a.batch, "a");
+  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
+  return ProductArgs{*p, *t, {}};
+}
+
+inline ffi::ErrorOr<ProductArgs> DecodeStileArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer lists,
+                                                 S32Buffer counts, ffi::Result<ffi::AnyBuffer>& c, bool sparse_b,
+                                                 int64_t tile_h, int64_t tile_w, bool trans_a, bool trans_b,
+                                                 bool trans_c, bool allow_tf32) {
+  const std::string target = "pit_stile_matmul";
+  auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b,
+                        trans_c, allow_tf32);
+  if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
+  auto t = DecodeLists(target, lists, counts, tile_h, tile_w);
+  if (t.has_error()) return ffi::Unexpected<ffi::Error>(t.error());
+  auto g = DecodeStileGeometry(target, *p, *t, sparse_b);
+  if (g.has_error()) return ffi::Unexpected<ffi::Error>(g.error());
+  return ProductArgs{*p, *t, *g};
+}
+
+inline ffi::ErrorOr<ProductArgs> DecodeSddArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
+                                               ffi::Result<ffi::AnyBuffer>& c, int64_t tile_h, int64_t tile_w,
+                                               bool trans_a, bool trans_b, bool allow_tf32) {
+  const std::string target = "pit_sdd_matmul";
+  auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b, false,
+                        allow_tf32);
+  if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
+  auto t = DecodeFlatList(target, tiles, count, tile_h, tile_w);
+  if (t.has_error()) return ffi::Unexpected<ffi::Error>(t.error());
+  auto err = CheckIndexBatch(target, *t, p->c_batch, "the result");
+  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
+  return ProductArgs{*p, *t, {}};
+}
+
 }  // namespace pit

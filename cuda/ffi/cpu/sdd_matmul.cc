@@ -10,7 +10,6 @@
 namespace pit {
 namespace {
 
-constexpr char kTarget[] = "pit_sdd_matmul";
 
 // Narrow tiles (e.g. (32, 1)) would leave the row update with a one-element inner
 // loop; those take dot products over contiguous rows of op_a(A) and op_b(B)^T instead.
@@ -73,15 +72,10 @@ void Sdd(const MatmulParams& p, const TileList& t) {
 ffi::Error SddMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
                         ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, int64_t tile_w, bool trans_a, bool trans_b,
                         bool allow_tf32) {
-  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b, false,
-                        allow_tf32);
-  if (p.has_error()) return p.error();
-  auto t = DecodeFlatList(kTarget, tiles, count, tile_h, tile_w);
-  if (t.has_error()) return t.error();
-  auto err = CheckIndexBatch(kTarget, *t, p->c_batch, "the result");
-  if (err.failure()) return err;
+  auto args = DecodeSddArgs(a, b, tiles, count, c, tile_h, tile_w, trans_a, trans_b, allow_tf32);
+  if (args.has_error()) return args.error();
   cpu::Poison(c->untyped_data(), c->size_bytes());
-  if (p->batch > 0) Sdd(*p, *t);
+  if (args->mm.batch > 0) Sdd(args->mm, args->index);
   return ffi::Error::Success();
 }
 

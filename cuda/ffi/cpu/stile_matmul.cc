@@ -12,7 +12,6 @@
 namespace pit {
 namespace {
 
-constexpr char kTarget[] = "pit_stile_matmul";
 
 void Stile(const MatmulParams& p, const TileList& t, const StileGeometry& g) {
   const bool sb = g.sparse_b;
@@ -68,15 +67,10 @@ void Stile(const MatmulParams& p, const TileList& t, const StileGeometry& g) {
 ffi::Error StileMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer lists, S32Buffer counts,
                           ffi::Result<ffi::AnyBuffer> c, bool sparse_b, int64_t tile_h, int64_t tile_w, bool trans_a,
                           bool trans_b, bool trans_c, bool allow_tf32) {
-  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b,
-                        trans_c, allow_tf32);
-  if (p.has_error()) return p.error();
-  auto t = DecodeLists(kTarget, lists, counts, tile_h, tile_w);
-  if (t.has_error()) return t.error();
-  auto g = DecodeStileGeometry(kTarget, *p, *t, sparse_b);
-  if (g.has_error()) return g.error();
+  auto args = DecodeStileArgs(a, b, lists, counts, c, sparse_b, tile_h, tile_w, trans_a, trans_b, trans_c, allow_tf32);
+  if (args.has_error()) return args.error();
   cpu::Poison(c->untyped_data(), c->size_bytes());
-  if (p->batch > 0) Stile(*p, *t, *g);
+  if (args->mm.batch > 0) Stile(args->mm, args->index, args->geometry);
   return ffi::Error::Success();
 }
 

@@ -18,19 +18,10 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
                                S32Buffer count, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b,
                                bool allow_tf32) {
   ++HandlerCalls();
-  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
-                        allow_tf32);
-  if (p.has_error()) return p.error();
-  // c has a's leading dims: no batch reduction, and a is never the shared operand.
-  if (p->a.batch != p->batch || p->c_batch != p->batch)
-    return ffi::Error::InvalidArgument(std::string(kTarget) + ": the result must have a's leading dims, and b's "
-                                       "batch count must divide a's");
-  auto t = DecodeFlatList(kTarget, tiles, count, tile_h, 1);
-  if (t.has_error()) return t.error();
-  auto err = CheckIndexBatch(kTarget, *t, p->a.batch, "a");
-  if (err.failure()) return err;
+  auto args = DecodeRowGatherArgs(a, b, tiles, count, c, tile_h, trans_b, allow_tf32);
+  if (args.has_error()) return args.error();
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
-  if (status == cudaSuccess) status = LaunchRowGatherMatmul(*p, *t, stream);
+  if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
   return gpu::LaunchStatus(kTarget, status);
 }
 

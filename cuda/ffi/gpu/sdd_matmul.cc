@@ -18,15 +18,10 @@ ffi::Error SddMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b
                          ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, int64_t tile_w, bool trans_a, bool trans_b,
                          bool allow_tf32) {
   ++HandlerCalls();
-  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b, false,
-                        allow_tf32);
-  if (p.has_error()) return p.error();
-  auto t = DecodeFlatList(kTarget, tiles, count, tile_h, tile_w);
-  if (t.has_error()) return t.error();
-  auto err = CheckIndexBatch(kTarget, *t, p->c_batch, "the result");
-  if (err.failure()) return err;
+  auto args = DecodeSddArgs(a, b, tiles, count, c, tile_h, tile_w, trans_a, trans_b, allow_tf32);
+  if (args.has_error()) return args.error();
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
-  if (status == cudaSuccess) status = LaunchSddMatmul(*p, *t, stream);
+  if (status == cudaSuccess) status = LaunchSddMatmul(args->mm, args->index, stream);
   return gpu::LaunchStatus(kTarget, status);
 }
 

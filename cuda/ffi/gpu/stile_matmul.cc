@@ -18,15 +18,10 @@ ffi::Error StileMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer
                            S32Buffer counts, ffi::Result<ffi::AnyBuffer> c, bool sparse_b, int64_t tile_h,
                            int64_t tile_w, bool trans_a, bool trans_b, bool trans_c, bool allow_tf32) {
   ++HandlerCalls();
-  auto p = DecodeMatmul(kTarget, a, b, c->dimensions(), c->element_type(), c->untyped_data(), trans_a, trans_b,
-                        trans_c, allow_tf32);
-  if (p.has_error()) return p.error();
-  auto t = DecodeLists(kTarget, lists, counts, tile_h, tile_w);
-  if (t.has_error()) return t.error();
-  auto g = DecodeStileGeometry(kTarget, *p, *t, sparse_b);
-  if (g.has_error()) return g.error();
+  auto args = DecodeStileArgs(a, b, lists, counts, c, sparse_b, tile_h, tile_w, trans_a, trans_b, trans_c, allow_tf32);
+  if (args.has_error()) return args.error();
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
-  if (status == cudaSuccess) status = LaunchStileMatmul(*p, *t, g->sparse_b, stream);
+  if (status == cudaSuccess) status = LaunchStileMatmul(args->mm, args->index, args->geometry.sparse_b, stream);
   return gpu::LaunchStatus(kTarget, status);
 }
 
