@@ -165,7 +165,8 @@ def sparse_dense(
     if index is None:
         index = build_index(owner, tile, group_by=None if axis == "m" else "both")
     elif index.batch_shape != full:
-        index = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (*full, *a.shape[a.ndim - _trailing(a, index):])), index)
+        lead = len(index.batch_shape)
+        index = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (*full, *a.shape[lead:])), index)
 
     sparse = "b" if axis == "w" else "a"
     tile = (index.micro_tile[0], x.shape[-1]) if axis == "m" else index.micro_tile
@@ -176,8 +177,3 @@ def sparse_dense(
     else:
         y = stile_matmul(x, w, index.arrays, **params)
     return y[..., 0, :] if vector else y
-
-
-def _trailing(a, index: PitIndex) -> int:
-    """Number of non-batch dims of an index array (its batch dims are the index's)."""
-    return a.ndim - len(index.batch_shape)
