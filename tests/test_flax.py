@@ -40,6 +40,17 @@ def test_linen_matches_dense(platform, axis, use_bias):
     np.testing.assert_allclose(np.asarray(y), np.asarray(y_dense), rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
 
 
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_default_micro_tiles_fit_small_layers(axis):
+    """Default micro-tiles are clipped to the matrix they tile (x, or the kernel for "w")."""
+    rng, seed = fresh_rng()
+    x = relu_input(rng, (64, 12))  # more rows than the kernel (12 x 24) has
+    layer = SparseDense(24, axis=axis)
+    params = layer.init(jax.random.PRNGKey(0), x)
+    np.testing.assert_allclose(np.asarray(layer.apply(params, x)), np.asarray(nn.Dense(24).apply(params, x)),
+                               rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_linen_dtypes(platform):
     rng, _ = fresh_rng()

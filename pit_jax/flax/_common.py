@@ -18,7 +18,8 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
         return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision)
     lead = inputs.shape[:-1]
     x2 = jnp.reshape(inputs, (-1, inputs.shape[-1]))
-    y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, x2.shape), precision=precision)
+    owner = kernel.shape if axis == "w" else x2.shape  # the matrix the index tiles
+    y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, owner), precision=precision)
     return jnp.reshape(y, (*lead, kernel.shape[-1]))
 
 
@@ -27,5 +28,4 @@ def _fit(micro_tile, axis, shape):
     if micro_tile is not None:
         return micro_tile
     h, w = pit_jax.ops.sparse_dense.DEFAULT_MICRO_TILES[axis]
-    owner = shape
-    return (min(h, owner[0]) if h is not None else None, min(w, owner[1]) if w is not None else None)
+    return (min(h, shape[0]) if h is not None else None, min(w, shape[1]) if w is not None else None)
