@@ -8,7 +8,9 @@ computed on tensor cores and scattered back (SWrite).
 from pit_jax import _native  # noqa: F401  (registers the FFI targets)
 from pit_jax import reference
 from pit_jax.config import reference_enabled, use_reference
+from pit_jax.moe_index import MoeIndex
 from pit_jax.ops.index import index
+from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
 from pit_jax.ops.sparse_dense import sparse_dense
 from pit_jax.ops.sread_swrite import sread, swrite
 from pit_jax.pit_index import PitIndex
@@ -16,8 +18,12 @@ from pit_jax.pit_index import PitIndex
 __version__ = "0.1.0"
 
 __all__ = [
+    "MoeIndex",
     "PitIndex",
+    "grouped_matmul",
     "index",
+    "moe_ffn",
+    "moe_index",
     "reference",
     "reference_enabled",
     "sparse_dense",

@@ -194,3 +194,113 @@ def sdd_matmul(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
     m, n = out.shape[-2:]
     tmask = tile_mask_from_flat(idx[0], idx[1], math.ceil(m / tile[0]), math.ceil(n / tile[1]))
     return jnp.where(element_mask(tmask, tile, (m, n)), out, 0.0).astype(a.dtype)
+
+
+# -- MoE: routing index and grouped products -------------------------------------------
+
+
+def moe_index(expert_ids, *, num_experts: int):
+    """Reference of `pit_moe_index`: (lists [..., E+1, T*k], counts [..., E+1]), ascending ids per group."""
+    lead = expert_ids.shape[:-2]
+    a = expert_ids.shape[-2] * expert_ids.shape[-1]
+    e = num_experts
+    ids = expert_ids.reshape(-1, a)
+
+    def one(ids):
+        group = jnp.where((ids >= 0) & (ids < e), ids, e).astype(jnp.int32)
+        order = jnp.argsort(group, stable=True).astype(jnp.int32)
+        counts = jnp.zeros((e + 1,), jnp.int32).at[group].add(1)
+        offsets = jnp.cumsum(counts) - counts
+        slot = jnp.arange(a, dtype=jnp.int32)
+        pos = jnp.minimum(offsets[:, None] + slot[None, :], max(a - 1, 0))
+        lists = jnp.where(slot[None, :] < counts[:, None], order[pos], -1)
+        return lists.astype(jnp.int32), counts
+
+    if ids.shape[0] == 0 or a == 0:
+        lists = jnp.full((ids.shape[0], e + 1, a), -1, jnp.int32)
+        counts = jnp.zeros((ids.shape[0], e + 1), jnp.int32)
+    else:
+        lists, counts = jax.vmap(one)(ids)
+    return lists.reshape(*lead, e + 1, a), counts.reshape(*lead, e + 1)
+
+
+def _assignment_groups(lists, counts):
+    from pit_jax.moe_index import MoeIndex
+
+    return MoeIndex(lists, counts, lists.shape[-2] - 1, 1).assignment_groups()
+
+
+def _to_full(x, full, rank):
+    """x [*b, <rank dims>] with b a prefix of `full` -> reshaped to broadcast against `full`."""
+    b = x.ndim - rank
+    return x.reshape(*x.shape[:b], *([1] * (len(full) - b)), *x.shape[b:])
+
+
+def _precision(allow_tf32):
+    return jax.lax.Precision.DEFAULT if allow_tf32 else jax.lax.Precision.HIGHEST
+
+
+def grouped_matmul(src, w, lists, counts, *, row_div, trans_w, allow_tf32):
+    """Reference of `grouped_matmul`: a loop over experts, each a masked dense product."""
+    e = lists.shape[-2] - 1
+    a = lists.shape[-1]
+    full = max(src.shape[:-2], w.shape[:-3], lists.shape[:-2], key=len)
+    groups = _to_full(_assignment_groups(lists, counts), full, 1)[..., None]  # [*, A, 1]
+    rows = _to_full(jnp.take(src, jnp.arange(a) // row_div, axis=-2), full, 2).astype(jnp.float32)
+    w = _to_full(jnp.swapaxes(w, -1, -2) if trans_w else w, full, 3).astype(jnp.float32)
+    f = w.shape[-1]
+
+    def body(i, acc):
+        p = jnp.matmul(rows, jnp.take(w, i, axis=-3), precision=_precision(allow_tf32))
+        return acc + jnp.where(groups == i, p, 0.0)
+
+    out = jax.lax.fori_loop(0, e, body, jnp.zeros((*full, a, f), jnp.float32))
+    return out.astype(src.dtype)
+
+
+def grouped_wgrad(src, dy, lists, counts, *, row_div, allow_tf32, out_batch):
+    """Reference of `grouped_wgrad`: per expert, (gathered rows)^T @ (its rows of dy)."""
+    e = lists.shape[-2] - 1
+    a = lists.shape[-1]
+    full = max(src.shape[:-2], dy.shape[:-2], lists.shape[:-2], key=len)
+    groups = _to_full(_assignment_groups(lists, counts), full, 1)[..., None]
+    rows = _to_full(jnp.take(src, jnp.arange(a) // row_div, axis=-2), full, 2).astype(jnp.float32)
+    dy = _to_full(dy, full, 2).astype(jnp.float32)
+
+    def one(i):
+        p = jnp.matmul(jnp.swapaxes(rows, -1, -2), jnp.where(groups == i, dy, 0.0), precision=_precision(allow_tf32))
+        p = jnp.broadcast_to(p, (*full, *p.shape[-2:]))
+        return p.sum(axis=tuple(range(out_batch, len(full))))
+
+    out = jax.lax.map(one, jnp.arange(e))  # [E, *out_batch, D, F]
+    return jnp.moveaxis(out, 0, out_batch).astype(src.dtype)
+
+
+def moe_ffn(x, gates, expert_ids, w_in, w_out, *, w_gate=None, activation="relu", precision=None):
+    """Pure-JAX MoE FFN from the expert ids (no index): a loop over experts with masks.
+
+    y[t] = sum_j gates[t, j] * FFN_{e}(x[t]) with e = expert_ids[t, j];
+    FFN_e(v) = act(v @ w_in[e]) @ w_out[e], or (act(v @ w_gate[e]) * (v @ w_in[e])) @ w_out[e].
+    Out-of-range ids contribute nothing. Computed in float32 (HIGHEST unless `precision`),
+    returned in the inputs' result dtype.
+    """
+    from pit_jax import _activations
+
+    act = _activations.resolve(activation)
+    dtype = jnp.result_type(x, w_in, w_out, *(() if w_gate is None else (w_gate,)))
+    prec = jax.lax.Precision.HIGHEST if precision is None else precision
+    f32 = lambda v: jnp.asarray(v).astype(jnp.float32)  # noqa: E731
+    xf, g = f32(x), f32(gates)
+    win, wout = f32(w_in), f32(w_out)
+    wg = None if w_gate is None else f32(w_gate)
+    ids = jnp.asarray(expert_ids)
+
+    def body(e, acc):
+        h = jnp.matmul(xf, win[e], precision=prec)
+        h = act(h) if wg is None else act(jnp.matmul(xf, wg[e], precision=prec)) * h
+        o = jnp.matmul(h, wout[e], precision=prec)
+        weight = jnp.sum(jnp.where(ids == e, g, 0.0), axis=-1)
+        return acc + weight[..., None] * o
+
+    y = jax.lax.fori_loop(0, win.shape[0], body, jnp.zeros(xf.shape, jnp.float32))
+    return y.astype(dtype)
