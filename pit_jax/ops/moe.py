@@ -60,6 +60,11 @@ def moe_index(expert_ids: jax.Array, num_experts: int) -> MoeIndex:
     t, k = expert_ids.shape[-2:]
     if k < 1:
         raise ValueError(f"moe_index: expert_ids' last dim (k, experts per token) must be >= 1, got {k}")
+    if k > num_experts:
+        raise ValueError(
+            f"moe_index: each token picks k={k} experts (expert_ids' last dim) but there are only "
+            f"num_experts={num_experts}; expected k <= {num_experts}"
+        )
     if t * k > _MAX_ASSIGNMENTS:
         raise ValueError(f"moe_index: {t} tokens x {k} choices exceeds {_MAX_ASSIGNMENTS} assignments")
     if num_experts * t * k > 2**40:
