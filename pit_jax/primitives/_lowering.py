@@ -51,11 +51,15 @@ def _missing_cuda(target: str) -> Callable:
     return rule
 
 
-def register_traced_lowering(prim: Primitive, fn: Callable, targets: Sequence[str]) -> None:
-    """Lowers `prim` by tracing `fn` (jnp glue + jax.ffi.ffi_call to `targets`) per platform."""
+def register_traced_lowering(
+    prim: Primitive, fn: Callable, targets: Sequence[str], cuda_fn: Callable | None = None
+) -> None:
+    """Lowers `prim` by tracing `fn` (jnp glue + jax.ffi.ffi_call to `targets`) per platform;
+    `cuda_fn`, when given, replaces `fn` on CUDA (e.g. to feed a kernel its preferred layout)."""
     rule = mlir.lower_fun(fn, multiple_results=prim.multiple_results)
     mlir.register_lowering(prim, rule, platform="cpu")
     if _native.has_cuda():
-        mlir.register_lowering(prim, rule, platform="cuda")
+        cuda_rule = rule if cuda_fn is None else mlir.lower_fun(cuda_fn, multiple_results=prim.multiple_results)
+        mlir.register_lowering(prim, cuda_rule, platform="cuda")
     else:
         mlir.register_lowering(prim, _missing_cuda(", ".join(targets)), platform="cuda")

@@ -19,6 +19,7 @@ an SDD product for the masked operand, a stile product for the dense one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -137,7 +138,7 @@ def _abstract_eval(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf
     return ShapedArray(shape.out_shape, a.dtype)
 
 
-def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
+def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch, cuda=False):
     """The custom call(s), traced inside the lowering (one per platform)."""
     shape = _products.product_shape(
         a, b, (), trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch, what="stile_matmul"
@@ -145,6 +146,10 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
     out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
     p = plan(a, b, idx, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch)
     if p.target == "row_gather":
+        if cuda and allow_tf32 and a.dtype == jnp.float32 and not trans_b:
+            # Hopper's TF32 wgmma reads B K-major only: one transposed copy of w (a small
+            # fraction of the product) keeps the product on tensor cores instead of FFMA.
+            b, trans_b = jnp.swapaxes(b, -1, -2), True
         return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
             a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
         )
@@ -232,4 +237,6 @@ stile_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p)
 ad.primitive_transposes[stile_matmul_p] = _transpose
 batching.primitive_batchers[stile_matmul_p] = _batch
-_lowering.register_traced_lowering(stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul"))
+_lowering.register_traced_lowering(
+    stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul"), cuda_fn=functools.partial(_native, cuda=True)
+)
