@@ -11,3 +11,27 @@ import sparse_mlp  # noqa: E402
 def test_sparse_mlp_trains():
     losses, _ = sparse_mlp.train(steps=40, batch=128, dim=32, hidden=96, log_every=0)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+# -- issue 7 workloads (examples/bert_varlen.py, opt_activation.py, sparse_training.py) --
+
+
+def test_bert_varlen_example():
+    import bert_varlen
+
+    r = bert_varlen.main(["--batch", "4", "--layers", "1", "--steps", "3", "--no-timing"])
+    assert r["ok"] and len(r["losses"]) == 3 and 0 < r["density"] < 1
+
+
+def test_opt_activation_example():
+    import opt_activation
+
+    r = opt_activation.main(["--batch", "2", "--max-len", "64"])
+    assert r["ok"] and 0 < r["tile_density"] < 1 and set(r["ms"]) == {"pit", "pit_m", "dense"}
+
+
+def test_sparse_training_example():
+    import sparse_training
+
+    r = sparse_training.main(["--layers", "1", "--steps", "3", "--no-timing", "--tile", "32x1"])
+    assert r["ok"] and r["dead_grad"] == 0.0 and r["live"][-1] < r["live"][0]

@@ -1,0 +1,370 @@
+"""PIT's workloads as Flax models (issue 7), against the dense JAX model and the best
+JAX alternative, in one run on the GPU.
+
+    python -m benchmarks.bench_workloads [--out DIR] [--small] [--only bert,bert_long,opt,prune]
+                                         [--deadline-s S] [--verbose]
+
+Workloads (bf16; `--small`: tiny models for a CPU smoke run, numbers meaningless):
+  bert       BERT-base (768, 12 heads, 3072, 12 layers), batch 32, max length 128,
+             GLUE-like lengths (clipped log-normal, mean ~40): inference and one
+             fine-tuning step (adamw).
+  bert_long  the same with long documents: batch 8, max length 2048 (mean ~600).
+  opt        one OPT decoder layer, d in 2048/2560/4096/5120 (FFN 4d), batch 32 x 128
+             left-padded GLUE-like lengths, fc1 biases set for 10 % and 2 % live 32x1
+             tiles of the fc2 input (see examples/pit_models/opt.py): inference.
+  prune      BERT-base fine-tuning step with block magnitude pruning recomputed every
+             step, batch 32 x 128 (no padding): 32x64 blocks at density 0.5 / 0.2 / 0.1 /
+             0.05 / 0.02, 32x1 and 1x32 blocks at 0.1 / 0.02.
+Variants (`impl`):
+  dense         nn.Dense + XLA attention with the padding mask (the dense JAX model;
+                prune: no pruning at all)
+  dense_cudnn   nn.Dense + cuDNN attention with sequence lengths (bert: the best JAX
+                alternative) / dense_masked: nn.Dense on w * mask, mask recomputed (prune)
+  pit           the PIT model (examples/pit_models): M-axis linears with one row index
+                per batch (+ K-axis fc2 for opt; W-axis linears for prune)
+  pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
+Each variant is compiled ONCE (`jit(...).lower(...).compile()`): the memory numbers are
+that executable's XLA memory plan (arguments + outputs + temporaries, `mem_mb`), and the
+timing is of that executable called back to back (median of `reps` runs of ~20 ms each;
+the weights of these models overflow L2, so there is no rotation). `peak_mb` is the
+device allocator's process-wide peak after the variant ran (never reset: it only grows;
+read it as an upper bound). Outputs of pit are checked against dense (valid tokens) /
+dense_masked (prune) in the same run. JSON and a PNG are (re)written after every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks import common
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+from pit_models import bert, common as mcommon, opt, pruning  # noqa: E402
+
+WORKLOADS = ("bert", "bert_long", "opt", "prune")
+
+
+def time_compiled(compiled, args, *, reps=7, target_s=0.02, budget_s=20.0):
+    """Median ms of one call of an already compiled executable, called back to back."""
+    jax.block_until_ready(compiled(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    once = max(time.perf_counter() - t0, 1e-6)
+    calls = int(max(1, min(200, target_s / once)))
+    reps = int(max(3, min(reps, budget_s / (calls * once))))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = compiled(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / calls * 1e3)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "reps": reps, "calls_per_rep": calls}
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.time()
+        self.rows, self.not_run = [], []
+        self.meta = dict(common.device_info(), argv=sys.argv[1:], small=args.small)
+        self.meta["memory_method"] = (
+            "mem_mb: XLA memory plan of the variant's executable compiled alone (argument + output + temp - "
+            "alias bytes, Compiled.memory_analysis()); peak_mb: device allocator peak_bytes_in_use after the "
+            "variant ran (process-wide, never reset)")
+        self.path = None
+        # one file per --only selection, so split runs into one folder do not overwrite each other
+        self.suite = "workloads" + ("_" + "-".join(args.only.split(",")) if args.only else "") + (
+            "_small" if args.small else "")
+
+    def left(self):
+        return None if not self.args.deadline_s else self.args.deadline_s - (time.time() - self.t0)
+
+    def run(self, case, impl, fn, args, check=None):
+        """Compiles fn(*args), records its memory plan, times it; returns its first output."""
+        left = self.left()
+        row = dict(case, impl=impl)
+        if left is not None and left <= 0:
+            row["note"] = "skipped: deadline"
+            self.not_run.append(f"{case['workload']} {case.get('label', '')} {impl}")
+            self.rows.append(row)
+            return None
+        out = None
+        try:
+            t = time.perf_counter()
+            compiled = jax.jit(fn).lower(*args).compile()
+            row["compile_s"] = time.perf_counter() - t
+            try:
+                ma = compiled.memory_analysis()
+                row["mem_mb"] = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                                 - ma.alias_size_in_bytes) / 2**20
+                row["temp_mb"] = ma.temp_size_in_bytes / 2**20
+            except Exception:  # noqa: BLE001 - not every backend reports it
+                pass
+            out = compiled(*args)
+            row.update(time_compiled(compiled, args, budget_s=min(20.0, max(3.0, (left or 60) / 4))))
+            peak = mcommon.peak_bytes_in_use()
+            row["peak_mb"] = None if peak is None else peak / 2**20
+            if check is not None:
+                row.update(check(out))
+            del compiled
+        except Exception as e:  # noqa: BLE001 - a failing variant does not stop the run
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            if self.args.verbose:
+                traceback.print_exc()
+        self.rows.append(row)
+        self._print(row)
+        return out
+
+    def _print(self, r):
+        base = [x for x in self.rows if x.get("workload") == r["workload"] and x.get("label") == r.get("label")
+                and x.get("mode") == r.get("mode") and x["impl"] == "dense" and x.get("median_ms")]
+        if base and r.get("median_ms"):
+            r["speedup_vs_dense"] = base[0]["median_ms"] / r["median_ms"]
+        alt_name = r.get("alternative")
+        alt = [x for x in self.rows if x.get("workload") == r["workload"] and x.get("label") == r.get("label")
+               and x.get("mode") == r.get("mode") and x["impl"] == alt_name and x.get("median_ms")]
+        if alt and r.get("median_ms") and r["impl"] != alt_name:
+            r["speedup_vs_alternative"] = alt[0]["median_ms"] / r["median_ms"]
+        msg = r.get("error") or (
+            f"{r['median_ms']:9.3f} ms" + (f"  x{r['speedup_vs_dense']:.2f} vs dense" if "speedup_vs_dense" in r else "")
+            + (f"  x{r['speedup_vs_alternative']:.2f} vs {alt_name}" if "speedup_vs_alternative" in r else "")
+            + (f"  mem {r['mem_mb']:.0f} MB" if r.get("mem_mb") is not None else "")
+            + ("" if r.get("ok", True) else f"  CHECK FAILED (err {r.get('max_rel_err'):.3g})"))
+        print(f"[{time.time() - self.t0:6.1f}s] {r['workload']:<9} {r.get('label', ''):<28} {r.get('mode', ''):<6} "
+              f"{r['impl']:<13} {msg}", flush=True)
+        self.write()
+
+    def write(self):
+        payload = {"meta": dict(self.meta, wall_s=time.time() - self.t0, not_run_deadline=self.not_run),
+                   "results": self.rows}
+        payload["meta"]["date"] = self.meta["date"]
+        if self.path is None:
+            self.path = common.write_results(self.suite, payload, self.args.out)
+        else:
+            common.write_results(self.suite, payload, self.args.out)
+        try:
+            plot(self.rows, self.path.replace(".json", ".png"), self.meta)
+        except Exception as e:  # noqa: BLE001 - the plot is optional
+            if self.args.verbose:
+                print(f"plot failed: {e}", file=sys.stderr)
+
+
+def _check_rows(tol, ref, valid=None):
+    def check(out):
+        err = mcommon.max_rel_err(out, ref, valid)
+        return {"max_rel_err": err, "ok": bool(err <= tol)}
+
+    return check
+
+
+def bert_case(suite, workload, small):
+    long = workload == "bert_long"
+    dist = dict(mcommon.LONG_DOC if long else mcommon.GLUE)
+    if small:
+        cfg = bert.BertConfig.tiny(dtype=jnp.bfloat16, max_len=256)
+        batch = 4
+        dist = dict(max_len=256 if long else 64, mean=(600 / 8) if long else 20.0, sigma=dist["sigma"], min_len=4)
+    else:
+        cfg = bert.BertConfig.base(max_len=max(512, dist["max_len"]))
+        batch = 8 if long else 32
+    seq = dist["max_len"]
+    rng = np.random.default_rng(0)
+    tokens, lengths, labels = bert.synthetic_batch(rng, cfg, batch, seq, mcommon.sample_lengths(rng, batch, **dist))
+    density = float(np.asarray(lengths).sum()) / (batch * seq)
+    attn = mcommon.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
+    models = {"dense": bert.BertClassifier(cfg, "dense", "xla"), "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
+              "pit": bert.BertClassifier(cfg, "pit", attn)}
+    params = jax.jit(models["dense"].init)(jax.random.PRNGKey(0), tokens, lengths)
+    tx = optax.adamw(1e-4)
+    opt_state = jax.jit(tx.init)(params)
+    valid = np.asarray(mcommon.right_padding_mask(lengths, seq)).reshape(-1)
+    label = f"b{batch} s{seq} valid {density:.0%}"
+    tol = mcommon.tolerance(cfg.dtype)
+    base = dict(workload=workload, label=label, batch=batch, max_len=seq, valid_fraction=density, attention=attn,
+                alternative="dense_cudnn", dtype=jnp.dtype(cfg.dtype).name)
+    ref = None
+    for impl in ("dense", "dense_cudnn", "pit"):
+        m = models[impl]
+        chk = None if ref is None else _check_rows(tol, ref, valid)
+        out = suite.run(dict(base, mode="infer"), impl, lambda p, t, ln, m=m: m.apply(p, t, ln)[1],
+                        (params, tokens, lengths), chk)
+        if impl == "dense" and out is not None:
+            ref = out
+    ref_loss = None
+    for impl in ("dense", "dense_cudnn", "pit"):
+        m = models[impl]
+
+        def step(p, s, t, ln, y, m=m):
+            loss, g = jax.value_and_grad(functools.partial(bert.loss_fn, m))(p, t, ln, y)
+            u, s = tx.update(g, s, p)
+            return optax.apply_updates(p, u), s, loss
+
+        chk = None
+        if ref_loss is not None:
+            chk = (lambda r: lambda out: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
+                                          "ok": abs(float(out[2]) - r) <= tol * max(abs(r), 1.0)})(ref_loss)
+        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, lengths, labels), chk)
+        if impl == "dense" and out is not None:
+            ref_loss = float(out[2])
+        del out
+
+
+def opt_case(suite, small):
+    if small:
+        cases = [(opt.OPTConfig.tiny(dtype=jnp.bfloat16), 4, 64)]
+        densities = (0.1,)
+    else:
+        cases = [(opt.OPTConfig.of(d), 32, 128) for d in (2048, 2560, 4096, 5120)]
+        densities = (0.1, 0.02)
+    import opt_activation
+
+    for cfg, batch, seq in cases:
+        for target in densities:
+            models, params, x, lengths, attn = opt_activation.build(cfg, batch, seq, target, 0)
+            valid = np.asarray(mcommon.left_padding_mask(lengths, seq)).reshape(-1)
+            h = jax.jit(models["dense"].apply)(params, x, lengths)[1]
+            tiles, elems = opt.tile_density(h), float(jnp.mean(h != 0))
+            del h
+            label = f"d{cfg.d} tiles {tiles:.1%}"
+            base = dict(workload="opt", label=label, d=cfg.d, batch=batch, max_len=seq, mode="infer",
+                        target_tile_density=target, tile_density=tiles, element_density=elems,
+                        valid_fraction=float(valid.mean()), attention=attn, alternative="pit_m",
+                        dtype=jnp.dtype(cfg.dtype).name)
+            ref = None
+            for impl in ("dense", "pit_m", "pit"):
+                m = models[impl]
+                chk = None if ref is None else _check_rows(mcommon.tolerance(cfg.dtype), ref, valid)
+                out = suite.run(base, impl, lambda p, x, ln, m=m: m.apply(p, x, ln)[0], (params, x, lengths), chk)
+                if impl == "dense" and out is not None:
+                    ref = out
+            del models, params, x, ref
+
+
+def prune_case(suite, small):
+    import sparse_training
+
+    if small:
+        cfg = bert.BertConfig.tiny(dtype=jnp.bfloat16)
+        batch, seq = 4, 64
+        plan = [("32x64", (0.5, 0.1)), ("32x1", (0.1,)), ("1x32", (0.1,))]
+    else:
+        cfg = bert.BertConfig.base()
+        batch, seq = 32, 128
+        plan = [("32x64", (0.5, 0.2, 0.1, 0.05, 0.02)), ("32x1", (0.1, 0.02)), ("1x32", (0.1, 0.02))]
+    rng = np.random.default_rng(1)
+    data = bert.synthetic_batch(rng, cfg, batch, seq, np.full((batch,), seq, np.int32))
+    tx = optax.adamw(1e-4)
+    dense_ms = None
+    for tile_name, densities in plan:
+        tile = pruning.parse_tile(tile_name)
+        steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
+        params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
+        opt_state = jax.jit(tx.init)(params)
+        for d in densities:
+            label = f"{tile_name} density {d:g}"
+            base = dict(workload="prune", label=label, tile=tile_name, density=d, batch=batch, max_len=seq,
+                        mode="train", alternative="dense_masked", dtype=jnp.dtype(cfg.dtype).name)
+            args = (params, opt_state, *data, jnp.float32(d))
+            if dense_ms is None:  # the unpruned model: once, copied into every case's rows
+                suite.run(base, "dense", steps["dense"], args)
+                dense_ms = suite.rows[-1]
+            else:
+                suite.rows.append(dict(dense_ms, **{k: base[k] for k in ("label", "tile", "density")}))
+            ref = suite.run(base, "dense_masked", steps["dense_masked"], args)
+            chk = None
+            if ref is not None:
+                r = float(ref[2])
+                chk = lambda out, r=r: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
+                                        "ok": abs(float(out[2]) - r) <= mcommon.tolerance(cfg.dtype) * max(abs(r), 1.0),
+                                        "live_fraction": float(out[3])}
+            del ref
+            suite.run(base, "pit", steps["pit"], args, chk)
+
+
+def plot(rows, path, meta):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.get("median_ms") and r["impl"] != "dense" and "speedup_vs_dense" in r]
+    if not timed:
+        return
+    impls = sorted({r["impl"] for r in timed}, key=lambda s: (s != "pit", s))
+    groups = list(dict.fromkeys(f"{r['workload']} {r.get('mode', '')}\n{r.get('label', '')}" for r in timed))
+    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(groups) * len(impls)), 5))
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        ys = []
+        for g in groups:
+            m = [r for r in timed if r["impl"] == impl and f"{r['workload']} {r.get('mode', '')}\n{r.get('label', '')}" == g]
+            ys.append(m[0]["speedup_vs_dense"] if m else 0.0)
+        ax.bar(np.arange(len(groups)) + j * width, ys, width, label=impl)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2)
+    ax.set_xticklabels(groups, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("speed-up over the dense JAX model")
+    ax.set_title(f"pit_jax workloads on {meta['device']} ({meta['date'][:10]})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, help="comma-separated subset of " + ",".join(WORKLOADS))
+    ap.add_argument("--small", action="store_true", help="tiny models (CPU smoke run)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no new variant after S seconds (default 540 at full size, none with --small; 0 = none)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    if args.deadline_s is None:
+        args.deadline_s = 0.0 if args.small else 540.0
+    only = WORKLOADS if not args.only else tuple(args.only.split(","))
+    bad = [w for w in only if w not in WORKLOADS]
+    if bad:
+        ap.error(f"--only: unknown workloads {bad}; choose from {WORKLOADS}")
+    suite = Suite(args)
+    print(f"workloads on {suite.meta['device']} ({suite.meta['platform']}), jax {jax.__version__}: {', '.join(only)}")
+    for w in only:
+        try:
+            if w in ("bert", "bert_long"):
+                bert_case(suite, w, args.small)
+            elif w == "opt":
+                opt_case(suite, args.small)
+            else:
+                prune_case(suite, args.small)
+        except Exception as e:  # noqa: BLE001 - a failing workload does not stop the others
+            print(f"{w}: FAILED {type(e).__name__}: {e}", flush=True)
+            if args.verbose:
+                traceback.print_exc()
+            suite.rows.append(dict(workload=w, impl="setup", error=f"{type(e).__name__}: {e}"))
+    suite.write()
+    cols = ["workload", "mode", "label", "impl", "median_ms", "speedup_vs_dense", "speedup_vs_alternative",
+            "mem_mb", "peak_mb", "ok"]
+    print(common.table(suite.rows, cols))
+    print(f"wrote {suite.path} ({time.time() - suite.t0:.0f} s)")
+    failed = [r for r in suite.rows if r.get("ok") is False]
+    if failed:
+        print(f"{len(failed)} CHECK FAILED rows", flush=True)
+    return suite
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""A BERT-shaped encoder (post-LN, GELU FFN) whose linears are PIT products.
+
+Hidden states stay in the padded layout, flattened to [B*S, H]. Every linear of every
+layer shares ONE row index of the valid tokens, built once per batch from the padding
+mask (`pit_jax.index(mask[:, None], "row")`), so padding rows cost nothing in the
+products (M axis); the elementwise ops still touch them (memory-bound, cheap). With
+`weight_index` (sparse training), the named linears multiply by block-pruned kernels
+instead (W axis). `mode="dense"` is the nn.Dense twin: identical parameter tree, so
+the same params run both.
+
+Dropout is left out so PIT and dense agree exactly (fine-tuning usually keeps it; it
+does not change which rows are padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+import pit_jax
+from pit_jax.flax import SparseDense
+from pit_models import common
+
+MODES = ("pit", "dense")
+LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # per layer; the pruned ones in sparse training
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab: int = 30522
+    hidden: int = 768
+    heads: int = 12
+    ffn: int = 3072
+    layers: int = 12
+    max_len: int = 512
+    num_labels: int = 2
+    dtype: Any = jnp.bfloat16  # compute dtype; parameters are float32
+
+    @classmethod
+    def base(cls, **kw):
+        return cls(**kw)
+
+    @classmethod
+    def tiny(cls, **kw):
+        return cls(**{**dict(vocab=97, hidden=64, heads=4, ffn=128, layers=2, max_len=64, dtype=jnp.float32), **kw})
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+
+def row_index(mask):
+    """The valid-token row index of a [B, S] padding mask, for the [B*S, H] hidden states."""
+    return pit_jax.index(jnp.reshape(mask, (-1, 1)), "row")
+
+
+def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None):
+    """nn.Dense (dense), or SparseDense on the W axis (a given weight index) or M axis."""
+    if mode == "dense":
+        return nn.Dense(features, dtype=dtype, name=name)(x)
+    if weight_index is not None:
+        return SparseDense(features, dtype=dtype, axis="w", name=name)(x, index=weight_index)
+    if rows is None:
+        raise ValueError(f"bert.linear {name!r}: mode='pit' needs a row index or a weight index")
+    return SparseDense(features, dtype=dtype, axis="m", name=name)(x, index=rows)
+
+
+class EncoderLayer(nn.Module):
+    cfg: BertConfig
+    mode: str = "pit"
+    attention: str = "xla"
+
+    @nn.compact
+    def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
+        cfg, wi = self.cfg, weight_index or {}
+        lin = lambda f, n, h: linear(f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows, weight_index=wi.get(n))
+        qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
+        att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths,
+                               implementation=self.attention)
+        att = lin(cfg.hidden, "attn_out", att.reshape(batch * seq, cfg.hidden))
+        x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x + att)
+        h = nn.gelu(lin(cfg.ffn, "ffn_in", x), approximate=False)
+        h = lin(cfg.hidden, "ffn_out", h)
+        return nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_ffn")(x + h)
+
+
+class BertClassifier(nn.Module):
+    """Encoder + pooler + classifier on the first ([CLS]) token.
+
+    __call__(tokens [B, S] int32, lengths [B] int32, weight_index=None) -> (logits
+    [B, num_labels] float32, hidden [B*S, H]); rows of padding tokens in `hidden` are
+    not meaningful (compare valid rows only). `weight_index`: {"layer_i/<linear>":
+    PitIndex of that kernel} for sparse training (see `pruning`); linears not named
+    there skip padding on the M axis.
+    """
+
+    cfg: BertConfig
+    mode: str = "pit"
+    attention: str = "xla"  # "xla", "cudnn" or "auto" (cuDNN where it works for the shapes)
+    skip_padding: bool = True  # pit mode: False = no row index (for sparse training on full batches)
+
+    @nn.compact
+    def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
+        cfg = self.cfg
+        if self.mode not in MODES:
+            raise ValueError(f"BertClassifier: mode must be one of {MODES}, got {self.mode!r}")
+        batch, seq = tokens.shape
+        if seq > cfg.max_len:
+            raise ValueError(f"BertClassifier: sequence length {seq} exceeds max_len={cfg.max_len}")
+        impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
+        mask = common.right_padding_mask(lengths, seq)
+        rows = row_index(mask) if self.mode == "pit" and self.skip_padding else None
+        emb = nn.Embed(cfg.vocab, cfg.hidden, name="word_emb")(tokens)
+        emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
+        x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb).reshape(batch * seq, cfg.hidden)
+        wi = weight_index or {}
+        for i in range(cfg.layers):
+            name = f"layer_{i}"
+            layer_wi = {k.split("/", 1)[1]: v for k, v in wi.items() if k.startswith(name + "/")}
+            if self.mode == "pit" and rows is None and set(layer_wi) != set(LINEARS):
+                raise ValueError(f"BertClassifier: skip_padding=False needs a weight index for every linear "
+                                 f"of {name} ({LINEARS}), got {sorted(layer_wi)}")
+            x = EncoderLayer(cfg, self.mode, impl, name=name)(x, lengths, batch, seq, rows, layer_wi)
+        cls = x.reshape(batch, seq, cfg.hidden)[:, 0]
+        pooled = jnp.tanh(nn.Dense(cfg.hidden, dtype=cfg.dtype, name="pooler")(cls))
+        logits = nn.Dense(cfg.num_labels, dtype=cfg.dtype, name="classifier")(pooled)
+        return logits.astype(jnp.float32), x
+
+
+def loss_fn(model, params, tokens, lengths, labels, weight_index=None):
+    logits, _ = model.apply(params, tokens, lengths, weight_index)
+    return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+
+def synthetic_batch(rng, cfg: BertConfig, batch, seq, lengths):
+    """Random tokens ([CLS] = 1 first, padding id 0) and a learnable label: label-1
+    sequences draw 80% of their tokens from the lower half of the vocabulary, label-0
+    sequences 80% from the upper half."""
+    import numpy as np
+
+    labels = rng.integers(0, 2, size=batch)
+    half = cfg.vocab // 2
+    low = rng.integers(2, max(3, half), size=(batch, seq))
+    high = rng.integers(half, cfg.vocab, size=(batch, seq))
+    pick_low = (rng.random((batch, seq)) < 0.8) == (labels[:, None] == 1)
+    tokens = np.where(pick_low, low, high)
+    tokens[:, 0] = 1
+    valid = np.arange(seq)[None, :] < lengths[:, None]
+    tokens = np.where(valid, tokens, 0).astype(np.int32)
+    return jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32), jnp.asarray(labels % cfg.num_labels, jnp.int32)

@@ -1,0 +1,231 @@
+"""What the workload models and their drivers share: attention over padded batches,
+synthetic sequence lengths, a text progress bar, latency and memory measurement."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ATTENTION_IMPLS = ("auto", "cudnn", "xla")
+
+
+# -- attention ---------------------------------------------------------------------------
+
+
+def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, implementation="xla"):
+    """Multi-head attention over a padded batch. q, k, v: [B, S, heads, head_dim].
+
+    `lengths` [B] int32: right padding (the first lengths[b] tokens are valid); cuDNN
+    then skips the padded work. `key_mask` [B, S] bool: any padding (left padding in
+    the OPT layer), applied as a mask. Rows of padded queries are garbage-free (no NaN)
+    but meaningless: callers read valid tokens only.
+    """
+    mask = None
+    if key_mask is not None:
+        mask = key_mask[:, None, None, :]
+    if implementation == "cudnn" and mask is not None:
+        # cuDNN takes padding as lengths only; other masks go in as an additive bias.
+        bias = jnp.where(mask, 0.0, -1e9).astype(q.dtype)
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=causal, implementation="cudnn")
+    seq = None if lengths is None else lengths.astype(jnp.int32)
+    dtype = q.dtype
+    if dtype == jnp.float16 and jax.default_backend() == "cpu":
+        q, k, v = (a.astype(jnp.float32) for a in (q, k, v))  # XLA:CPU has no f16 dot accumulating in f32
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=causal, query_seq_lengths=seq, key_value_seq_lengths=seq,
+        implementation=implementation,
+    )
+    return out.astype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def cudnn_attention_works(batch, seq, heads, head_dim, dtype_name, causal=False, key_mask=False):
+    """Whether cuDNN attention compiles and runs here for these shapes (tried once, cached).
+
+    jax raises at trace time for unsupported dtypes/shapes and cuDNN itself may refuse
+    at compile time (version, head dim, sequence length): trying is the reliable test.
+    """
+    if jax.default_backend() != "gpu":
+        return False
+    dtype = jnp.dtype(dtype_name)
+    try:
+        with jax.ensure_compile_time_eval():  # run it now, also when called while tracing a model
+            return _try_cudnn(batch, seq, heads, head_dim, dtype, causal, key_mask)
+    except Exception as e:  # noqa: BLE001 - any failure means "do not use it"
+        print(f"  (cuDNN attention unavailable for {batch}x{seq}x{heads}x{head_dim} {dtype_name}: "
+              f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}; using XLA)", file=sys.stderr)
+        return False
+
+
+def _try_cudnn(batch, seq, heads, head_dim, dtype, causal, key_mask):
+    """One cuDNN attention call on zeros of these shapes; True when its output is finite."""
+    q = jnp.zeros((batch, seq, heads, head_dim), dtype)
+    lengths = jnp.full((batch,), seq, jnp.int32)
+    km = jnp.ones((batch, seq), bool) if key_mask else None
+    fn = jax.jit(lambda q, l, m: attention(q, q, q, lengths=None if key_mask else l, key_mask=m,
+                                           causal=causal, implementation="cudnn"))
+    out = jax.block_until_ready(fn(q, lengths, km))
+    return bool(np.isfinite(np.asarray(out[0, 0, 0, :1], np.float32)).all())
+
+
+def resolve_attention(implementation, batch, seq, heads, head_dim, dtype, *, causal=False, key_mask=False):
+    """"auto" -> "cudnn" where it works for these shapes, else "xla"."""
+    if implementation not in ATTENTION_IMPLS:
+        raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLS}, got {implementation!r}")
+    if implementation != "auto":
+        return implementation
+    ok = cudnn_attention_works(batch, seq, heads, head_dim, jnp.dtype(dtype).name, causal, key_mask)
+    return "cudnn" if ok else "xla"
+
+
+# -- synthetic data -----------------------------------------------------------------------
+
+GLUE = dict(max_len=128, mean=40.0, sigma=0.6, min_len=4)
+LONG_DOC = dict(max_len=2048, mean=600.0, sigma=0.8, min_len=32)
+
+
+def sample_lengths(rng: np.random.Generator, batch, *, max_len, mean, sigma, min_len=1):
+    """Clipped log-normal lengths with the given mean (before clipping): GLUE's sentence
+    lengths are skewed like this, most short, a few near the maximum."""
+    mu = math.log(mean) - sigma**2 / 2
+    lengths = np.round(np.exp(rng.normal(mu, sigma, size=batch)))
+    return np.clip(lengths, min_len, max_len).astype(np.int32)
+
+
+def right_padding_mask(lengths, seq):
+    return jnp.arange(seq)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+def left_padding_mask(lengths, seq):
+    return jnp.arange(seq)[None, :] >= seq - jnp.asarray(lengths)[:, None]
+
+
+# -- progress ----------------------------------------------------------------------------
+
+
+class Progress:
+    """A text progress bar: redrawn in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, total, label="", width=28, stream=None):
+        self.total, self.label, self.width = max(1, total), label, width
+        self.stream = stream or sys.stdout
+        self.done = 0
+        self.t0 = time.perf_counter()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def step(self, note=""):
+        self.done += 1
+        filled = int(self.width * self.done / self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        line = f"{self.label} [{bar}] {self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s {note}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100) + ("\n" if self.done >= self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+# -- measurement -------------------------------------------------------------------------
+
+
+def _benchmarks_common():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:
+        sys.path.append(root)
+    try:
+        from benchmarks import common as bc
+    except ImportError:  # a packaged example without the benchmarks folder
+        return None
+    return bc
+
+
+def latency_ms(fn: Callable, args: Sequence, *, reps=7, budget_s=None) -> dict:
+    """Median latency of `fn(*args)` (jitted here): `benchmarks.common.time_op` with one
+    input set (a whole model's weights overflow L2 anyway); a plain median of timed calls
+    where the benchmarks folder is not shipped."""
+    bc = _benchmarks_common()
+    if bc is not None:
+        t = bc.time_op(fn, [tuple(args)], reps=reps, budget_s=budget_s)
+        return {"median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"], "reps": t["reps"]}
+    jf = jax.jit(fn)
+    jax.block_until_ready(jf(*args))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(jf(*args))
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "reps": reps}
+
+
+def compiled_memory(fn: Callable, args: Sequence) -> Optional[dict]:
+    """XLA's memory plan of `fn` compiled alone (bytes): arguments, outputs, temporaries.
+    Per executable and deterministic, unlike the process-wide peak counter."""
+    try:
+        ma = jax.jit(fn).lower(*args).compile().memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend reports it
+        return None
+    if ma is None:
+        return None
+    out = {k: int(getattr(ma, k + "_size_in_bytes", 0) or 0) for k in ("argument", "output", "temp", "alias")}
+    out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
+
+
+def peak_bytes_in_use() -> Optional[int]:
+    """The device allocator's process-wide peak (GPU only; never reset, so it only grows)."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001
+        return None
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+def max_rel_err(a, b, valid=None) -> float:
+    """max |a - b| / max |b| over the rows where `valid` (all rows when None), in float32."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if valid is not None:
+        valid = np.asarray(valid, bool).reshape(-1)
+        a, b = a.reshape(valid.shape[0], -1)[valid], b.reshape(valid.shape[0], -1)[valid]
+    scale = max(float(np.abs(b).max()) if b.size else 0.0, 1e-30)
+    return float(np.abs(a - b).max()) / scale if a.size else 0.0
+
+
+# -- drivers ------------------------------------------------------------------------------
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-1, "float16": 2e-2}  # max |diff| / max |ref|, PIT vs dense
+
+
+def tolerance(dtype) -> float:
+    return TOLERANCE[jnp.dtype(dtype).name]
+
+
+def describe_device() -> str:
+    dev = jax.devices()[0]
+    return f"{dev.platform.upper()} ({dev.device_kind}), jax {jax.__version__}"
+
+
+def speed_lines(times: dict, baseline="dense", alternative=None) -> list:
+    """One line per variant: median ms and speed-ups over the dense model and the alternative."""
+    lines = []
+    base = times.get(baseline)
+    alt = times.get(alternative) if alternative else None
+    for name, ms in times.items():
+        if ms is None:
+            lines.append(f"  {name:<14} failed")
+            continue
+        s = f"  {name:<14} {ms:9.3f} ms"
+        if base:
+            s += f"   x{base / ms:5.2f} vs {baseline}"
+        if alt and name != alternative:
+            s += f"   x{alt / ms:5.2f} vs {alternative}"
+        lines.append(s)
+    return lines

@@ -1,0 +1,236 @@
+"""PIT's workloads as Flax models (issue 7), tiny sizes on the CPU: the PIT model equals
+its dense twin on the valid tokens (outputs and gradients of every parameter), a jitted
+fine-tuning step lowers the loss, and the pruning mask is recomputed every step with
+weight gradients only on live blocks."""
+
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+from pit_models import bert, common, opt, pruning  # noqa: E402
+
+F32_TOL = 2e-5
+
+
+def _rel(a, b, valid=None):
+    return common.max_rel_err(a, b, valid)
+
+
+def _batch(cfg, batch, seq, seed, lengths=None):
+    rng = np.random.default_rng(seed)
+    if lengths is None:
+        lengths = common.sample_lengths(rng, batch, max_len=seq, mean=seq / 3, sigma=0.6, min_len=1)
+    return bert.synthetic_batch(rng, cfg, batch, seq, np.asarray(lengths, np.int32))
+
+
+@pytest.fixture(scope="module")
+def bert_setup():
+    cfg = bert.BertConfig.tiny(layers=2)
+    # odd sequence length; one sequence of length 1 (only [CLS]) and one full
+    tokens, lengths, labels = _batch(cfg, 4, 37, 0, lengths=[1, 37, 9, 20])
+    params = jax.jit(bert.BertClassifier(cfg, "dense").init)(jax.random.PRNGKey(0), tokens, lengths)
+    return cfg, params, (tokens, lengths, labels)
+
+
+def test_bert_same_params_both_modes(bert_setup):
+    cfg, params, (tokens, lengths, _) = bert_setup
+    pit_params = jax.eval_shape(bert.BertClassifier(cfg, "pit").init, jax.random.PRNGKey(0), tokens, lengths)
+    assert jax.tree_util.tree_structure(pit_params) == jax.tree_util.tree_structure(params)
+    assert all(a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(pit_params), jax.tree_util.tree_leaves(params)))
+
+
+def test_bert_outputs_and_gradients_match_dense(bert_setup):
+    cfg, params, (tokens, lengths, labels) = bert_setup
+    pit, dense = bert.BertClassifier(cfg, "pit"), bert.BertClassifier(cfg, "dense")
+    lp, hp = jax.jit(pit.apply)(params, tokens, lengths)
+    ld, hd = jax.jit(dense.apply)(params, tokens, lengths)
+    valid = np.asarray(common.right_padding_mask(lengths, tokens.shape[1])).reshape(-1)
+    assert np.isfinite(np.asarray(hp)).all()
+    assert _rel(lp, ld) < F32_TOL
+    assert _rel(hp, hd, valid) < F32_TOL
+    gp = jax.jit(jax.grad(functools.partial(bert.loss_fn, pit)))(params, tokens, lengths, labels)
+    gd = jax.jit(jax.grad(functools.partial(bert.loss_fn, dense)))(params, tokens, lengths, labels)
+    flat_p = dict(jax.tree_util.tree_leaves_with_path(gp))
+    for path, g in jax.tree_util.tree_leaves_with_path(gd):
+        assert float(jnp.max(jnp.abs(g))) > 0 or "pos_emb" in jax.tree_util.keystr(path), path
+        assert _rel(flat_p[path], g) < 1e-4, jax.tree_util.keystr(path)
+
+
+def test_bert_padding_does_not_leak(bert_setup):
+    """Changing the tokens of padding positions changes nothing on valid tokens."""
+    cfg, params, (tokens, lengths, _) = bert_setup
+    pit = bert.BertClassifier(cfg, "pit")
+    valid = common.right_padding_mask(lengths, tokens.shape[1])
+    noisy = jnp.where(valid, tokens, 5)
+    a = jax.jit(pit.apply)(params, tokens, lengths)
+    b = jax.jit(pit.apply)(params, noisy, lengths)
+    assert _rel(a[0], b[0]) < F32_TOL
+    assert _rel(a[1], b[1], np.asarray(valid).reshape(-1)) < F32_TOL
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_bert_16bit_matches_dense(dtype):
+    cfg = bert.BertConfig.tiny(layers=1, dtype=dtype)
+    tokens, lengths, _ = _batch(cfg, 3, 32, 1)
+    params = jax.jit(bert.BertClassifier(cfg, "dense").init)(jax.random.PRNGKey(1), tokens, lengths)
+    lp, hp = jax.jit(bert.BertClassifier(cfg, "pit").apply)(params, tokens, lengths)
+    ld, hd = jax.jit(bert.BertClassifier(cfg, "dense").apply)(params, tokens, lengths)
+    valid = np.asarray(common.right_padding_mask(lengths, 32)).reshape(-1)
+    assert hp.dtype == dtype
+    assert _rel(hp, hd, valid) < common.tolerance(dtype)
+    assert _rel(lp, ld) < common.tolerance(dtype)
+
+
+def test_bert_finetune_step_jitted_loss_decreases(bert_setup):
+    cfg, params, (tokens, lengths, labels) = bert_setup
+    model = bert.BertClassifier(cfg, "pit")
+    tx = optax.adamw(3e-3)
+
+    @jax.jit
+    def step(p, s):
+        loss, g = jax.value_and_grad(functools.partial(bert.loss_fn, model))(p, tokens, lengths, labels)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s, loss
+
+    p, s = params, tx.init(params)
+    losses = []
+    for _ in range(8):
+        p, s, loss = step(p, s)
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_bert_rejects_bad_mode_and_length(bert_setup):
+    cfg, params, (tokens, lengths, _) = bert_setup
+    with pytest.raises(ValueError, match="mode must be one of"):
+        bert.BertClassifier(cfg, "sparse").apply(params, tokens, lengths)
+    long = jnp.zeros((1, cfg.max_len + 1), jnp.int32)
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        bert.BertClassifier(cfg, "pit").apply(params, long, jnp.array([3], jnp.int32))
+
+
+# -- OPT activation sparsity ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding", [True, False])
+def test_opt_layer_matches_dense(padding):
+    cfg = opt.OPTConfig.tiny()
+    b, s = 3, 70  # rows not a multiple of the 32-row micro-tile
+    lengths = jnp.array([5, 70, 33], jnp.int32) if padding else jnp.full((b,), s, jnp.int32)
+    x = jax.random.normal(jax.random.PRNGKey(0), (b, s, cfg.d))
+    params = jax.jit(opt.OPTDecoderLayer(cfg, "dense").init)(jax.random.PRNGKey(1), x, lengths)
+    params = opt.relu_like_opt(params, jax.random.PRNGKey(2), cfg, 0.2)
+    valid = np.asarray(common.left_padding_mask(lengths, s)).reshape(-1)
+    yd, hd = jax.jit(opt.OPTDecoderLayer(cfg, "dense").apply)(params, x, lengths)
+    density = opt.tile_density(hd)
+    assert 0.0 < density < 0.6, density  # sparse but not empty
+    for mode in ("pit", "pit_m"):
+        y, h = jax.jit(opt.OPTDecoderLayer(cfg, mode).apply)(params, x, lengths)
+        assert np.isfinite(np.asarray(y)).all()
+        assert _rel(y, yd, valid) < F32_TOL, mode
+        assert _rel(h, hd) < F32_TOL, mode
+
+
+def test_opt_relu_like_bias_hits_target_density():
+    cfg = opt.OPTConfig(d=96, heads=2, dtype=jnp.float32)
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, 128, cfg.d))
+    lengths = jnp.full((2,), 128, jnp.int32)
+    model = opt.OPTDecoderLayer(cfg, "dense")
+    params = jax.jit(model.init)(jax.random.PRNGKey(4), x, lengths)
+    for target in (0.5, 0.1):
+        p = opt.relu_like_opt(params, jax.random.PRNGKey(5), cfg, target)
+        got = opt.tile_density(jax.jit(model.apply)(p, x, lengths)[1])
+        assert abs(got - target) < 0.5 * target, (target, got)
+    assert params["params"]["fc1"]["bias"].max() == 0.0  # the caller's params are untouched
+
+
+# -- sparse training -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tile", [(32, 64), (32, 1), (1, 32)])
+def test_block_mask_density_and_blocks(tile):
+    w = jax.random.normal(jax.random.PRNGKey(0), (96, 130))  # edge blocks are partial
+    for density in (0.5, 0.1, 0.02):
+        m = np.asarray(pruning.block_mask(w, density, tile))
+        tk, tn = -(-96 // tile[0]), -(-130 // tile[1])
+        padded = np.zeros((tk * tile[0], tn * tile[1]), bool)
+        padded[:96, :130] = m
+        blocks = padded.reshape(tk, tile[0], tn, tile[1])
+        live = blocks.any(axis=(1, 3))
+        # whole blocks: every in-range element of a live block is live
+        assert (blocks.all(axis=(1, 3)) | ~live)[:-1, :-1].all()
+        assert live.sum() == max(1, round(density * tk * tn))
+        # the kept blocks are the largest by L1 norm
+        a = np.pad(np.abs(np.asarray(w)), ((0, tk * tile[0] - 96), (0, tn * tile[1] - 130)))
+        scores = a.reshape(tk, tile[0], tn, tile[1]).sum(axis=(1, 3))
+        assert scores[live].min() >= scores[~live].max()
+
+
+@pytest.mark.parametrize("tile", [(32, 64), (32, 1), (1, 32)])
+def test_sparse_training_matches_masked_dense(tile):
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=1)
+    data = _batch(cfg, 2, 32, 2, lengths=[32, 32])
+    tx = optax.adamw(1e-3)
+    _, pit, dense = sparse_training.make_steps(cfg, tile, tx)
+    params = jax.jit(dense.init)(jax.random.PRNGKey(2), data[0], data[1])
+    err_out, err_grad, dead = sparse_training.check(cfg, tile, params, data, 0.3, pit, dense)
+    assert err_out < F32_TOL
+    assert err_grad < 1e-4
+    assert dead == 0.0
+
+
+def test_sparse_training_mask_recomputed_each_step():
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=1)
+    tile = (32, 1)
+    data = _batch(cfg, 4, 32, 3, lengths=[32] * 4)
+    tx = optax.sgd(0.5)  # large steps: the magnitude ranking changes between steps
+    steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
+    params = jax.jit(dense.init)(jax.random.PRNGKey(3), data[0], data[1])
+    step = jax.jit(steps["pit"])
+    p, s = params, tx.init(params)
+    prev = pruning.masks(p, 0.3, tile)
+    changed, losses = False, []
+    for density in (0.3, 0.3, 0.1):
+        p_new, s, loss, live = step(p, s, *data, jnp.float32(density))
+        losses.append(float(loss))
+        ms = pruning.masks(p, density, tile)  # the mask this step used
+        assert abs(float(live) - float(pruning.live_fraction(ms))) < 1e-6
+        # dead weights got no gradient: with sgd they do not move
+        for name, w_old in pruning.pruned_kernels(p).items():
+            w_new = pruning.pruned_kernels(p_new)[name]
+            moved = np.asarray(w_new != w_old)
+            assert not (moved & ~np.asarray(ms[name])).any(), name
+        cur = pruning.masks(p_new, 0.3, tile)
+        changed |= any(bool((cur[n] != prev[n]).any()) for n in cur)
+        prev, p = cur, p_new
+    assert changed, "the magnitude mask never changed between steps"
+    assert np.isfinite(losses).all()
+
+
+def test_sparse_training_loss_decreases():
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=1)
+    data = _batch(cfg, 8, 32, 4, lengths=[32] * 8)
+    tx = optax.adamw(3e-3)
+    steps, _, dense = sparse_training.make_steps(cfg, (32, 64), tx)
+    params = jax.jit(dense.init)(jax.random.PRNGKey(4), data[0], data[1])
+    step = jax.jit(steps["pit"])
+    p, s = params, tx.init(params)
+    losses = []
+    for i in range(8):
+        p, s, loss, _ = step(p, s, *data, jnp.float32(sparse_training.schedule(i, 8, 0.5, 0.2)))
+        losses.append(float(loss))
+    assert losses[-1] < 0.7 * losses[0], losses
