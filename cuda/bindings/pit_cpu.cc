@@ -13,6 +13,9 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCpu);
     targets["pit_sdd_matmul"] = pit::HandlerCapsule(PitSddMatmulCpu);
+    targets["pit_moe_index"] = pit::HandlerCapsule(PitMoeIndexCpu);
+    targets["pit_grouped_matmul"] = pit::HandlerCapsule(PitGroupedMatmulCpu);
+    targets["pit_grouped_wgrad"] = pit::HandlerCapsule(PitGroupedWgradCpu);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

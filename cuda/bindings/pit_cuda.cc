@@ -16,6 +16,9 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCuda);
     targets["pit_sdd_matmul"] = pit::HandlerCapsule(PitSddMatmulCuda);
+    targets["pit_moe_index"] = pit::HandlerCapsule(PitMoeIndexCuda);
+    targets["pit_grouped_matmul"] = pit::HandlerCapsule(PitGroupedMatmulCuda);
+    targets["pit_grouped_wgrad"] = pit::HandlerCapsule(PitGroupedWgradCuda);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

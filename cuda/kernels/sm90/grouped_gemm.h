@@ -1,6 +1,17 @@
 // Hopper (sm_90a) fast paths of the MoE grouped products (docs/kernels.md, "MoE").
 // Each returns cudaErrorNotSupported (launching nothing) for a case it does not cover;
 // the generic kernels (cuda/kernels/grouped_gemm.cu) then run instead.
+//
+// LaunchGroupedGemmSm90 covers: bf16 / f16 with trans_w false or true, float32 with
+// allow_tf32 and trans_w (tf32 wgmma, K-major operands); D % 8 == 0, F % 8 == 0, any A,
+// E, row_div dividing A; src / W / index batched or shared; batch * E <= 4096; 16-byte
+// aligned src, W, y; an sm_90 device. One persistent launch computes
+// sum_e ceil(count_e / 128) row tiles from the device-side counts and zeroes group E's rows.
+// LaunchGroupedWgradSm90 covers: bf16 / f16, D % 8 == 0, F % 8 == 0, A > 0, row_div dividing
+// A, src / dy / index batched or shared, dw_batch dividing batch (dw sums the entries); one
+// CTA per 128 x 256 tile of dw[c, e], deterministic, zeros for an empty expert; taken only
+// with >= 256 tokens per expert on average (batch / dw_batch * A >= 256 * E), below which
+// the generic kernel measured faster.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,5 +22,15 @@ namespace pit {
 
 cudaError_t LaunchGroupedGemmSm90(const GroupedMatmulParams& p, cudaStream_t stream);
 cudaError_t LaunchGroupedWgradSm90(const GroupedWgradParams& p, cudaStream_t stream);
+
+namespace sm90_grouped_testing {
+// For the standalone bench only: the grouped GEMM with a given cluster size (1, or 2 CTAs
+// sharing W tiles by TMA multicast: compiled only with -DPIT_GG_EXPERIMENTS); band > 0 walks
+// each expert's work in bands of `band` row-tile sets, row tiles fastest inside a band
+// (0: column tiles fastest); diag = 1 skips the epilogue's stores (timing only: wrong results).
+cudaError_t LaunchVariant(const GroupedMatmulParams& p, cudaStream_t stream, int cluster, int band, int diag);
+// The weight gradient without the size heuristic (runs whenever the case is covered).
+cudaError_t LaunchWgradAlways(const GroupedWgradParams& p, cudaStream_t stream);
+}  // namespace sm90_grouped_testing
 
 }  // namespace pit

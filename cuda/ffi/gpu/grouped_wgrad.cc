@@ -1,0 +1,38 @@
+// pit_grouped_wgrad on the GPU: decode and validate as the CPU handler does, then launch
+// on XLA's stream (no host sync, no allocation: command-buffer compatible).
+#include <cuda_runtime.h>
+
+#include "cuda/ffi/gpu/gpu_common.h"
+#include "cuda/ffi/gpu/handlers.h"
+#include "cuda/ffi/moe_args.h"
+#include "cuda/kernels/grouped_gemm.h"
+
+namespace pit {
+namespace {
+
+constexpr char kTarget[] = "pit_grouped_wgrad";
+
+ffi::Error GroupedWgradCuda(cudaStream_t stream, ffi::AnyBuffer src, ffi::AnyBuffer dy, ffi::AnyBuffer lists,
+                            ffi::AnyBuffer counts, ffi::Result<ffi::AnyBuffer> dw, int64_t row_div, bool allow_tf32) {
+  ++HandlerCalls();
+  auto p = DecodeGroupedWgradArgs(src, dy, lists, counts, dw, row_div, allow_tf32);
+  if (p.has_error()) return p.error();
+  cudaError_t status = gpu::Poison(dw->untyped_data(), dw->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchGroupedWgrad(*p, stream);
+  return gpu::LaunchStatus(kTarget, status);
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedWgradCuda, pit::GroupedWgradCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // src [..., R, D]
+                                  .Arg<xla::ffi::AnyBuffer>()  // dy [..., A, F]
+                                  .Arg<xla::ffi::AnyBuffer>()  // lists [..., E+1, A] (s32)
+                                  .Arg<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
+                                  .Ret<xla::ffi::AnyBuffer>()  // dw [..., E, D, F]
+                                  .Attr<int64_t>("row_div")
+                                  .Attr<bool>("allow_tf32"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
