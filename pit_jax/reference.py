@@ -204,7 +204,7 @@ def moe_index(expert_ids, *, num_experts: int):
     lead = expert_ids.shape[:-2]
     a = expert_ids.shape[-2] * expert_ids.shape[-1]
     e = num_experts
-    ids = expert_ids.reshape(-1, a)
+    ids = expert_ids.reshape(math.prod(lead), a)
 
     def one(ids):
         group = jnp.where((ids >= 0) & (ids < e), ids, e).astype(jnp.int32)
