@@ -68,6 +68,7 @@ setup(
     version="0.1.0",
     description="PIT dynamic sparsity (permutation invariant transformation) for JAX on NVIDIA GPUs",
     packages=find_packages(include=["pit_jax", "pit_jax.*"]),
+    package_data={"pit_jax": ["stile_db/*.json"]},  # STile databases (pit_jax/optimizer)
     python_requires=">=3.10",
     install_requires=["jax>=0.10.2", "jaxlib>=0.10.2", "numpy"],
     extras_require={"flax": ["flax"]},

@@ -13,6 +13,7 @@ from pit_jax.ops.index import index
 from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
 from pit_jax.ops.sparse_dense import sparse_dense
 from pit_jax.ops.sread_swrite import sread, swrite
+from pit_jax.optimizer import Plan, plan
 from pit_jax.pit_index import PitIndex
 
 __version__ = "0.1.0"
@@ -20,10 +21,12 @@ __version__ = "0.1.0"
 __all__ = [
     "MoeIndex",
     "PitIndex",
+    "Plan",
     "grouped_matmul",
     "index",
     "moe_ffn",
     "moe_index",
+    "plan",
     "reference",
     "reference_enabled",
     "sparse_dense",

@@ -20,6 +20,13 @@ masking or ReLU. Forward and backward run as PIT products on the one index:
 - axis "w": weight blocks (micro-tile (bk, bn) of w, default (32, 64); a pruning mask
   that may change every step): each block of output columns reduces over its live k
   blocks only.
+
+Choosing the STile (docs/optimizer.md): `plan=pit_jax.plan(sample, ...)` runs the plan's
+axis and micro-tile, or `x @ w` when the plan is dense (the forward is the same: with
+`index=None` the mask comes from the operand itself). `micro_tile="auto"` plans from the
+operand when it is concrete (an eager call); under jit the operand is a tracer with no
+values to plan from, so "auto" uses the axis's default micro-tile: make the plan from a
+sample outside jit and pass `plan=` (a static, hashable value) for a sample-driven choice.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import jax.numpy as jnp
 
 from pit_jax import config, reference
 from pit_jax.ops.index import index as build_index
+from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.stile_matmul import stile_matmul
@@ -104,14 +112,62 @@ def _check_index(index, axis, owner, tile, owner_name):
         )
 
 
+def dense_product(x: jax.Array, w: jax.Array, precision: Any = None) -> jax.Array:
+    """`x @ w` through XLA with sparse_dense's numerics: float32 accumulation, rounded
+    once; float32 exact unless `precision` allows TF32. x and w share a dtype."""
+    exact = x.dtype == jnp.float32 and not allow_tf32(precision)
+    prec = jax.lax.Precision.HIGHEST if exact else jax.lax.Precision.DEFAULT
+    return jnp.matmul(x, w, precision=prec, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _plan_tile(plan, shape):
+    """The plan's micro-tile clipped to the matrix it tiles (a smaller batch than planned)."""
+    h, w = plan.micro_tile
+    rows, cols = shape
+    return (min(h, rows), None if w is None else min(w, cols))
+
+
+def _check_plan(plan, axis, micro_tile, x, w):
+    if not isinstance(plan, Plan):
+        raise TypeError(f"sparse_dense: plan must be a pit_jax.Plan (from pit_jax.plan), got {type(plan).__name__}")
+    if micro_tile is not None:
+        raise ValueError("sparse_dense: pass either plan or micro_tile, not both (the plan sets the micro-tile)")
+    if axis is not None and axis != plan.axis:
+        raise ValueError(
+            f"sparse_dense: axis={axis!r} but the plan chose {plan.stile!r}; leave axis unset when passing a plan"
+        )
+    k, n = plan.w_shape[-2:]
+    if x.shape[-1] != k or w.shape[-1] != n:
+        raise ValueError(
+            f"sparse_dense: the plan was made for w {plan.w_shape} (K={k}, N={n}) but x is {tuple(x.shape)} and "
+            f"w is {tuple(w.shape)}"
+        )
+    if plan.axis == "w" and tuple(w.shape[-2:]) != tuple(plan.w_shape[-2:]):
+        raise ValueError(f"sparse_dense: the plan was made for w {plan.w_shape}, got w {tuple(w.shape)}")
+
+
+def _auto_plan(x, w, axis, precision, dtype):
+    """A plan from the concrete operand, or None when it is traced (inside jit)."""
+    from pit_jax.optimizer.planner import plan as make_plan
+
+    owner = w if axis == "w" else x
+    if isinstance(owner, jax.core.Tracer) or (axis == "w" and w.ndim != 2):
+        return None
+    axes = ("m", "k") if axis is None else (axis,)
+    if axis == "w":
+        return make_plan(owner, dtype=dtype, operand="w", x_shape=tuple(x.shape), precision=precision)
+    return make_plan(owner, tuple(w.shape), dtype, axes=axes, precision=precision)
+
+
 def sparse_dense(
     x: jax.Array,
     w: jax.Array,
     index: Optional[PitIndex] = None,
     *,
-    axis: str = "m",
+    axis: Optional[str] = None,
     micro_tile: Optional[MicroTileSpec] = None,
     precision: Any = None,
+    plan: Optional[Plan] = None,
 ) -> jax.Array:
     """`x @ w` computed only on the live micro-tiles of x (axes "m", "k") or w (axis "w").
 
@@ -119,16 +175,22 @@ def sparse_dense(
       x: [..., M, K] (or [K]) float32 / bfloat16 / float16.
       w: [..., K, N]. Batch dims broadcast like `jnp.matmul`.
       index: a `PitIndex` of x (of w for axis "w"); None builds it here, on the device.
-      axis: "m" (token rows), "k" (activation sparsity) or "w" (weight blocks).
+      axis: "m" (token rows, the default), "k" (activation sparsity) or "w" (weight blocks).
       micro_tile: the micro-tile when building the index (defaults: m (1, K),
-        k (32, 1), w (32, 64)); checked against a given index.
+        k (32, 1), w (32, 64)); checked against a given index. "auto": chosen by the
+        optimizer from the operand when it is concrete, else the default (see above).
       precision: float32 only: None/HIGHEST exact, DEFAULT/HIGH/"tensorfloat32" allow TF32.
+      plan: a `pit_jax.Plan`: its axis and micro-tile (clipped to smaller inputs), or
+        the dense product; leave axis and micro_tile unset.
 
     Returns:
       [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation.
     """
-    if axis not in AXES:
+    if axis is not None and axis not in AXES:
         raise ValueError(f"sparse_dense: axis must be one of {AXES}, got {axis!r}")
+    auto = isinstance(micro_tile, str) and micro_tile == "auto"
+    if auto and (index is not None or plan is not None):
+        raise ValueError("sparse_dense: micro_tile='auto' chooses the micro-tile, so index and plan must be None")
     x, w = jnp.asarray(x), jnp.asarray(w)
     dtype = jnp.result_type(x.dtype, w.dtype)
     if dtype not in _products.FLOATS:
@@ -144,6 +206,23 @@ def sparse_dense(
         raise ValueError(f"sparse_dense: inner dimensions differ: x is {tuple(x.shape)}, w is {tuple(w.shape)}")
     tf32 = allow_tf32(precision)
     x, w = x.astype(dtype), w.astype(dtype)
+    if auto:
+        plan = _auto_plan(x, w, axis, precision, dtype)
+        micro_tile = None
+        if plan is None:  # traced: the axis's default micro-tile
+            axis = axis or "m"
+        else:
+            axis = None
+    if plan is not None:
+        _check_plan(plan, axis, micro_tile, x, w)
+        if plan.is_dense:
+            if index is not None:
+                raise ValueError("sparse_dense: the plan is dense, so there is no index to pass")
+            y = dense_product(x, w, precision)
+            return y[..., 0, :] if vector else y
+        axis = plan.axis
+        micro_tile = _plan_tile(plan, (w if axis == "w" else x).shape[-2:])
+    axis = axis or "m"
 
     # The masked operand and the index must cover the full batch; the other operand may be
     # shared (no batch dims) or carry the full batch (jnp.matmul broadcasting otherwise).

@@ -1,0 +1,323 @@
+"""Regenerate the STile database for this GPU: time every variant, fit its costs, write JSON.
+
+    python -m benchmarks.profile_stiles [--out PATH] [--smoke] [--dtypes bfloat16,tf32,float16]
+                                        [--deadline-s S] [--verbose]
+
+The one command behind `pit_jax/stile_db/<gpu-model>.json` (docs/optimizer.md). For each
+dtype and each variant of `pit_jax.optimizer.database.CATALOG` it times, on random
+patterns at the variant's own micro-tile (exactly round(density * tiles) live):
+  - the index, `pit_jax.index(operand, micro_tile, group_by=...)` as sparse_dense builds it,
+  - the product with that index precomputed, `pit_jax.sparse_dense(x, w, index, ...)`,
+  - the dense product (`x @ w` as a dense plan runs it) on a few shapes,
+with the timing helpers of `benchmarks/common.py`, then fits each variant's cost terms
+(non-negative least squares on relative error, over the cost model's features) and
+writes the database with the raw timings it was fit from. The JSON is rewritten after
+every variant, so an interrupted run leaves what it finished (variants with no timing
+are left out: the optimizer then never picks them). No new case starts after
+--deadline-s (default 230 s: about 4 minutes on an H100). `--smoke`: tiny shapes, for
+the CPU (exercises the code; the numbers mean nothing; written under /tmp by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pit_jax
+from benchmarks import common
+from benchmarks.bench_sparse_dense import f32_product, make_kw_set, make_m_set, rel_err
+from pit_jax.ops.sparse_dense import dense_product
+from pit_jax.optimizer import cost_model
+from pit_jax.optimizer import database as dbm
+
+# database dtype -> (array dtype, precision passed to the products, relative tolerance)
+RUN_DTYPES = {
+    "bfloat16": (jnp.bfloat16, None, 2e-2),
+    "float16": (jnp.float16, None, 4e-3),
+    "tf32": (jnp.float32, "tensorfloat32", 8e-3),
+    "float32": (jnp.float32, "highest", 1e-4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    shapes: tuple  # (M, K, N) for every variant
+    dense_shapes: tuple  # extra shapes for the dense fit
+    sparsities: tuple
+    dtypes: tuple
+    reps: int
+    target_s: float
+    max_sets: int
+
+
+FULL = Config(
+    shapes=((4096, 4096, 4096), (8192, 2048, 2048)),
+    dense_shapes=((2048, 2048, 2048), (16384, 4096, 4096), (1024, 1024, 4096)),
+    sparsities=(0.5, 0.9, 0.99),
+    dtypes=("bfloat16", "tf32", "float16"),
+    reps=7,
+    target_s=0.01,
+    max_sets=4,
+)
+SMOKE = Config(
+    shapes=((128, 256, 256),),
+    dense_shapes=((64, 128, 128),),
+    sparsities=(0.5, 0.9),
+    dtypes=("bfloat16",),
+    reps=2,
+    target_s=0.001,
+    max_sets=2,
+)
+
+
+def fit(features: np.ndarray, ms: np.ndarray):
+    """Non-negative cost terms minimising the relative error of features @ terms vs ms."""
+    a = features / ms[:, None]
+    b = np.ones(len(ms))
+    try:
+        from scipy.optimize import nnls
+
+        terms, _ = nnls(a, b)
+    except Exception:  # noqa: BLE001 - no scipy: least squares, clipped
+        terms = np.clip(np.linalg.lstsq(a, b, rcond=None)[0], 0, None)
+    rel = features @ terms / ms - 1
+    return terms, {"rel_rms": float(np.sqrt(np.mean(rel**2))), "max_rel_err": float(np.abs(rel).max()), "n": int(len(ms))}
+
+
+class Profiler:
+    def __init__(self, args):
+        self.args = args
+        self.cfg = SMOKE if args.smoke else FULL
+        if args.dtypes:
+            self.cfg = dataclasses.replace(self.cfg, dtypes=tuple(d.strip() for d in args.dtypes.split(",") if d.strip()))
+        self.t0 = time.perf_counter()
+        self.meta = common.device_info()
+        dev = jax.devices()[0]
+        self.slots = int(getattr(dev, "core_count", 0) or dbm.DEFAULT_PARALLEL_SLOTS)
+        slug = dbm.device_slug(self.meta["device"])
+        if args.out:
+            self.path = args.out
+        elif args.smoke:
+            self.path = os.path.join(tempfile.gettempdir(), f"stile_db_smoke_{slug}.json")
+        else:
+            self.path = os.path.join(dbm.DB_DIR, slug + ".json")
+        self.entries: list[dict] = []
+        self.not_run: list[str] = []
+        self.errors: list[str] = []
+        self.key = jax.random.key(0)
+        self.n = 0
+
+    def elapsed(self):
+        return time.perf_counter() - self.t0
+
+    def log(self, text):
+        print(f"[{self.elapsed():6.1f}s] {text}", flush=True)
+
+    def should_run(self, label):
+        if self.args.deadline_s and self.elapsed() > self.args.deadline_s:
+            self.not_run.append(label)
+            return False
+        return True
+
+    def next_key(self):
+        self.n += 1
+        return jax.random.fold_in(self.key, self.n)
+
+    def time(self, fn, sets, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return common.time_op(fn, sets, reps=self.cfg.reps, target_s=self.cfg.target_s, budget_s=2.0, **kw)
+
+    def fail(self, label, e):
+        msg = str(e).strip().splitlines()
+        self.errors.append(f"{label}: {type(e).__name__}: {msg[0][:300] if msg else ''}")
+        self.log(f"{label}: FAILED {self.errors[-1]}")
+        if self.args.verbose:
+            traceback.print_exc()
+
+    # -- dense -------------------------------------------------------------------------
+    def dense(self, dtype_key):
+        dtype, prec, _ = RUN_DTYPES[dtype_key]
+        spec = dbm.spec_for("dense", None)
+        template = dbm.Variant("dense", None, spec.compute_tile, dtype_key, (0, 0, 0), (0, 0, 0))
+        rows = []
+        for m, k, n in (*self.cfg.shapes, *self.cfg.dense_shapes):
+            label = f"{dtype_key} dense {m}x{k}x{n}"
+            if not self.should_run(label):
+                continue
+            try:
+                item = jnp.dtype(dtype).itemsize
+                sets = [
+                    (common.random_normal(self.next_key(), (m, k), dtype), common.random_normal(self.next_key(), (k, n), dtype))
+                    for _ in range(common.rotations(item * (m * k + k * n), self.cfg.max_sets))
+                ]
+                t = self.time(lambda x, w: dense_product(x, w, prec), sets)
+                prob = cost_model.Problem("x", 1, m, k, n, item)
+                pf, _, _ = cost_model.features(template, None, prob, self.slots)
+                rows.append({"shape": [m, k, n], "sparsity": 0.0, "product_ms": t["median_ms"], "product_features": list(pf)})
+                self.log(f"{label}: {t['median_ms']:.4g} ms")
+                del sets
+            except Exception as e:  # noqa: BLE001 - one failing case must not stop the run
+                self.fail(label, e)
+        self.add(spec, dtype_key, rows)
+
+    # -- sparse variants ---------------------------------------------------------------
+    def variant(self, spec, dtype_key):
+        dtype, prec, tol = RUN_DTYPES[dtype_key]
+        item = jnp.dtype(dtype).itemsize
+        template = dbm.Variant(spec.kind, spec.micro_tile, spec.compute_tile, dtype_key, (0, 0, 0), (0, 0, 0))
+        rows = []
+        for m, k, n in self.cfg.shapes:
+            for sparsity in self.cfg.sparsities:
+                label = f"{dtype_key} {dbm.variant_id(spec.kind, spec.micro_tile, dtype_key)} {m}x{k}x{n} sparsity {sparsity:g}"
+                if not self.should_run(label):
+                    continue
+                try:
+                    rows.append(self.case(spec, template, dtype, prec, tol, item, (m, k, n), sparsity, label))
+                except Exception as e:  # noqa: BLE001
+                    self.fail(label, e)
+        self.add(spec, dtype_key, rows)
+
+    def case(self, spec, template, dtype, prec, tol, item, shape, sparsity, label):
+        m, k, n = shape
+        density = round(1 - sparsity, 6)
+        n_sets = common.rotations(item * (m * k + k * n), self.cfg.max_sets)
+        h, w = spec.micro_tile
+        if spec.kind == "m":
+            n_live = max(1, round(m / h * density))
+            sets = [make_m_set(self.next_key(), m=m, k=k, n=n, n_live=n_live, dtype=dtype, grad=False) for _ in range(n_sets)]
+            tile, group_by = (h, None), None
+        else:
+            sets = [
+                make_kw_set(self.next_key(), m=m, k=k, n=n, density=density, axis=spec.kind, tile=spec.micro_tile,
+                            pattern="random", dtype=dtype)
+                for _ in range(n_sets)
+            ]
+            tile, group_by = spec.micro_tile, "both"
+        src = "w" if spec.kind == "w" else "x"
+        owners = [s[src] for s in sets]
+        build = jax.jit(lambda a: pit_jax.index(a, "row" if spec.kind == "m" else tile, group_by=group_by))
+        t_index = self.time(lambda a: build(a).arrays, [(o,) for o in owners])
+        idx = [build(o) for o in owners]
+        call = lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=spec.kind, precision=prec)  # noqa: E731
+        t_prod = self.time(call, [(s["x"], s["w"], i) for s, i in zip(sets, idx)], keep_output=True)
+        err = float(rel_err(t_prod.pop("output"), f32_product(sets[0]["x"], sets[0]["w"])))
+        mask = cost_model.nonzero_mask(np.asarray(jax.device_get(owners[0])))
+        if spec.kind == "w":
+            prob = cost_model.Problem("w", 1, m, k, n, item)
+        else:
+            prob = cost_model.Problem("x", 1, m, k, n, item)
+        pf, xf, dens = cost_model.features(template, cost_model.Coverage(mask), prob, self.slots)
+        row = {
+            "shape": [m, k, n], "sparsity": sparsity, "density": dens,
+            "product_ms": t_prod["median_ms"], "index_ms": t_index["median_ms"],
+            "product_features": list(pf), "index_features": list(xf),
+            "max_rel_err": err, "ok": bool(err <= tol),
+        }
+        check = "" if row["ok"] else f"  CHECK FAILED (rel err {err:.2g})"
+        self.log(f"{label}: product {row['product_ms']:.4g} ms, index {row['index_ms']:.4g} ms, {dens:.1%} live{check}")
+        del sets, owners, idx
+        return row
+
+    # -- fitting and output ----------------------------------------------------------------
+    def add(self, spec, dtype_key, rows):
+        rows = [r for r in rows if r.get("ok", True)]
+        if not rows:
+            self.log(f"{dtype_key} {spec.kind} {spec.micro_tile}: no timings, left out of the database")
+            return
+        ms = np.array([r["product_ms"] for r in rows])
+        p_terms, p_fit = fit(np.array([r["product_features"] for r in rows]), ms)
+        entry = {
+            "kind": spec.kind,
+            "micro_tile": None if spec.micro_tile is None else list(spec.micro_tile),
+            "compute_tile": list(spec.compute_tile),
+            "dtype": dtype_key,
+            "description": spec.description,
+            "product": dict(zip(dbm.PRODUCT_TERMS, map(float, p_terms))),
+            "fit": {"product": p_fit},
+        }
+        if spec.kind != "dense":
+            i_terms, i_fit = fit(np.array([r["index_features"] for r in rows]), np.array([r["index_ms"] for r in rows]))
+            entry["index"] = dict(zip(dbm.INDEX_TERMS, map(float, i_terms)))
+            entry["fit"]["index"] = i_fit
+        entry["timings"] = rows
+        self.entries.append(entry)
+        fits = ", ".join(f"{k} rel rms {v['rel_rms']:.1%}" for k, v in entry["fit"].items())
+        self.log(f"fit {dbm.variant_id(spec.kind, spec.micro_tile, dtype_key)}: {fits}")
+        self.flush()
+
+    def flush(self):
+        if not any(e["kind"] == "dense" for e in self.entries):
+            return  # a database without dense is invalid; written once dense is in
+        meta = {k: v for k, v in self.meta.items() if k != "device"}
+        doc = dbm.document(
+            self.meta["device"],
+            self.entries,
+            **meta,
+            profile={
+                "argv": sys.argv[1:], "smoke": bool(self.args.smoke), "config": dataclasses.asdict(self.cfg),
+                "wall_s": round(self.elapsed(), 1), "not_run_deadline": self.not_run, "errors": self.errors,
+                "timing": "benchmarks/common.py time_op: median ms of one call over rotated input sets",
+                "patterns": "random live micro-tiles of the variant's own shape (m: random live rows)",
+            },
+        )
+        doc["parallel_slots"] = self.slots
+        dbm.parse(json_roundtrip(doc), self.path)  # never write a file the optimizer cannot read
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            import json
+
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, self.path)
+
+    def run(self):
+        self.log(f"{self.meta['device']} ({self.meta['platform']}), jax {self.meta['jax']}, {self.slots} parallel slots -> {self.path}")
+        for dtype_key in self.cfg.dtypes:
+            self.dense(dtype_key)
+            for spec in dbm.CATALOG:
+                if spec.kind != "dense":
+                    self.variant(spec, dtype_key)
+        self.flush()
+        self.log(
+            f"wrote {self.path}: {len(self.entries)} variants, {len(self.not_run)} cases past the deadline, "
+            f"{len(self.errors)} errors"
+        )
+        return self.path
+
+
+def json_roundtrip(doc):
+    import json
+
+    return json.loads(json.dumps(doc))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="output file (default pit_jax/stile_db/<gpu-model>.json; --smoke: /tmp)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes for the CPU: exercises the code, numbers meaningless")
+    ap.add_argument("--dtypes", default=None, help=f"comma-separated subset of {','.join(RUN_DTYPES)}")
+    ap.add_argument("--deadline-s", type=float, default=None, help="start no new case after S seconds (default 230; --smoke: none; 0 = none)")
+    ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing cases")
+    args = ap.parse_args(argv)
+    if args.deadline_s is None:
+        args.deadline_s = 0 if args.smoke else 230
+    if args.dtypes:
+        bad = [d for d in args.dtypes.split(",") if d.strip() and d.strip() not in RUN_DTYPES]
+        if bad:
+            ap.error(f"--dtypes: unknown {bad}; choose from {list(RUN_DTYPES)}")
+    return Profiler(args).run()
+
+
+if __name__ == "__main__":
+    main()
