@@ -35,3 +35,16 @@ def test_sparse_training_example():
 
     r = sparse_training.main(["--layers", "1", "--steps", "3", "--no-timing", "--tile", "32x1"])
     assert r["ok"] and r["dead_grad"] == 0.0 and r["live"][-1] < r["live"][0]
+
+
+# -- issue 5: a transformer block with pit_jax.flax.MoE (examples/moe_transformer.py) --
+
+
+def test_moe_transformer_trains():
+    import math
+
+    import moe_transformer
+
+    losses, _ = moe_transformer.train(steps=60, experts=8, top_k=2, batch=16, log_every=0)
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5

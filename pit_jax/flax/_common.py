@@ -2,30 +2,65 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 import pit_jax
+from pit_jax.ops.sparse_dense import dense_product
+from pit_jax.optimizer.plan import Plan
 
 
-def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None):
+def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None):
     """`inputs @ kernel` over the last dim of inputs ([..., K]), skipping dead micro-tiles.
 
     Without an index, all leading dims are folded into the rows, so one index covers
     the whole batch (the forward is exact whatever the tiling: the mask comes from
-    inputs itself). A given index is used as is (it must match `inputs`).
+    inputs itself). A given index is used as is (it must match `inputs`). A plan
+    overrides axis and micro_tile (its tile clipped to small inputs), or runs the dense
+    product.
     """
+    if plan is not None:
+        _check_plan(plan, kernel, index)
+        if plan.is_dense:
+            return dense_product(inputs, kernel, precision)
+        axis, micro_tile = plan.axis, plan.micro_tile
     if index is not None:
         return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision)
     lead = inputs.shape[:-1]
     x2 = jnp.reshape(inputs, (-1, inputs.shape[-1]))
     owner = kernel.shape if axis == "w" else x2.shape  # the matrix the index tiles
+    if isinstance(micro_tile, str) and micro_tile == "auto" and isinstance(kernel if axis == "w" else x2, jax.core.Tracer):
+        micro_tile = None  # traced: nothing to plan from; the default, fitted to the input
     y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, owner), precision=precision)
     return jnp.reshape(y, (*lead, kernel.shape[-1]))
 
 
 def _fit(micro_tile, axis, shape):
-    """Defaults clipped to small inputs, so a layer works on any batch size."""
-    if micro_tile is not None:
+    """Defaults (and plan tiles) clipped to small inputs, so a layer works on any batch size."""
+    if isinstance(micro_tile, str):
         return micro_tile
-    h, w = pit_jax.ops.sparse_dense.DEFAULT_MICRO_TILES[axis]
+    h, w = pit_jax.ops.sparse_dense.DEFAULT_MICRO_TILES[axis] if micro_tile is None else micro_tile
     return (min(h, shape[0]) if h is not None else None, min(w, shape[1]) if w is not None else None)
+
+
+def _check_plan(plan, kernel, index):
+    if not isinstance(plan, Plan):
+        raise TypeError(f"SparseDense: plan must be a pit_jax.Plan (from pit_jax.plan), got {type(plan).__name__}")
+    if index is not None:
+        raise ValueError("SparseDense: pass either a plan or an index, not both")
+    if tuple(plan.w_shape[-2:]) != tuple(kernel.shape):
+        raise ValueError(
+            f"SparseDense: the plan was made for a kernel of shape {tuple(plan.w_shape[-2:])}, this layer's is "
+            f"{tuple(kernel.shape)}"
+        )
+
+
+def plan_from_sample(sample, in_features, out_features, *, dtype, param_dtype, precision):
+    """A plan for the layer's product from a sample of its inputs ([..., in_features])."""
+    shape = tuple(np.shape(sample))
+    if len(shape) < 1 or shape[-1] != in_features:
+        raise ValueError(f"SparseDense: the sample's last dim must be in_features = {in_features}, got shape {shape}")
+    sample = np.reshape(np.asarray(sample), (-1, in_features))
+    run_dtype = jnp.result_type(sample.dtype, param_dtype) if dtype is None else jnp.dtype(dtype)
+    return pit_jax.plan(sample, (in_features, out_features), run_dtype, precision=precision)

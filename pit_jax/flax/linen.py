@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
-from pit_jax.flax._common import sparse_matmul_last_dim
+from pit_jax.flax._common import plan_from_sample, sparse_matmul_last_dim
+from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
 
@@ -20,7 +22,10 @@ class SparseDense(nn.Module):
     Attributes (beyond nn.Dense's):
       axis: "m" (dead token rows, e.g. padding), "k" (activation sparsity, e.g. the
         input is a ReLU output) or "w" (block-sparse kernel).
-      micro_tile: the index's micro-tile; defaults m (1, K), k (32, 1), w (32, 64).
+      micro_tile: the index's micro-tile; defaults m (1, K), k (32, 1), w (32, 64);
+        "auto" plans from the inputs when they are concrete, else uses the default.
+      plan: a `pit_jax.Plan` for the product (static): overrides axis and micro_tile,
+        or runs the dense product. `SparseDense.from_sample` makes one from inputs.
     """
 
     features: int
@@ -32,6 +37,17 @@ class SparseDense(nn.Module):
     bias_init: Any = nn.initializers.zeros_init()
     axis: str = "m"
     micro_tile: Optional[MicroTileSpec] = None
+    plan: Optional[Plan] = None
+
+    @classmethod
+    def from_sample(cls, sample, features: int, **attributes) -> "SparseDense":
+        """The layer with a plan made from a sample of its inputs ([..., in_features]):
+        `SparseDense.from_sample(x, 512)` then `init` / `apply` as usual."""
+        p = plan_from_sample(
+            sample, np.shape(sample)[-1], features, dtype=attributes.get("dtype"),
+            param_dtype=attributes.get("param_dtype", jnp.float32), precision=attributes.get("precision"),
+        )
+        return cls(features, plan=p, **attributes)
 
     @nn.compact
     def __call__(self, inputs, index=None):
@@ -40,7 +56,8 @@ class SparseDense(nn.Module):
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = sparse_matmul_last_dim(
-            inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index
+            inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
+            plan=self.plan,
         )
         if bias is not None:
             y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))

@@ -8,15 +8,18 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 
-from pit_jax.flax._common import sparse_matmul_last_dim
+from pit_jax.flax._common import plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax.nnx_moe import MoE
+from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
 
 class SparseDense(nnx.Module):
     """A drop-in for `flax.nnx.Linear` (same parameters `kernel` [in, out] and `bias`
     [out], same initializers and dtypes), computed by `pit_jax.sparse_dense` with the
-    index built from the input on every call. `axis` and `micro_tile` as in the linen
-    layer."""
+    index built from the input on every call. `axis`, `micro_tile` and `plan` as in the
+    linen layer; `sample` (a sample of the inputs, [..., in_features]) makes the plan
+    here, at construction."""
 
     def __init__(
         self,
@@ -31,6 +34,8 @@ class SparseDense(nnx.Module):
         bias_init: Any = initializers.zeros_init(),
         axis: str = "m",
         micro_tile: Optional[MicroTileSpec] = None,
+        plan: Optional[Plan] = None,
+        sample: Any = None,
         rngs: nnx.Rngs,
     ):
         self.in_features = in_features
@@ -41,6 +46,13 @@ class SparseDense(nnx.Module):
         self.precision = precision
         self.axis = axis
         self.micro_tile = micro_tile
+        if sample is not None:
+            if plan is not None:
+                raise ValueError("SparseDense: pass either plan or sample, not both")
+            plan = plan_from_sample(
+                sample, in_features, out_features, dtype=dtype, param_dtype=param_dtype, precision=precision
+            )
+        self.plan = plan
         self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
         self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
 
@@ -49,7 +61,8 @@ class SparseDense(nnx.Module):
         bias = self.bias[...] if self.bias is not None else None
         inputs, kernel, bias = dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
         y = sparse_matmul_last_dim(
-            inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index
+            inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
+            plan=self.plan,
         )
         if bias is not None:
             y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
@@ -57,3 +70,5 @@ class SparseDense(nnx.Module):
 
 
 SparseLinear = SparseDense
+
+__all__ = ["MoE", "SparseDense", "SparseLinear"]
