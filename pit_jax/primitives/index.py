@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
+from pit_jax.primitives._index_rules import integer_outputs_jvp
 from pit_jax.primitives._lowering import register_ffi_lowerings
 
 pit_index_p = Primitive("pit_index")
@@ -49,14 +49,8 @@ def _batch_rule(args, dims, **params):
     return pit_index_p.bind(x, **params), (0,) * 7
 
 
-def _jvp_rule(primals, tangents, **params):
-    # Integer outputs: nothing to differentiate, the tangents are symbolic zeros.
-    outs = pit_index_p.bind(*primals, **params)
-    return outs, [ad.Zero(ShapedArray(o.shape, jax.dtypes.float0)) for o in outs]
-
-
 pit_index_p.def_impl(lambda *args, **params: xla.apply_primitive(pit_index_p, *args, **params))
 pit_index_p.def_abstract_eval(_abstract_eval)
 batching.primitive_batchers[pit_index_p] = _batch_rule
-ad.primitive_jvps[pit_index_p] = _jvp_rule
+ad.primitive_jvps[pit_index_p] = integer_outputs_jvp(pit_index_p)
 register_ffi_lowerings(pit_index_p, "pit_index", ("tile_h", "tile_w", "group_rows", "group_cols"))

@@ -8,12 +8,12 @@ Param: num_experts. See `pit_jax.moe_index` and docs/kernels.md ("MoE").
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
+from pit_jax.primitives._index_rules import integer_outputs_jvp
 from pit_jax.primitives._lowering import register_ffi_lowerings
 
 moe_index_p = Primitive("pit_moe_index")
@@ -36,13 +36,8 @@ def _batch_rule(args, dims, *, num_experts):
     return moe_index_p.bind(jnp.moveaxis(ids, d, 0), num_experts=num_experts), (0, 0)
 
 
-def _jvp_rule(primals, tangents, **params):
-    outs = moe_index_p.bind(*primals, **params)
-    return outs, [ad.Zero(ShapedArray(o.shape, jax.dtypes.float0)) for o in outs]
-
-
 moe_index_p.def_impl(lambda *args, **params: xla.apply_primitive(moe_index_p, *args, **params))
 moe_index_p.def_abstract_eval(_abstract_eval)
 batching.primitive_batchers[moe_index_p] = _batch_rule
-ad.primitive_jvps[moe_index_p] = _jvp_rule
+ad.primitive_jvps[moe_index_p] = integer_outputs_jvp(moe_index_p)
 register_ffi_lowerings(moe_index_p, "pit_moe_index", ("num_experts",))
