@@ -29,3 +29,18 @@ def _exact_jax_matmuls():
 
     with jax.default_matmul_precision("highest"):
         yield
+
+
+@pytest.fixture(scope="module")
+def poison_outputs():
+    """Native handlers fill their outputs with NaN bytes before computing, so an element a
+    kernel fails to write shows up. Modules opt in with
+    `pytestmark = pytest.mark.usefixtures("poison_outputs")`."""
+    import pit_jax
+
+    modules = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
+    for m in modules:
+        m.set_poison_outputs(True)
+    yield
+    for m in modules:
+        m.set_poison_outputs(False)

@@ -38,6 +38,28 @@ def put(platform: str, *arrays):
     return out if len(out) > 1 else out[0]
 
 
+def run(platform, fn, *arrays):
+    """jit(fn) on `platform`'s device; results as NumPy."""
+    args = put(platform, *arrays)
+    out = jax.jit(fn)(*(args if len(arrays) > 1 else (args,)))
+    return jax.tree_util.tree_map(np.asarray, out)
+
+
+def randn(rng, shape, dtype):
+    """Dense random values, none zero, exactly representable in `dtype`."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x = np.where(np.abs(x) < 1e-2, 0.5, x)
+    return x.astype(jnp.dtype(dtype))
+
+
+def f64(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def dname(dtype) -> str:
+    return jnp.dtype(dtype).name
+
+
 def fresh_rng() -> tuple[np.random.Generator, int]:
     """A new generator on every call (fresh data every run); PIT_TEST_SEED replays one."""
     seed = int(os.environ.get("PIT_TEST_SEED", secrets.randbits(32)))

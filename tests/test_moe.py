@@ -26,14 +26,8 @@ DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 TOL = {jnp.float32: 3e-5, jnp.bfloat16: 3e-2, jnp.float16: 5e-3}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    mods = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
-    for m in mods:
-        m.set_poison_outputs(True)
-    yield
-    for m in mods:
-        m.set_poison_outputs(False)
+# NaN-poison native outputs for the whole module (fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 
 def rel_err(got, want):

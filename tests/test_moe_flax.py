@@ -34,14 +34,8 @@ GRAD_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1e-1}
 LB_W, Z_W = 0.05, 0.01  # aux loss weights large enough to show in the gradients
 
 
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    mods = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
-    for m in mods:
-        m.set_poison_outputs(True)
-    yield
-    for m in mods:
-        m.set_poison_outputs(False)
+# NaN-poison native outputs for the whole module (fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 
 def rel_err(got, want, floor=1e-3):

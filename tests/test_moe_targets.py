@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, fresh_rng, put
+from pit_testing import PLATFORMS, dname, f64, fresh_rng, put, randn, run
 
-from pit_jax import _native
+import pit_jax  # noqa: F401  (registers the FFI targets)
+
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 # Max error allowed, relative to the reference's max abs value.
@@ -28,21 +29,12 @@ TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
 TF32_TOL = 5e-3  # float32 with allow_tf32: TF32 tensor cores may be used
 
 
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    modules = [_native._cpu] + ([_native._cuda] if _native._cuda is not None else [])
-    for m in modules:
-        m.set_poison_outputs(True)
-    yield
-    for m in modules:
-        m.set_poison_outputs(False)
+# NaN-poison native outputs for the whole module (fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 
 # -- helpers ------------------------------------------------------------------------
 
-
-def dname(dtype) -> str:
-    return jnp.dtype(dtype).name
 
 
 def ffi(target, shapes, dtypes, *args, **attrs):
@@ -61,22 +53,7 @@ def moe_index(ids, num_experts):
                num_experts=num_experts)
 
 
-def run(platform, fn, *arrays):
-    """jit(fn) on `platform`'s device; results as NumPy."""
-    args = put(platform, *arrays)
-    out = jax.jit(fn)(*(args if len(arrays) > 1 else (args,)))
-    return jax.tree_util.tree_map(np.asarray, out)
 
-
-def randn(rng, shape, dtype):
-    """Dense random values, none zero, exactly representable in `dtype`."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    x = np.where(np.abs(x) < 1e-2, 0.5, x)
-    return x.astype(jnp.dtype(dtype))
-
-
-def f64(x) -> np.ndarray:
-    return np.asarray(x).astype(np.float64)
 
 
 def routing(rng, lead, t, k, e, pattern):

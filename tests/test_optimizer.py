@@ -27,14 +27,8 @@ DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 SIZE = 2048  # planning only: large enough that fixed costs do not decide
 
 
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    mods = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
-    for m in mods:
-        m.set_poison_outputs(True)
-    yield
-    for m in mods:
-        m.set_poison_outputs(False)
+# NaN-poison native outputs for the whole module (fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 
 # ms per GMAC of filled compute tiles: dense fastest, small micro-tiles slowest

@@ -35,14 +35,8 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    mods = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
-    for m in mods:
-        m.set_poison_outputs(True)
-    yield
-    for m in mods:
-        m.set_poison_outputs(False)
+# NaN-poison native outputs for the whole module (fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 
 def f64(a):

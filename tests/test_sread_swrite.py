@@ -17,14 +17,8 @@ CASES = [((40, 52), (3, 5)), ((64, 96), (32, 1)), ((33, 200), (1, 64)), ((70, 13
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    mods = [m for m in (pit_jax._native._cpu, pit_jax._native._cuda) if m is not None]
-    for m in mods:
-        m.set_poison_outputs(True)
-    yield
-    for m in mods:
-        m.set_poison_outputs(False)
+# NaN-poison native outputs for the whole module (fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 
 def np_tiles(x, tile):
