@@ -187,6 +187,53 @@ def test_grad_matches_masked_reference(platform, dtype, axis, case):
     assert rel_err(dw, rw) < 2 * TOL[dtype], f"seed={seed}: dw"
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "lead,w_batched,h,capacity",
+    [((), False, 1, None), ((2, 3), False, 1, None), ((2, 3), True, 4, None), ((4,), False, 4, None),
+     ((), False, 5, None), ((), False, 1, 20)],
+)
+def test_m_axis_weight_grad_16bit(platform, dtype, lead, w_batched, h, capacity):
+    """The M axis's weight gradient, reduced over the live rows only (on CUDA the grouped
+    weight-gradient kernel with one group where rows % h == 0, else the stile kernel):
+    batch dims summed into a shared w or kept for a batched one, row blocks of h rows,
+    and an index whose capacity is below the number of row blocks."""
+    rng, seed = fresh_rng()
+    rows, k, n = 48, 40, 24
+    x, live = tiled_sparse(rng, (*lead, rows, k), (h, k), 0.5, dtype)
+    if capacity is not None:  # keep at most `capacity` live blocks so nothing overflows
+        flat = live.reshape(-1)
+        flat[np.flatnonzero(flat)[capacity:]] = False
+        x = np.where(np.repeat(live, h, -2)[..., :rows, :], x, 0).astype(x.dtype)
+    w = np.asarray(jnp.asarray(rng.standard_normal((*(lead if w_batched else ()), k, n)), dtype))
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, rows, n)), dtype))
+    mask = np.repeat(live, h, -2)[..., :rows, :].astype(np.float64)
+
+    def loss(a, b, gg):
+        idx = pit_jax.index(a, (h, None), capacity=capacity)
+        return jnp.sum(pit_jax.sparse_dense(a, b, idx, axis="m").astype(jnp.float32) * gg.astype(jnp.float32))
+
+    dw = jax.jit(jax.grad(loss, argnums=1))(*put(platform, x, w, g))
+    rw = np.swapaxes(f64(x) * mask, -1, -2) @ f64(g)
+    if not w_batched:
+        rw = rw.reshape(-1, k, n).sum(0)
+    assert dw.shape == w.shape and dw.dtype == w.dtype
+    assert rel_err(dw, rw) < 2 * TOL[dtype], f"seed={seed}"
+
+
+@requires_gpu
+def test_m_axis_weight_grad_lowers_to_grouped_wgrad_on_cuda():
+    """bf16 M-axis backward on CUDA: dW through the grouped weight gradient (one group),
+    dx through the row-gather product, both on the forward's index."""
+    x = jnp.ones((64, 32), jnp.bfloat16)
+    w = jnp.ones((32, 16), jnp.bfloat16)
+    loss = lambda a, b: jnp.sum(pit_jax.sparse_dense(a, b, axis="m").astype(jnp.float32))  # noqa: E731
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*put("gpu", x, w)).as_text()
+    assert hlo.count("@pit_grouped_wgrad(") == 1 and "@pit_stile_matmul(" not in hlo
+    assert hlo.count("@pit_index(") == 1
+
+
 # Small problems: check_grads' float32 finite differences are projections onto random
 # directions, whose rounding noise grows with the number of elements summed.
 GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}

@@ -153,6 +153,9 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
             a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
         )
+    if cuda and _rows_wgrad_applies(a, b, idx, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
+                                    trans_c=trans_c, out_batch=out_batch):
+        return _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch).reshape(out.shape)
     lists, counts = group_lists(idx, p)
     return jax.ffi.ffi_call("pit_stile_matmul", out)(
         a,
@@ -166,6 +169,40 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         trans_b=bool(trans_b),
         trans_c=bool(trans_c),
         allow_tf32=bool(allow_tf32),
+    )
+
+
+def _rows_wgrad_applies(a, b, idx, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
+    """Whether this is the M axis's weight gradient, A^T @ B reduced over A's live row
+    blocks (B dense, same rows), in a 16-bit type: on CUDA that is the grouped weight
+    gradient with one group, whose Hopper kernel gathers the rows of both operands
+    (measured 1.2-2x faster than the stile kernel at BERT's sizes)."""
+    rows = a.shape[-2]
+    return (
+        p.target == "stile" and sparse == "a" and trans_a and not trans_b and not trans_c and p.tile_cols == 1
+        and rows % tile[0] == 0 and b.shape[-2] == rows and a.dtype in (jnp.bfloat16, jnp.float16)
+        and a.dtype == b.dtype and tuple(a.shape[:-2]) == tuple(b.shape[:-2]) == tuple(idx[1].shape)
+        and out_batch <= a.ndim - 2
+    )
+
+
+def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
+    """pit_grouped_wgrad with E = 1: the listed row blocks expanded to row ids (its list
+    entries are rows of both operands), -1 past the count; the empty group 1 is the
+    "dropped" group of the MoE contract."""
+    tiles, count = idx[0], idx[1]
+    h, rows = tile[0], a.shape[-2]
+    cap = tiles.shape[-1]
+    count = jnp.minimum(count, cap)
+    ids = (tiles[..., :, None] * h + jnp.arange(h, dtype=jnp.int32)).reshape(*tiles.shape[:-1], cap * h)
+    ids = jnp.where(jnp.arange(cap * h) < (count * h)[..., None], ids, -1)
+    ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, rows - cap * h)], constant_values=-1)
+    lists = jnp.stack([ids, jnp.full_like(ids, -1)], axis=-2).astype(jnp.int32)
+    counts = jnp.stack([count * h, jnp.zeros_like(count)], axis=-1).astype(jnp.int32)
+    batch = tuple(a.shape[:-2])[:out_batch]
+    out = jax.ShapeDtypeStruct(batch + (1, a.shape[-1], b.shape[-1]), a.dtype)
+    return jax.ffi.ffi_call("pit_grouped_wgrad", out)(
+        a, b, lists, counts, row_div=np.int64(1), allow_tf32=bool(allow_tf32)
     )
 
 
@@ -238,5 +275,5 @@ ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p)
 ad.primitive_transposes[stile_matmul_p] = _transpose
 batching.primitive_batchers[stile_matmul_p] = _batch
 _lowering.register_traced_lowering(
-    stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul"), cuda_fn=functools.partial(_native, cuda=True)
+    stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul", "pit_grouped_wgrad"), cuda_fn=functools.partial(_native, cuda=True)
 )
