@@ -15,6 +15,10 @@ Workloads (bf16; `--small`: tiny models for a CPU smoke run, numbers meaningless
   prune      BERT-base fine-tuning step with block magnitude pruning recomputed every
              step, batch 32 x 128 (no padding): 32x64 blocks at density 0.5 / 0.2 / 0.1 /
              0.05 / 0.02, 32x1 and 1x32 blocks at 0.1 / 0.02.
+  moe        a Switch-style encoder stack (PIT Fig. 8; examples/pit_models/switch.py):
+             hidden 768, 12 heads, 4 layers with an MoE FFN (3072 per expert) in every
+             other one, 4096 tokens (32 x 128); 8 / 64 / 128 experts top-1 and 64 / 128
+             experts top-2: inference and one training step (adamw).
 Variants (`impl`):
   dense         nn.Dense + XLA attention with the padding mask (the dense JAX model;
                 prune: no pruning at all)
@@ -23,6 +27,8 @@ Variants (`impl`):
   pit           the PIT model (examples/pit_models): M-axis linears with one row index
                 per batch (+ K-axis fc2 for opt; W-axis linears for prune)
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
+  ragged        (moe) sort by expert + jax.lax.ragged_dot + unsort: the best JAX alternative;
+                for moe, `dense` is every expert on every token (E x the FLOPs, same outputs)
 Each variant is compiled ONCE (`jit(...).lower(...).compile()`): the memory numbers are
 that executable's XLA memory plan (arguments + outputs + temporaries, `mem_mb`), and the
 timing is of that executable called back to back (median of `reps` runs of ~20 ms each;
@@ -51,9 +57,9 @@ from benchmarks import common
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from pit_models import bert, common as mcommon, opt, pruning  # noqa: E402
+from pit_models import bert, common as mcommon, opt, pruning, switch  # noqa: E402
 
-WORKLOADS = ("bert", "bert_long", "opt", "prune")
+WORKLOADS = ("bert", "bert_long", "opt", "prune", "moe")
 
 
 def time_compiled(compiled, args, *, reps=7, target_s=0.02, budget_s=20.0):
@@ -295,6 +301,87 @@ def prune_case(suite, small):
             suite.run(base, "pit", steps["pit"], args, chk)
 
 
+def _check_tokens(tol, ref, max_fraction=0.02):
+    """MoE outputs: a token whose near-tied router scores round differently in another
+    implementation (bf16, after layers of rounding) goes to another expert and differs
+    by O(1); that is the routing, not the arithmetic. Pass when at most `max_fraction`
+    of the tokens differ by more than `tol` (relative to the largest |ref|), and record
+    the worst error and that fraction. (H100, 4 layers, top-2: ragged_dot and pit_jax
+    both differ from the dense twin on 0.8-1.2 % of the tokens; top-1 on none.)"""
+
+    def check(out):
+        a = np.asarray(out, np.float32).reshape(-1, out.shape[-1])
+        b = np.asarray(ref, np.float32).reshape(-1, ref.shape[-1])
+        row = np.abs(a - b).max(axis=1) / max(float(np.abs(b).max()), 1e-30)
+        frac = float(np.mean(row > tol))
+        return {"max_rel_err": float(row.max()), "tokens_over_tol": frac, "ok": frac <= max_fraction}
+
+    return check
+
+
+def moe_case(suite, small, only=None):
+    if small:
+        plan = [(4, 1), (4, 2)]
+        batch, seq = 4, 16
+    else:
+        plan = [(8, 1), (64, 1), (128, 1), (64, 2), (128, 2)]
+        batch, seq = 32, 128
+    if only:  # "E:k,E:k"
+        plan = [tuple(int(v) for v in c.split(":")) for c in only.split(",")]
+    tx = optax.adamw(1e-4)
+    for experts, top_k in plan:
+        try:
+            _moe_config(suite, small, experts, top_k, batch, seq, tx)
+        except Exception as e:  # noqa: BLE001 - e.g. an out-of-memory surfacing late: go on with the next
+            print(f"moe E{experts} top-{top_k}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+            suite.rows.append(dict(workload="moe", label=f"E{experts} top-{top_k}", impl="setup",
+                                   error=f"{type(e).__name__}: {str(e)[:300]}"))
+
+
+def _moe_config(suite, small, experts, top_k, batch, seq, tx):
+    """One (experts, top_k) point: inference and a training step of dense, ragged and pit."""
+    if small:
+        cfg = switch.SwitchConfig.tiny(experts=experts, top_k=top_k, dtype=jnp.bfloat16)
+    else:
+        cfg = switch.SwitchConfig.base(experts=experts, top_k=top_k)
+    rng = np.random.default_rng(2)
+    tokens, labels = switch.synthetic_batch(rng, cfg, batch, seq)
+    models = {m: switch.SwitchClassifier(cfg, m) for m in ("dense", "ragged", "pit")}
+    params = jax.jit(models["pit"].init)(jax.random.PRNGKey(0), tokens)
+    opt_state = jax.jit(tx.init)(params)
+    n_moe = sum(cfg.is_moe(i) for i in range(cfg.layers))
+    label = f"E{experts} top-{top_k} {batch * seq} tok"
+    base = dict(workload="moe", label=label, experts=experts, top_k=top_k, tokens=batch * seq,
+                layers=cfg.layers, moe_layers=n_moe, alternative="ragged", dtype=jnp.dtype(cfg.dtype).name)
+    tol = mcommon.tolerance(cfg.dtype)
+    ref = None
+    for impl in ("dense", "ragged", "pit"):
+        m = models[impl]
+        chk = None if ref is None else _check_tokens(tol, ref)
+        out = suite.run(dict(base, mode="infer"), impl, lambda p, t, m=m: m.apply(p, t)[1], (params, tokens), chk)
+        if ref is None and out is not None:
+            ref = out  # dense, or ragged where dense failed
+    del ref
+    ref_loss = None
+    for impl in ("dense", "ragged", "pit"):
+        m = models[impl]
+
+        def step(p, s, t, y, m=m):
+            loss, g = jax.value_and_grad(functools.partial(switch.loss_fn, m))(p, t, y)
+            u, s = tx.update(g, s, p)
+            return optax.apply_updates(p, u), s, loss
+
+        chk = None
+        if ref_loss is not None:
+            chk = (lambda r: lambda out: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
+                                          "ok": abs(float(out[2]) - r) <= tol * max(abs(r), 1.0)})(ref_loss)
+        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, labels), chk)
+        if ref_loss is None and out is not None:
+            ref_loss = float(out[2])
+        del out
+    del params, opt_state
+
+
 def plot(rows, path, meta):
     import matplotlib
 
@@ -332,6 +419,7 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="tiny models (CPU smoke run)")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="start no new variant after S seconds (default 540 at full size, none with --small; 0 = none)")
+    ap.add_argument("--moe", default=None, help="moe: just these E:top_k configurations, e.g. 64:2,128:2")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.deadline_s is None:
@@ -348,6 +436,8 @@ def main(argv=None):
                 bert_case(suite, w, args.small)
             elif w == "opt":
                 opt_case(suite, args.small)
+            elif w == "moe":
+                moe_case(suite, args.small, args.moe)
             else:
                 prune_case(suite, args.small)
         except Exception as e:  # noqa: BLE001 - a failing workload does not stop the others

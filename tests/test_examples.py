@@ -13,7 +13,7 @@ def test_sparse_mlp_trains():
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
 
 
-# -- issue 7 workloads (examples/bert_varlen.py, opt_activation.py, sparse_training.py) --
+# -- issue 7 workloads (examples/bert_varlen.py, opt_activation.py, sparse_training.py, switch_moe.py) --
 
 
 def test_bert_varlen_example():
@@ -35,6 +35,13 @@ def test_sparse_training_example():
 
     r = sparse_training.main(["--layers", "1", "--steps", "3", "--no-timing", "--tile", "32x1"])
     assert r["ok"] and r["dead_grad"] == 0.0 and r["live"][-1] < r["live"][0]
+
+
+def test_switch_moe_example():
+    import switch_moe
+
+    r = switch_moe.main(["--layers", "2", "--top-k", "2", "--steps", "8", "--no-timing"])
+    assert r["ok"] and len(r["losses"]) == 8 and r["losses"][-1] < r["losses"][0]
 
 
 # -- issue 5: a transformer block with pit_jax.flax.MoE (examples/moe_transformer.py) --

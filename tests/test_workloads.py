@@ -1,7 +1,8 @@
 """PIT's workloads as Flax models (issue 7), tiny sizes on the CPU: the PIT model equals
 its dense twin on the valid tokens (outputs and gradients of every parameter), a jitted
 fine-tuning step lowers the loss, and the pruning mask is recomputed every step with
-weight gradients only on live blocks."""
+weight gradients only on live blocks; the Switch MoE stack gives the same outputs and
+gradients whether its experts run through pit_jax, sort + ragged_dot, or densely."""
 
 import functools
 import os
@@ -15,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from pit_models import bert, common, opt, pruning  # noqa: E402
+from pit_models import bert, common, opt, pruning, switch  # noqa: E402
 
 F32_TOL = 2e-5
 
@@ -234,3 +235,36 @@ def test_sparse_training_loss_decreases():
         p, s, loss, _ = step(p, s, *data, jnp.float32(sparse_training.schedule(i, 8, 0.5, 0.2)))
         losses.append(float(loss))
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+# -- the Switch MoE stack (PIT Fig. 8) --------------------------------------------------
+
+
+@pytest.mark.parametrize("top_k,experts,moe_every", [(1, 4, 1), (2, 4, 2), (2, 8, 1)])
+def test_switch_modes_agree(top_k, experts, moe_every):
+    """pit, ragged and dense expert computations on one parameter tree: same hidden
+    states, same gradient for every parameter (router included, through the gates)."""
+    cfg = switch.SwitchConfig.tiny(top_k=top_k, experts=experts, moe_every=moe_every)
+    rng = np.random.default_rng()
+    tokens, labels = switch.synthetic_batch(rng, cfg, 3, 11)
+    params = jax.jit(switch.SwitchClassifier(cfg, "pit").init)(jax.random.PRNGKey(int(rng.integers(1 << 30))), tokens)
+    outs, grads = {}, {}
+    for mode in switch.MODES:
+        model = switch.SwitchClassifier(cfg, mode)
+        outs[mode] = jax.jit(model.apply)(params, tokens)
+        grads[mode] = jax.jit(jax.grad(functools.partial(switch.loss_fn, model)))(params, tokens, labels)
+    assert np.isfinite(np.asarray(outs["pit"][1])).all()
+    for mode in ("ragged", "dense"):
+        assert _rel(outs["pit"][0], outs[mode][0]) < F32_TOL, mode
+        assert _rel(outs["pit"][1], outs[mode][1]) < F32_TOL, mode
+        errs = jax.tree_util.tree_map(_rel, grads["pit"], grads[mode])
+        assert max(jax.tree_util.tree_leaves(errs)) < 1e-4, (mode, errs)
+    router = grads["pit"]["params"]["layer_0" if moe_every == 1 else "layer_1"]["moe"]["router_kernel"]
+    assert float(jnp.abs(router).max()) > 0, "the router trains through the gates"
+
+
+def test_switch_rejects_unknown_mode():
+    cfg = switch.SwitchConfig.tiny()
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        switch.SwitchClassifier(cfg, "sparse").init(jax.random.PRNGKey(0), tokens)

@@ -6,8 +6,10 @@
   the same parameter tree.
 - `opt`: an OPT-style decoder layer whose fc2 skips dead ReLU activations (K axis).
 - `pruning`: per-block magnitude masks and their indexes, recomputed every step.
+- `switch`: a Switch-style encoder stack whose MoE FFNs run through pit_jax, through
+  sort + `ragged_dot`, or densely (every expert on every token), on one parameter tree.
 - `common`: attention with sequence lengths (cuDNN where it serves, else XLA), synthetic
   lengths, a text progress bar, latency and memory measurement.
 """
 
-from pit_models import bert, common, opt, pruning  # noqa: F401
+from pit_models import bert, common, opt, pruning, switch  # noqa: F401
