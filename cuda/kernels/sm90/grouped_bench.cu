@@ -9,7 +9,7 @@
 // cuBLAS (the oracle: one dense product of the same token count) is loaded at run time
 // with dlopen. Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 // --no-time (skip timing), --case=TEXT (just the cases whose name contains TEXT), --only=v1,v2 (just these
-// variants, see kVariants).
+// variants, see kVariants; for the weight gradient: auto, v2, v3, v4.s1, v4.s2, v4.s4, v4.s8, see RunWgrad).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -39,6 +39,14 @@ cudaError_t GenericOnlyGemmSm90(const GroupedMatmulParams&, cudaStream_t) { retu
 cudaError_t GenericOnlyWgradSm90(const GroupedWgradParams&, cudaStream_t) { return cudaErrorNotSupported; }
 }  // namespace pit
 #endif
+
+namespace pit {
+namespace sm90_grouped_testing {
+// grouped_gemm.cu (bench only): the weight gradient's version 2 / 3 / 0 (auto) with split 0
+// (auto) or 1..8, without the size gate.
+cudaError_t LaunchWgradVariant(const GroupedWgradParams& p, cudaStream_t stream, int version, int split);
+}  // namespace sm90_grouped_testing
+}  // namespace pit
 
 #define CK(x)                                                                                  \
   do {                                                                                         \
@@ -201,6 +209,7 @@ struct Case {
   bool weight_bound = false;  // report GB/s of weight reads
   bool wgrad = false;         // the weight gradient (LaunchGroupedWgradSm90) instead
   int dw_batch = 1, dy_batch = 1;
+  int64_t listed = -1;  // >= 0: exactly this many assignments (at random) in group 0, the rest dropped
 };
 
 static int g_fail = 0;
@@ -268,7 +277,14 @@ void MakeIndex(const Case& cs, int entry, std::mt19937_64& rng, int32_t* lists, 
     cdf[e] = acc;
   }
   std::uniform_real_distribution<double> u01(0, 1);
-  for (int64_t t = 0; t < cs.T; ++t) {
+  if (cs.listed >= 0) {  // an "M-axis" gradient: `listed` random assignments in group 0, the rest dropped
+    std::vector<int32_t> all(A);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    const int64_t n = std::min<int64_t>(cs.listed, A);
+    for (int64_t s = 0; s < A; ++s) groups[s < n ? 0 : E].push_back(all[s]);
+  }
+  for (int64_t t = 0; t < (cs.listed >= 0 ? 0 : cs.T); ++t) {
     std::vector<int> chosen;
     for (int64_t j = 0; j < cs.k; ++j) {
       int e;
@@ -608,65 +624,108 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
     return cudaErrorNotSupported;
 #endif
   };
-  for (int rep = 0; rep < 3; ++rep) {  // sm90 twice (fresh poison each time), then the generic kernel
-    CK(cudaMemsetAsync(dDw, 0xFF, n_dw * es, stream));
-    cudaError_t e = rep < 2 ? pit::sm90_grouped_testing::LaunchWgradAlways(p, stream) : launch_generic();
-    if (rep == 2 && e == cudaErrorNotSupported) break;
-    if (e != cudaSuccess) {
-      printf("[FAIL] %-34s wgrad launch returned %s\n", cs.name.c_str(), cudaGetErrorName(e));
-      ++g_fail;
-      break;
-    }
-    CK(cudaStreamSynchronize(stream));
-    CK(cudaMemset(dSt, 0, sizeof(Stats)));
-    CompareAll<T><<<1024, 256, 0, stream>>>(dDw, dRef, n_dw, dSt);
-    CK(cudaGetLastError());
-    Stats st;
-    CK(cudaMemcpy(&st, dSt, sizeof(Stats), cudaMemcpyDeviceToHost));
-    const double rel = st.r2 > 0 ? std::sqrt(st.d2 / st.r2) : std::sqrt(st.d2);
-    const bool ok = st.bad_live == 0 && rel <= tol;
-    if (!ok) ++g_fail;
-    printf("[%s] %-34s %s T=%lld k=%lld E=%lld D=%lld F=%lld rd=%lld b=%d(s%d,dy%d,i%d,dw%d) rel=%.2e "
-           "nonfinite=%llu\n",
-           ok ? " OK " : "FAIL", cs.name.c_str(), rep < 2 ? "wgrad" : "generic", (long long)cs.T, (long long)cs.k,
-           (long long)E, (long long)D, (long long)F, (long long)row_div, cs.batch, cs.src_batch, cs.dy_batch, cs.idx_batch, cs.dw_batch, rel,
-           st.bad_live);
+  // Variants: the launcher's choice, v2, v3 with a forced split; each checked twice (fresh
+  // poison each time, the reruns compared bit for bit), then the generic kernel once.
+  struct WV {
+    const char* name;
+    int version, split;
+  };
+  static const WV kWV[] = {{"auto", 0, 0},  {"v2", 2, 0},    {"v3", 3, 0},    {"v4.s1", 4, 1},
+                           {"v4.s2", 4, 2}, {"v4.s4", 4, 4}, {"v4.s8", 4, 8}};
+  std::vector<WV> wv;
+  for (const WV& v : kWV) {
+    const Variant sel{v.name, 0, 0, 0};
+    if (Selected(sel)) wv.push_back(v);
   }
+  T* dFirst;
+  unsigned long long* dDiff;
+  CK(cudaMalloc(&dFirst, n_dw * es));
+  CK(cudaMalloc(&dDiff, sizeof(unsigned long long)));
+  for (size_t vi = 0; vi <= wv.size(); ++vi) {
+    const bool generic = vi == wv.size();
+    for (int rep = 0; rep < (generic ? 1 : 2); ++rep) {
+      CK(cudaMemsetAsync(dDw, 0xFF, n_dw * es, stream));
+      cudaError_t e = generic ? launch_generic()
+                              : pit::sm90_grouped_testing::LaunchWgradVariant(p, stream, wv[vi].version, wv[vi].split);
+      if (generic && e == cudaErrorNotSupported) break;
+      if (e != cudaSuccess) {
+        printf("[FAIL] %-34s %s launch returned %s\n", cs.name.c_str(), generic ? "generic" : wv[vi].name,
+               cudaGetErrorName(e));
+        ++g_fail;
+        break;
+      }
+      CK(cudaStreamSynchronize(stream));
+      CK(cudaMemset(dSt, 0, sizeof(Stats)));
+      CompareAll<T><<<1024, 256, 0, stream>>>(dDw, dRef, n_dw, dSt);
+      CK(cudaGetLastError());
+      Stats st;
+      CK(cudaMemcpy(&st, dSt, sizeof(Stats), cudaMemcpyDeviceToHost));
+      unsigned long long diff = 0;
+      if (rep == 0) {
+        CK(cudaMemcpy(dFirst, dDw, n_dw * es, cudaMemcpyDeviceToDevice));
+      } else {
+        CK(cudaMemset(dDiff, 0, sizeof(unsigned long long)));
+        CountDiff<<<1024, 256, 0, stream>>>(reinterpret_cast<uint16_t*>(dDw), reinterpret_cast<uint16_t*>(dFirst),
+                                            n_dw, dDiff);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(&diff, dDiff, sizeof(diff), cudaMemcpyDeviceToHost));
+      }
+      const double rel = st.r2 > 0 ? std::sqrt(st.d2 / st.r2) : std::sqrt(st.d2);
+      const bool ok = st.bad_live == 0 && rel <= tol && diff == 0;
+      if (!ok) ++g_fail;
+      printf("[%s] %-34s %-7s T=%lld k=%lld E=%lld D=%lld F=%lld rd=%lld b=%d(s%d,dy%d,i%d,dw%d) rel=%.2e "
+             "nonfinite=%llu%s\n",
+             ok ? " OK " : "FAIL", cs.name.c_str(), generic ? "generic" : wv[vi].name, (long long)cs.T,
+             (long long)cs.k, (long long)E, (long long)D, (long long)F, (long long)row_div, cs.batch, cs.src_batch,
+             cs.dy_batch, cs.idx_batch, cs.dw_batch, rel, st.bad_live,
+             rep == 1 ? (diff ? " RERUN DIFFERS" : " rerun bit-identical") : "");
+    }
+  }
+  CK(cudaFree(dFirst));
+  CK(cudaFree(dDiff));
   if (do_time && cs.time) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    // Oracle: one dense product of the same size, dw[D, F] = X[A, D]^T dY[A, F] (column-major:
-    // dw^T[F, D] = dY^T[F, A] X[A, D]).
+    // Oracles: dense products dw[D, F] = X[K, D]^T dY[K, F] (column-major: dw^T[F, D] =
+    // dY^T[F, K] X[K, D]) with K = A (all rows: "dense") and, for one expert, K = its count
+    // (the compacted rows: "compact").
     const float alpha = 1.f, beta = 0.f;
     const cudaDataType dt = BlasType(cs.dtype);
-    auto blas_call = [&] {
-      return blas::gemm(blas::handle, blas::kOpN, blas::kOpT, (int)F, (int)D, (int)A, &alpha, dDy, dt, (int)F, dSrc,
-                        dt, (int)D, &beta, dDw, dt, (int)F, blas::kCompute32F, blas::kAlgoDefault) == 0;
+    const int compact_k = E == 1 ? counts[0] : -1;
+    auto blas_call = [&](int K) {
+      return blas::gemm(blas::handle, blas::kOpN, blas::kOpT, (int)F, (int)D, K, &alpha, dDy, dt, (int)F, dSrc, dt,
+                        (int)D, &beta, dDw, dt, (int)F, blas::kCompute32F, blas::kAlgoDefault) == 0;
     };
     const bool with_blas = blas::handle && row_div == 1 && cs.batch == 1;
-    std::vector<float> ours, generic, oracle;
+    const int nv = static_cast<int>(wv.size());
+    std::vector<std::vector<float>> times(nv + 3);  // variants, generic, cuBLAS dense, cuBLAS compact
     for (int it = 0; it < 30; ++it)
-      for (int i = 0; i < 3; ++i) {
-        if (i == 2 && !with_blas) continue;
+      for (int i = 0; i < nv + 3; ++i) {
+        if (i >= nv + 1 && !with_blas) continue;
+        if (i == nv + 2 && compact_k <= 0) continue;
         CK(cudaEventRecord(e0, stream));
-        const bool ok = i == 0   ? pit::sm90_grouped_testing::LaunchWgradAlways(p, stream) == cudaSuccess
-                        : i == 1 ? launch_generic() == cudaSuccess
-                                 : blas_call();
+        const bool ok = i < nv        ? pit::sm90_grouped_testing::LaunchWgradVariant(p, stream, wv[i].version,
+                                                                                      wv[i].split) == cudaSuccess
+                        : i == nv     ? launch_generic() == cudaSuccess
+                        : i == nv + 1 ? blas_call((int)A)
+                                      : blas_call(compact_k);
         CK(cudaEventRecord(e1, stream));
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (ok && it >= 5) (i == 0 ? ours : i == 1 ? generic : oracle).push_back(ms);
+        if (ok && it >= 5) times[i].push_back(ms);
       }
     TimingRow row;
     row.name = cs.name;
-    row.flops = 2.0 * A * D * F;  // every routed token (none dropped in the timed cases)
+    row.flops = 2.0 * (E == 1 ? counts[0] : A) * D * F;  // the listed tokens (none dropped in the E > 1 timed cases)
     row.weight_bytes = double(n_dw) * es;
     row.weight_bound = false;
-    row.oracle_ms = oracle.empty() ? -1 : MedianMs(oracle);
-    if (!ours.empty()) row.ours.push_back({"wgrad", MedianMs(ours)});
-    if (!generic.empty()) row.ours.push_back({"generic", MedianMs(generic)});
+    row.oracle_ms = times[nv + 1].empty() ? -1 : MedianMs(times[nv + 1]);
+    for (int i = 0; i < nv; ++i)
+      if (!times[i].empty()) row.ours.push_back({wv[i].name, MedianMs(times[i])});
+    if (!times[nv].empty()) row.ours.push_back({"generic", MedianMs(times[nv])});
+    if (!times[nv + 2].empty()) row.ours.push_back({"blasCompact", MedianMs(times[nv + 2])});
     g_rows.push_back(row);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
@@ -852,6 +911,9 @@ int main(int argc, char** argv) {
     c = mk("wgrad skew multi-block bf16", DType::kBF16, 3000, 1, 520, 1032, 8);
     c.wgrad = true, c.routing = kSkew;
     add(c);
+    c = mk("wgrad maxis small f16", DType::kF16, 1000, 1, 200, 264, 1);
+    c.wgrad = true, c.listed = 333;
+    add(c);
   }
   if (!small) {
     // Target 1: T=16384, D=2048, F=8192, E=8, top-1, skewed routing (share ~ 1/(e+1)).
@@ -889,6 +951,17 @@ int main(int argc, char** argv) {
     c = mk("wgrad fig8 T4096 E128 bf16", DType::kBF16, 4096, 1, 768, 3072, 128);
     c.wgrad = true, c.time = true;
     add(c);
+    // "M-axis" weight gradients: one expert, `listed` random rows of A (row_div 1), the rest dropped.
+    for (int64_t A : {4096, 16384})
+      for (auto df : {std::pair<int64_t, int64_t>{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}}) {
+        char name[64];
+        const int64_t listed = A == 4096 ? 1089 : 5107;
+        snprintf(name, sizeof name, "wgrad maxis A%lld L%lld %lldx%lld bf16", (long long)A, (long long)listed,
+                 (long long)df.first, (long long)df.second);
+        c = mk(name, DType::kBF16, A, 1, df.first, df.second, 1);
+        c.wgrad = true, c.time = true, c.listed = listed;
+        add(c);
+      }
   }
   CheckNotSupported(s);
   if (!small && do_time) {

@@ -5,63 +5,22 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 
 #include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "cuda/kernels/sm90/grouped_gemm.cuh"
 #include "cuda/kernels/sm90/grouped_wgrad.cuh"
+#include "cuda/kernels/sm90/launch_util.h"
 
 namespace pit {
 namespace {
 
 using sm90_grouped::Args;
 using sm90_grouped::Layout;
-
-constexpr int kMaxDevices = 64;
-
-struct DeviceInfo {
-  bool sm90 = false;
-  int sms = 0;
-};
-
-const DeviceInfo* GetDeviceInfo() {
-  static DeviceInfo info[kMaxDevices];
-  static std::once_flag once[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return nullptr;
-  std::call_once(once[dev], [dev] {
-    int major = 0, minor = 0, sms = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    info[dev].sm90 = major == 9 && minor == 0;
-    info[dev].sms = sms;
-  });
-  return &info[dev];
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 GetEncodeTiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-#else
-    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-#endif
-  });
-  return fn;
-}
+using sm90::DeviceInfo;
+using sm90::GetDeviceInfo;
+using sm90::GetEncodeTiled;
+using sm90::kMaxDevices;
 
 template <int kKind, bool kTransW, int kCluster>
 cudaError_t Launch(const CUtensorMap& map_w, const Args& g, int sms, cudaStream_t stream) {
@@ -204,8 +163,65 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedMatmulParams& p, cudaStream_t str
 
 namespace {
 
-// always: skip the size heuristic (the bench's correctness cases are small).
-cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bool always) {
+// The weight-gradient kernel LaunchGroupedWgradSm90 uses (docs/notes/sm90_grouped.md, runs
+// 7-8): v3 (producer warps gather both operands). v2 (classic multistage) and v4 (consumers
+// gather src) measured slower on every timed case; they are compiled for the bench only
+// (-DPIT_GG_EXPERIMENTS).
+constexpr int kWgradDefaultVersion = 3;
+
+// Clusters of `split` v3 CTAs that fit on the device at once (cached per device and split).
+int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
+  static int cache[kMaxDevices][2][9] = {};  // [dev][dtype][split]; 0: not queried, -1: none
+  (void)stream;
+  if (split == 1) return sms;
+  int& c = cache[dev][0][split];
+  if (c == 0) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = split;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(sm90_grouped::kW3Threads);
+    cfg.gridDim = dim3(split * (sms / split));
+    cfg.dynamicSmemBytes = sm90_grouped::kW3SmemBytes;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = -1;
+    if (cudaOccupancyMaxActiveClusters(&n, sm90_grouped::GroupedWgradWsKernel<sm90_grouped::kBf16, false>, &cfg) !=
+            cudaSuccess ||
+        n <= 0)
+      n = -1;
+    cudaGetLastError();  // clear a failed query
+    c = n;
+  }
+  return c;
+}
+
+// The v3 split S (CTAs of a cluster sharing one tile's token reduction): only when the tiles
+// leave SMs idle. Cost in units of one stage (32 tokens) per wave: ceil(kb / S) + the launch /
+// fill / epilogue overhead (fitted to run 7: ~12 stages, ~20 with the DSMEM reduction), kb
+// estimated from the average tokens per expert (the counts stay on the device). S in
+// {1, 2, 4, 8}: clusters of 6 measured slow (run 7), 3, 5, 7 not measured.
+int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int dev, int sms, cudaStream_t stream) {
+  if (tiles >= sms) return 1;
+  const int64_t kb = std::max<int64_t>(1, (tokens_per_tile + sm90_grouped::kW3Tok - 1) / sm90_grouped::kW3Tok);
+  int best = 1;
+  double best_cost = 0;
+  for (int s = 1; s <= 8; s *= 2) {
+    const int per_wave = WgradClustersPerWave(dev, s, sms, stream);
+    if (per_wave <= 0) continue;
+    const int64_t waves = (tiles + per_wave - 1) / per_wave;
+    const double cost = static_cast<double>(waves) * ((kb + s - 1) / s + (s > 1 ? 20 : 12));
+    if (s == 1 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
+// version: 0 = the launcher's choice, 2 = v2 (classic multistage), 3 = v3 (warp-specialized),
+// 4 = v3 with the consumers gathering src (kConsA);
+// split: 0 = the launcher's choice, else the v3 cluster size (1..8). always: skip the size gate.
+cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bool always, int version, int split) {
   constexpr cudaError_t kNo = cudaErrorNotSupported;
   using namespace sm90_grouped;
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return kNo;
@@ -218,14 +234,17 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   if (!p.dw || !Aligned16(p.dw) || !Aligned16(p.src.data) || !Aligned16(p.dy.data)) return kNo;
   if (p.A > 0 && (!p.src.data || !p.dy.data || !p.index.lists || !p.index.counts)) return kNo;
   if (p.A == 0) return kNo;  // nothing to gather: the generic path writes the zeros
-  // One CTA per 128 x 256 dw tile pays off only with several k-blocks of 64 tokens per tile:
-  // measured 2x faster than the generic kernel at ~2000 tokens per expert, 13 % slower at 32
-  // (docs/notes/sm90_grouped.md, run 6); 256 (4 k-blocks) is a guess between the two.
-  if (!always && (p.batch / p.dw_batch) * p.A < 256 * p.E) return kNo;
+  // Gate: v3 measured 1.6x faster than the generic kernel at 32 tokens per expert on average
+  // (Fig. 8 T4096 E128; v2 was 13 % slower there); fewer than that not measured: generic
+  // (docs/notes/sm90_grouped.md, runs 6-7).
+  if (!always && (p.batch / p.dw_batch) * p.A < 32 * p.E) return kNo;
   const int64_t m_tiles = (p.D + 127) / 128, n_tiles = (p.F + 255) / 256;
-  if (p.dw_batch * p.E * m_tiles * n_tiles >= kBig) return kNo;
+  const int64_t tiles = p.dw_batch * p.E * m_tiles * n_tiles;
+  if (tiles * 8 >= kBig) return kNo;
   const DeviceInfo* dev = GetDeviceInfo();
   if (!dev || !dev->sm90) return kNo;
+  int devi = 0;
+  if (cudaGetDevice(&devi) != cudaSuccess || devi < 0 || devi >= kMaxDevices) return kNo;
 
   WgradArgs g;
   g.src = static_cast<const char*>(p.src.data);
@@ -249,30 +268,78 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   g.idx_div = static_cast<int>(p.batch / p.index.batch);
   g.m_tiles = static_cast<int>(m_tiles);
   g.n_tiles = static_cast<int>(n_tiles);
-  auto kernel = p.dtype == DType::kBF16 ? GroupedWgradKernel<kBf16> : GroupedWgradKernel<kF16>;
-  static bool attr_set[kMaxDevices][2] = {};
-  int devi = 0;
-  if (cudaGetDevice(&devi) != cudaSuccess || devi < 0 || devi >= kMaxDevices) return kNo;
   const int which = p.dtype == DType::kBF16 ? 0 : 1;
-  if (!attr_set[devi][which]) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
-    if (e != cudaSuccess) return e;
-    attr_set[devi][which] = true;
+
+#ifdef PIT_GG_EXPERIMENTS
+  if (version == 2) {
+    auto kernel = which == 0 ? GroupedWgradKernel<kBf16> : GroupedWgradKernel<kF16>;
+    static bool attr_set[kMaxDevices][2] = {};
+    if (!attr_set[devi][which]) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
+      if (e != cudaSuccess) return e;
+      attr_set[devi][which] = true;
+    }
+    kernel<<<static_cast<unsigned>(tiles), kWgThreads, kWgSmemBytes, stream>>>(g);
+    return cudaGetLastError();
   }
-  const int64_t tiles = p.dw_batch * p.E * m_tiles * n_tiles;
-  kernel<<<static_cast<unsigned>(tiles), kWgThreads, kWgSmemBytes, stream>>>(g);
+#endif
+  if (version == 0) version = kWgradDefaultVersion;
+  if (version != 3 && version != 4) return kNo;
+
+  // v3 / v4.
+  static bool attr3_set[kMaxDevices] = {};
+  if (!attr3_set[devi]) {
+    cudaError_t e = cudaSuccess;
+    for (auto k : {GroupedWgradWsKernel<kBf16, false>, GroupedWgradWsKernel<kF16, false>
+#ifdef PIT_GG_EXPERIMENTS
+                   ,
+                   GroupedWgradWsKernel<kBf16, true>, GroupedWgradWsKernel<kF16, true>
+#endif
+         })
+      if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
+    if (e != cudaSuccess) return e;
+    attr3_set[devi] = true;
+  }
+  int s = split;
+  if (s == 0) s = ChooseWgradSplit(tiles, (p.batch / p.dw_batch) * p.A / p.E, devi, dev->sms, stream);
+  if (s < 1 || s > 8) return kNo;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = s;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kW3Threads);
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles * s));
+  cfg.dynamicSmemBytes = kW3SmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = s > 1 ? 1 : 0;
+  const WgradArgs args = g;
+  auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16, false> : GroupedWgradWsKernel<kF16, false>;
+#ifdef PIT_GG_EXPERIMENTS
+  if (version == 4) kernel = which == 0 ? GroupedWgradWsKernel<kBf16, true> : GroupedWgradWsKernel<kF16, true>;
+#else
+  if (version == 4) return kNo;
+#endif
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args);
+  if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t LaunchGroupedWgradSm90(const GroupedWgradParams& p, cudaStream_t stream) {
-  return LaunchWgradImpl(p, stream, false);
+  return LaunchWgradImpl(p, stream, false, 0, 0);
 }
 
 namespace sm90_grouped_testing {
 cudaError_t LaunchWgradAlways(const GroupedWgradParams& p, cudaStream_t stream) {
-  return LaunchWgradImpl(p, stream, true);
+  return LaunchWgradImpl(p, stream, true, 0, 0);
+}
+// Bench only (declared in grouped_bench.cu): version 2 / 3 / 0 (auto), split 0 (auto) or 1..8.
+cudaError_t LaunchWgradVariant(const GroupedWgradParams& p, cudaStream_t stream, int version, int split) {
+  return LaunchWgradImpl(p, stream, true, version, split);
 }
 cudaError_t LaunchVariant(const GroupedMatmulParams& p, cudaStream_t stream, int cluster, int band, int diag) {
   if (cluster != 1 && cluster != 2) return cudaErrorNotSupported;

@@ -8,10 +8,11 @@
 // aligned src, W, y; an sm_90 device. One persistent launch computes
 // sum_e ceil(count_e / 128) row tiles from the device-side counts and zeroes group E's rows.
 // LaunchGroupedWgradSm90 covers: bf16 / f16, D % 8 == 0, F % 8 == 0, A > 0, row_div dividing
-// A, src / dy / index batched or shared, dw_batch dividing batch (dw sums the entries); one
-// CTA per 128 x 256 tile of dw[c, e], deterministic, zeros for an empty expert; taken only
-// with >= 256 tokens per expert on average (batch / dw_batch * A >= 256 * E), below which
-// the generic kernel measured faster.
+// A, src / dy / index batched or shared, dw_batch dividing batch (dw sums the entries); a
+// 128 x 256 tile of dw[c, e] per CTA, or per cluster of up to 8 CTAs splitting its tokens
+// when the tiles leave SMs idle (summed in a fixed order: deterministic), zeros for an
+// empty expert; taken with >= 32 tokens per expert on average (batch / dw_batch * A >=
+// 32 * E: measured faster than the generic kernel there, docs/notes/sm90_grouped.md run 8).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -11,6 +11,10 @@
 // MN-major with the 128B swizzle, 4 stages (classic multistage: wait_group + barrier);
 // warpgroup w computes rows 64w.. with m64n256k16 wgmma, both operands transposed; the
 // gather of k-block i + 2 is issued while the wgmma of k-block i runs.
+// That is v2 (GroupedWgradKernel, bench only now). The launcher's kernel is v3
+// (GroupedWgradWsKernel below: warp-specialized, 8 stages of 32 tokens, optional
+// deterministic split of the reduction over a cluster); v4 = v3 with the consumers gathering
+// src (bench only). Measurements: docs/notes/sm90_grouped.md, runs 7-8.
 #pragma once
 
 #include <cstdint>
@@ -215,6 +219,313 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
       if (col < g.F)
         *reinterpret_cast<uint32_t*>(prow + col * 2) = sm90_rg::Pack2<kKind>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
+  }
+#endif
+}
+
+
+// ---------------------------------------------------------------------------------
+// v3: warp-specialized (docs/notes/sm90_grouped.md, run 7). 384 threads: warpgroup 0
+// gathers (4 producer warps, cp.async into 8 stages of 32 tokens, each stage's full barrier
+// completed by cp.async.mbarrier.arrive.noinc), warpgroups 1 and 2 compute D rows 0-63 /
+// 64-127 of the 128 x 256 tile with m64n256k16 wgmma (2 per stage, one wgmma group kept in
+// flight behind the current one) and release each stage once its wgmma has completed.
+// Optional split of the token reduction over the S CTAs of a cluster (S from the launcher):
+// CTA rank r takes k-blocks r, r + S, ... of the tile's sequence; the partial sums meet in
+// shared memory and CTA r adds up its share of the elements over ranks 0, 1, ..., S-1 in
+// that order (DSMEM reads), so the result is deterministic for a given S; no workspace.
+// One CTA (cluster) per tile, D-row tiles fastest in the launch order (the grid's working
+// set: all of src's columns and a few dy column slabs of one expert).
+// ---------------------------------------------------------------------------------
+constexpr int kW3Threads = 384;
+constexpr int kW3Tok = 32;                          // tokens (K) per stage
+constexpr int kW3Stages = 8;
+constexpr int kW3Block = kW3Tok * 128;              // one 64-column block: 32 K rows x 128 B
+constexpr int kW3StageA = 2 * kW3Block;             // 128 src columns: 8 KB
+constexpr int kW3StageB = 4 * kW3Block;             // 256 dy columns: 16 KB
+constexpr int kW3StageBytes = kW3StageA + kW3StageB;  // 24 KB
+constexpr int kW3Full = kW3Stages * kW3StageBytes;  // full barriers, then empty barriers
+constexpr int kW3Empty = kW3Full + 8 * kW3Stages;
+constexpr int kW3SmemBytes = kW3Empty + 8 * kW3Stages + 1024;  // + alignment slack
+constexpr int kW3EpiPitch = 528;                    // staged output row: 256 x 2 B + 16 B pad
+constexpr int kW3ProducerRegs = 56;
+constexpr int kW3ConsumerRegs = 224;
+static_assert(kW3SmemBytes <= 232448, "over the 227 KB opt-in limit");
+static_assert(8 * 16 * kW3EpiPitch <= kW3Full, "epilogue staging fits in the stages");
+static_assert(256 * 128 * 4 <= kW3Full, "split partials fit in the stages");
+
+__device__ __forceinline__ uint32_t W3ClusterSize() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+
+// Number of k-blocks (kW3Tok tokens) of the tile's reduction: sum over the entries b of c.
+__device__ __forceinline__ int W3CountOf(const WgradArgs& g, int b, int e) {
+  const int c = __ldg(g.counts + static_cast<int64_t>(b / g.idx_div) * (g.E + 1) + e);
+  return c < 0 ? 0 : (c > g.A ? g.A : c);
+}
+
+// Producer position in the k-block sequence (batch entry b, first token j0 of the group).
+struct W3Cursor {
+  int b, b_end, j0, count;
+  const int32_t* list;
+  const char* src_b;
+  const char* dy_b;
+  __device__ __forceinline__ void Load(const WgradArgs& g, int e) {  // first non-empty entry >= b
+    for (; b < b_end; ++b) {
+      count = W3CountOf(g, b, e);
+      if (count > 0) {
+        list = g.lists + (static_cast<int64_t>(b / g.idx_div) * (g.E + 1) + e) * g.A;
+        src_b = g.src + static_cast<int64_t>(b / g.src_div) * g.src_batch_bytes;
+        dy_b = g.dy + static_cast<int64_t>(b / g.dy_div) * g.dy_batch_bytes;
+        return;
+      }
+    }
+  }
+  __device__ __forceinline__ bool Done() const { return b >= b_end; }
+  __device__ __forceinline__ void Advance(const WgradArgs& g, int e, int n) {  // n k-blocks on
+    while (n > 0 && !Done()) {
+      const int left = (count - j0 + kW3Tok - 1) / kW3Tok;
+      if (n < left) {
+        j0 += n * kW3Tok;
+        return;
+      }
+      n -= left;
+      j0 = 0;
+      ++b;
+      Load(g, e);
+    }
+  }
+};
+
+// kConsA (v4): each consumer warpgroup gathers its own 64 src columns (A block wg) itself,
+// 2 cp.async per thread per stage, issued into the stage its previous wgmma just freed (no
+// other warpgroup reads that block); the producers then gather only dy (B).
+// Each consumer thread copies chunk q % 8 of tokens q / 8 and q / 8 + 16 (q = thread in WG).
+struct W3ALoader {
+  W3Cursor cur;
+  int a0, a1;  // list entries of the next stage's two tokens (-1: none)
+  const char* sb;
+  __device__ __forceinline__ void Fetch(int q) {
+    a0 = a1 = -1;
+    sb = cur.src_b;
+    if (cur.Done()) return;
+    const int k0 = cur.j0 + (q >> 3);
+    if (k0 < cur.count) a0 = __ldg(cur.list + k0);
+    if (k0 + 16 < cur.count) a1 = __ldg(cur.list + k0 + 16);
+  }
+  __device__ __forceinline__ void Issue(const WgradArgs& g, int e, int S, uint32_t stage_a, uint32_t full, int col,
+                                        int q) {
+    const int k0 = q >> 3, ch = q & 7;
+    const bool ok0 = a0 >= 0 && a0 < g.A && col < g.D, ok1 = a1 >= 0 && a1 < g.A && col < g.D;
+    const char* p0 = ok0 ? sb + static_cast<int64_t>(a0 / g.row_div) * g.src_row_bytes + col * 2 : g.src;
+    const char* p1 = ok1 ? sb + static_cast<int64_t>(a1 / g.row_div) * g.src_row_bytes + col * 2 : g.src;
+    sm90_rg::CpAsync16(stage_a + k0 * 128 + ((ch ^ (k0 & 7)) << 4), p0, ok0 ? 16u : 0u);
+    sm90_rg::CpAsync16(stage_a + (k0 + 16) * 128 + ((ch ^ (k0 & 7)) << 4), p1, ok1 ? 16u : 0u);
+    sm90_rg::CpAsyncArriveNoinc(full);
+    cur.Advance(g, e, S);
+    Fetch(q);
+  }
+};
+
+template <int kKind, bool kConsA>
+__global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const WgradArgs g) {
+  static_assert(kKind == sm90_rg::kBf16 || kKind == sm90_rg::kF16, "bf16 / f16 only");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t base = sm90_rg::SmemAddr(smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int S = static_cast<int>(W3ClusterSize());
+  const int rank = S > 1 ? static_cast<int>(sm90_rg::ClusterRank()) : 0;
+  // Tile: t = ((c * E + e) * n_tiles + nt) * m_tiles + mt (D-row tiles fastest).
+  int t = blockIdx.x / S;
+  const int mt = t % g.m_tiles;
+  t /= g.m_tiles;
+  const int nt = t % g.n_tiles;
+  t /= g.n_tiles;
+  const int e = t % g.E, c = t / g.E;
+  const int d0 = mt * 128, f0 = nt * 256;
+  // This CTA's k-blocks: r, r + S, ... of the sequence over the entries of c.
+  int total = 0;
+  for (int b = c * g.per_c; b < (c + 1) * g.per_c; ++b) total += (W3CountOf(g, b, e) + kW3Tok - 1) / kW3Tok;
+  const int mine = total > rank ? (total - rank + S - 1) / S : 0;
+
+  if (tid == 0) {
+    for (int s = 0; s < kW3Stages; ++s) {
+      sm90_rg::MbarInit(base + kW3Full + s * 8, kConsA ? 384 : 128);  // every gathering thread (cp.async noinc)
+      sm90_rg::MbarInit(base + kW3Empty + s * 8, 8);   // lane 0 of every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[128];
+  if (warp < 4) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kW3ProducerRegs));
+    // Producer warp w: tokens 8w .. 8w+7 of each stage. Lane l holds token 8w + l % 8's
+    // source row pointers (null: no row), fetched one stage early.
+    W3Cursor cur{c * g.per_c, (c + 1) * g.per_c, 0, 0, nullptr, nullptr, nullptr};
+    cur.Load(g, e);
+    cur.Advance(g, e, rank);
+    const int tk = 8 * warp + (lane & 7);
+    auto fetch = [&](int& a, const char*& sb, const char*& db) {
+      a = -1;
+      if (!cur.Done() && cur.j0 + tk < cur.count) a = __ldg(cur.list + cur.j0 + tk);
+      sb = cur.src_b, db = cur.dy_b;
+    };
+    int a_id;
+    const char *a_sb, *a_db;
+    fetch(a_id, a_sb, a_db);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int i = 0; i < mine; ++i) {
+      const bool ok_row = a_id >= 0 && a_id < g.A;
+      const char* srow = ok_row ? a_sb + static_cast<int64_t>(a_id / g.row_div) * g.src_row_bytes : nullptr;
+      const char* drow = ok_row ? a_db + static_cast<int64_t>(a_id) * g.dy_row_bytes : nullptr;
+      cur.Advance(g, e, S);
+      fetch(a_id, a_sb, a_db);  // the next stage's list entries, in flight during this one
+      sm90_rg::MbarWait(base + kW3Empty + stage * 8, phase ^ 1);
+      const uint32_t ss = base + stage * kW3StageBytes;
+#pragma unroll
+      for (int r = 0; r < (kConsA ? 0 : 4); ++r) {  // A: 2 tokens x 16 chunks per instruction
+        const int tt = (lane >> 4) + 2 * r, ch = lane & 15, k = 8 * warp + tt;
+        const char* p = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), tt));
+        const int col = d0 + ch * 8;
+        const bool ok = p != nullptr && col < g.D;
+        sm90_rg::CpAsync16(ss + (ch >> 3) * kW3Block + k * 128 + (((ch & 7) ^ (k & 7)) << 4),
+                           ok ? p + col * 2 : g.src, ok ? 16u : 0u);
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {  // B: one token x 32 chunks per instruction
+        const int k = 8 * warp + r;
+        const char* p = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(drow), r));
+        const int col = f0 + lane * 8;
+        const bool ok = p != nullptr && col < g.F;
+        sm90_rg::CpAsync16(ss + kW3StageA + (lane >> 3) * kW3Block + k * 128 + (((lane & 7) ^ (k & 7)) << 4),
+                           ok ? p + col * 2 : g.dy, ok ? 16u : 0u);
+      }
+      sm90_rg::CpAsyncArriveNoinc(base + kW3Full + stage * 8);
+      if (++stage == kW3Stages) stage = 0, phase ^= 1;
+    }
+    sm90_rg::CpAsyncWaitAll();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kW3ConsumerRegs));
+    const int wg = (warp >> 2) - 1;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    int stage = 0, prev = -1;
+    uint32_t phase = 0;
+    const int q = tid & 127, a_col = d0 + wg * 64 + (q & 7) * 8;
+    W3ALoader al;
+    if constexpr (kConsA) {
+      al.cur = W3Cursor{c * g.per_c, (c + 1) * g.per_c, 0, 0, nullptr, nullptr, nullptr};
+      al.cur.Load(g, e);
+      al.cur.Advance(g, e, rank);
+      al.Fetch(q);
+      for (int s = 0; s < kW3Stages && s < mine; ++s)  // the first 8 stages' A blocks
+        al.Issue(g, e, S, base + s * kW3StageBytes + wg * kW3Block, base + kW3Full + s * 8, a_col, q);
+    }
+    for (int i = 0; i < mine; ++i) {
+      sm90_rg::MbarWait(base + kW3Full + stage * 8, phase);
+      sm90_rg::FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+      const uint32_t ss = base + stage * kW3StageBytes;
+      const uint64_t da = sm90_rg::MakeDesc(ss + wg * kW3Block, kW3Block, 1024);
+      const uint64_t db = sm90_rg::MakeDesc(ss + kW3StageA, kW3Block, 1024);
+      sm90_rg::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kW3Tok / 16; ++kk) {
+        const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
+        if constexpr (kKind == sm90_rg::kBf16) {
+          WgmmaBf16MnMn(acc, da + step, db + step);
+        } else {
+          WgmmaF16MnMn(acc, da + step, db + step);
+        }
+      }
+      sm90_rg::WgmmaCommit();
+      sm90_rg::WgmmaWait<1>();  // the previous stage's wgmma is done: release it
+      if (prev >= 0 && lane == 0) sm90_rg::MbarArrive(base + kW3Empty + prev * 8);
+      if constexpr (kConsA) {  // this warpgroup's A block of the stage just freed: k-block i + 7
+        if (prev >= 0 && i + kW3Stages - 1 < mine)
+          al.Issue(g, e, S, base + prev * kW3StageBytes + wg * kW3Block, base + kW3Full + prev * 8, a_col, q);
+      }
+      prev = stage;
+      if (++stage == kW3Stages) stage = 0, phase ^= 1;
+    }
+    sm90_rg::WgmmaWait<0>();
+    sm90_rg::FenceOperands(acc);
+    if constexpr (kConsA) sm90_rg::CpAsyncWaitAll();
+    // Every consumer's wgmma is done (the producers' copies all landed before): the stages
+    // are free for the epilogue.
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    const int ct = tid - 128, cw = ct >> 5;  // consumer thread / warp 0..7
+    if (S == 1) {
+      // Through shared memory: the warp's 16 rows x 256 columns (pitch 528 B), then one
+      // row (512 contiguous bytes) per 16-byte store instruction.
+      const uint32_t st = base + cw * 16 * kW3EpiPitch;
+      const int fr = lane >> 2, fq = lane & 3;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const uint32_t o = (8 * j + 2 * fq) * 2;
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + fr * kW3EpiPitch + o),
+                     "r"(sm90_rg::Pack2<kKind>(acc[4 * j], acc[4 * j + 1]))
+                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + (fr + 8) * kW3EpiPitch + o),
+                     "r"(sm90_rg::Pack2<kKind>(acc[4 * j + 2], acc[4 * j + 3]))
+                     : "memory");
+      }
+      __syncwarp();
+      char* dw_t = g.dw + static_cast<int64_t>(c) * g.dw_batch_bytes + static_cast<int64_t>(e) * g.D * g.F * 2;
+      const int col = f0 + lane * 8;
+      const int row0 = d0 + cw * 16;
+#pragma unroll 4
+      for (int rr = 0; rr < 16; ++rr) {
+        uint4 v;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(st + rr * kW3EpiPitch + lane * 16)
+                     : "memory");
+        const int row = row0 + rr;
+        if (row < g.D && col < g.F)
+          *reinterpret_cast<uint4*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) = v;
+      }
+    } else {
+      // Partial sums, pair p of thread ct at ((p * 256 + ct) * 8): conflict-free.
+#pragma unroll
+      for (int p = 0; p < 64; ++p)
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + (p * 256 + ct) * 8), "f"(acc[2 * p]),
+                     "f"(acc[2 * p + 1])
+                     : "memory");
+    }
+  }
+  if (S > 1) {
+    // Everyone's partials are written (and no producer copy is pending) ...
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+    if (warp >= 4) {
+      const int ct = tid - 128;
+      const int cwg = ct >> 7, cwarp = (ct >> 5) & 3, cl = ct & 31;
+      char* dw_t = g.dw + static_cast<int64_t>(c) * g.dw_batch_bytes + static_cast<int64_t>(e) * g.D * g.F * 2;
+      for (int p = rank; p < 64; p += S) {
+        // acc[2p], acc[2p+1] = acc[4j + 2h + {0,1}]: row lane/4 + 8h, columns 8j + 2(lane%4) + {0,1}.
+        const int j = p >> 1, h = p & 1;
+        const int row = d0 + cwg * 64 + cwarp * 16 + (cl >> 2) + 8 * h;
+        const int col = f0 + 8 * j + 2 * (cl & 3);
+        const uint32_t local = base + (p * 256 + ct) * 8;
+        float x = 0.f, y = 0.f;
+        for (int s = 0; s < S; ++s) {  // ranks in order: a fixed summation order
+          uint32_t remote;
+          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(s));
+          float px, py;
+          asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "r"(remote) : "memory");
+          x += px, y += py;
+        }
+        if (row < g.D && col < g.F)
+          *reinterpret_cast<uint32_t*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) = sm90_rg::Pack2<kKind>(x, y);
+      }
+    }
+    // ... and no CTA leaves while a peer may still read its shared memory.
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
   }
 #endif
 }

@@ -6,62 +6,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include "cuda/kernels/sm90/launch_util.h"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
 
 namespace pit {
 namespace {
 
 using sm90_rg::Args;
-
-constexpr int kMaxDevices = 64;
-
-struct DeviceInfo {
-  bool sm90 = false;
-  int sms = 0;
-};
-
-// Compute capability and SM count per device, looked up once.
-const DeviceInfo* GetDeviceInfo() {
-  static DeviceInfo info[kMaxDevices];
-  static std::once_flag once[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return nullptr;
-  std::call_once(once[dev], [dev] {
-    int major = 0, minor = 0, sms = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    info[dev].sm90 = major == 9 && minor == 0;
-    info[dev].sms = sms;
-  });
-  return &info[dev];
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 GetEncodeTiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-#else
-    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-#endif
-  });
-  return fn;
-}
+using sm90::DeviceInfo;
+using sm90::GetDeviceInfo;
+using sm90::GetEncodeTiled;
+using sm90::kMaxDevices;
 
 struct Variant {
   int cluster = 1;     // CTAs per cluster along M (B multicast when > 1)

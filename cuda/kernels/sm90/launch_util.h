@@ -1,0 +1,61 @@
+// Host-side helpers shared by the sm_90a launchers (row-gather and grouped GEMMs): which
+// devices can run them, and the driver's tensor-map encoder. Both are looked up once.
+#pragma once
+
+#include <mutex>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_runtime.h>
+
+namespace pit {
+namespace sm90 {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  bool sm90 = false;  // compute capability 9.0 exactly: sm_90a code runs nowhere else
+  int sms = 0;
+};
+
+// The current device's info, or nullptr when there is no usable current device.
+inline const DeviceInfo* GetDeviceInfo() {
+  static DeviceInfo info[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return nullptr;
+  std::call_once(once[dev], [dev] {
+    int major = 0, minor = 0, sms = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    info[dev].sm90 = major == 9 && minor == 0;
+    info[dev].sms = sms;
+  });
+  return &info[dev];
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link), or
+// nullptr when the driver does not offer it.
+inline PFN_cuTensorMapEncodeTiled_v12000 GetEncodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+#else
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+#endif
+  });
+  return fn;
+}
+
+}  // namespace sm90
+}  // namespace pit
