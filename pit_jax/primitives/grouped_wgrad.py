@@ -5,8 +5,9 @@
 Operands (src [..., R, D], dy [..., A, F], lists [..., E+1, A], counts [..., E+1]);
 result dw [..., E, D, F] whose leading dims are the first `out_batch` of the full batch,
 summing the rest (a weight shared by a batch of token groups). Empty experts give zeros;
-float32 accumulation, deterministic. Only the routed rows are read: the cost is that of
-the live tokens, not of a dense per-expert product over all tokens.
+float32 accumulation, deterministic for a given index (the sum follows its list order).
+Only the routed rows are read: the cost is that of the live tokens, not of a dense
+per-expert product over all tokens.
 
 Bilinear in (src, dy); its transposes are grouped_matmul products on the same index.
 """
