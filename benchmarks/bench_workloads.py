@@ -169,6 +169,25 @@ class Suite:
                 print(f"plot failed: {e}", file=sys.stderr)
 
 
+def _train_step(loss_fn, tx):
+    """One jitted-able optimizer step on loss_fn(params, *batch): (params, state, loss)."""
+
+    def step(p, s, *batch):
+        loss, g = jax.value_and_grad(loss_fn)(p, *batch)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s, loss
+
+    return step
+
+
+def _check_loss(tol, ref_loss):
+    """A training step's loss (output 2) against the reference variant's."""
+    if ref_loss is None:
+        return None
+    return lambda out: {"max_rel_err": abs(float(out[2]) - ref_loss) / max(abs(ref_loss), 1e-6),
+                        "ok": abs(float(out[2]) - ref_loss) <= tol * max(abs(ref_loss), 1.0)}
+
+
 def _check_rows(tol, ref, valid=None):
     def check(out):
         err = mcommon.max_rel_err(out, ref, valid)
@@ -212,18 +231,9 @@ def bert_case(suite, workload, small):
             ref = out
     ref_loss = None
     for impl in ("dense", "dense_cudnn", "pit"):
-        m = models[impl]
-
-        def step(p, s, t, ln, y, m=m):
-            loss, g = jax.value_and_grad(functools.partial(bert.loss_fn, m))(p, t, ln, y)
-            u, s = tx.update(g, s, p)
-            return optax.apply_updates(p, u), s, loss
-
-        chk = None
-        if ref_loss is not None:
-            chk = (lambda r: lambda out: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
-                                          "ok": abs(float(out[2]) - r) <= tol * max(abs(r), 1.0)})(ref_loss)
-        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, lengths, labels), chk)
+        step = _train_step(functools.partial(bert.loss_fn, models[impl]), tx)
+        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, lengths, labels),
+                        _check_loss(tol, ref_loss))
         if impl == "dense" and out is not None:
             ref_loss = float(out[2])
         del out
@@ -364,18 +374,9 @@ def _moe_config(suite, small, experts, top_k, batch, seq, tx):
     del ref
     ref_loss = None
     for impl in ("dense", "ragged", "pit"):
-        m = models[impl]
-
-        def step(p, s, t, y, m=m):
-            loss, g = jax.value_and_grad(functools.partial(switch.loss_fn, m))(p, t, y)
-            u, s = tx.update(g, s, p)
-            return optax.apply_updates(p, u), s, loss
-
-        chk = None
-        if ref_loss is not None:
-            chk = (lambda r: lambda out: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
-                                          "ok": abs(float(out[2]) - r) <= tol * max(abs(r), 1.0)})(ref_loss)
-        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, labels), chk)
+        step = _train_step(functools.partial(switch.loss_fn, models[impl]), tx)
+        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, labels),
+                        _check_loss(tol, ref_loss))
         if ref_loss is None and out is not None:
             ref_loss = float(out[2])
         del out
