@@ -85,17 +85,21 @@ def main(argv=None):
     result = {"config": cfg.__dict__ | {"dtype": jnp.dtype(cfg.dtype).name}}
 
     # 1. outputs, 2. gradients of every parameter: pit == dense (== ragged).
+    tol = common.tolerance(cfg.dtype)
     out = {n: jax.jit(models[n].apply)(params, tokens) for n in ("pit", "dense")}
-    err_out = common.max_rel_err(out["pit"][1], out["dense"][1])
-    bar.step(f"outputs: hidden err {err_out:.2e}")
+    agree = switch.token_agreement(out["pit"][1], out["dense"][1], tol)
+    err_out = agree["max_rel_err"]
+    bar.step(f"outputs: hidden err {err_out:.2e}, {agree['tokens_over_tol']:.1%} of tokens over {tol:g}")
     grads = {n: jax.jit(jax.grad(functools.partial(switch.loss_fn, models[n])))(params, tokens, labels)
              for n in ("pit", "dense")}
     errs = jax.tree_util.tree_map(common.max_rel_err, grads["pit"], grads["dense"])
     err_grad = max(jax.tree_util.tree_leaves(errs))
     bar.step(f"gradients of {len(jax.tree_util.tree_leaves(errs))} params: worst err {err_grad:.2e}")
-    tol = common.tolerance(cfg.dtype)
-    result.update(err_out=err_out, err_grad=err_grad,
-                  ok=err_out <= tol and (err_grad <= tol or cfg.dtype != jnp.float32))
+    # float32: every token and gradient within tolerance. bf16/f16: a near-tied router score
+    # may send a few tokens elsewhere (switch.MAX_REROUTED), and their gradients with them.
+    exact = cfg.dtype == jnp.float32
+    ok = (err_out <= tol and err_grad <= tol) if exact else agree["ok"]
+    result.update(err_out=err_out, err_grad=err_grad, tokens_over_tol=agree["tokens_over_tol"], ok=ok)
     bar.step("agreement " + ("OK" if result["ok"] else f"MISMATCH (tolerance {tol:g})"))
 
     # 3. latency of inference and of one training step, all variants, same run.
@@ -115,7 +119,7 @@ def main(argv=None):
                 bar.step(f"{what} {name}")
     result.update(infer_ms=infer, train_ms=train)
 
-    # 4. train with pit on fresh batches.
+    # 4. train with pit (on the one batch: the loss must go down).
     step = jax.jit(train_step(models["pit"], tx))
     losses, p, s = [], params, opt_state
     for _ in range(steps):
@@ -124,7 +128,8 @@ def main(argv=None):
         bar.step(f"loss {losses[-1]:.4f}")
     result["losses"] = losses
 
-    print(f"PIT vs dense: hidden {err_out:.2e}, gradients {err_grad:.2e} -> {'OK' if result['ok'] else 'MISMATCH'}")
+    print(f"PIT vs dense: hidden {err_out:.2e} ({agree['tokens_over_tol']:.1%} of tokens over {tol:g}), "
+          f"gradients {err_grad:.2e} -> {'OK' if result['ok'] else 'MISMATCH'}")
     if infer:
         print(f"inference ({cfg.experts} experts, top-{cfg.top_k}):")
         print("\n".join(common.speed_lines(infer, "dense", "ragged")))

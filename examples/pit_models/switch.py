@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from pit_jax.flax import MoE
@@ -167,6 +168,24 @@ class SwitchClassifier(nn.Module):
         return logits.astype(jnp.float32), x
 
 
+# In bf16 a token whose top router scores are nearly tied can pick another expert in another
+# implementation after a few layers of rounding; its output then differs by O(1). That is
+# routing, not arithmetic: agreement is judged per token, and this fraction may differ
+# (H100, 4 layers, top-2: ragged_dot and pit_jax both differ from the dense twin on
+# 0.8-1.2 % of the tokens; top-1 on none).
+MAX_REROUTED = 0.02
+
+
+def token_agreement(out, ref, tol, max_fraction=MAX_REROUTED) -> dict:
+    """Hidden states [..., H] against a reference: each token's max |diff| relative to the
+    largest |ref|. ok when at most `max_fraction` of the tokens exceed `tol`."""
+    a = np.asarray(out, np.float32).reshape(-1, out.shape[-1])
+    b = np.asarray(ref, np.float32).reshape(-1, ref.shape[-1])
+    row = np.abs(a - b).max(axis=1) / max(float(np.abs(b).max()), 1e-30)
+    frac = float(np.mean(row > tol))
+    return {"max_rel_err": float(row.max()), "tokens_over_tol": frac, "ok": frac <= max_fraction}
+
+
 def loss_fn(model, params, tokens, labels):
     logits, _ = model.apply(params, tokens)
     return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
@@ -174,6 +193,6 @@ def loss_fn(model, params, tokens, labels):
 
 def synthetic_batch(rng, cfg: SwitchConfig, batch, seq):
     """Random tokens and labels (every token valid: MoE sparsity is in the routing)."""
-    tokens = rng.integers(0, cfg.vocab, size=(batch, seq)).astype("int32")
-    labels = rng.integers(0, cfg.num_labels, size=batch).astype("int32")
+    tokens = rng.integers(0, cfg.vocab, size=(batch, seq)).astype(np.int32)
+    labels = rng.integers(0, cfg.num_labels, size=batch).astype(np.int32)
     return jnp.asarray(tokens), jnp.asarray(labels)
