@@ -122,3 +122,24 @@ def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, c
         np.testing.assert_array_equal(np.sort(-1 - slots[n:]), dead, err_msg=f"{what}: dead tail is not -1 - dead ids")
     else:
         assert (slots[n:] == -1).all(), f"{what}: unused slots not marked -1: {slots[n:]}"
+
+
+# Raw FFI targets: max error allowed, relative to the reference's max abs value.
+FFI_TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
+FFI_TF32_TOL = 5e-3  # float32 with allow_tf32: TF32 tensor cores (10-bit mantissa) may be used
+
+
+def check_close(got, ref, dtype, msg, allow_tf32=False, exact=None):
+    """A target's output against a float64 reference: max error <= tol * max|ref|, no NaN
+    left from the poison; `exact` (bool mask) elements must equal ref exactly."""
+    got = f64(got)
+    assert got.shape == ref.shape, f"{msg}: shape {got.shape} != {ref.shape}"
+    assert not np.isnan(got).any(), f"{msg}: NaN in the output (an element was not written)"
+    tol = FFI_TF32_TOL if allow_tf32 and dname(dtype) == "float32" else FFI_TOL[dname(dtype)]
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    scale = scale if scale > 0 else 1.0
+    err = float(np.abs(got - ref).max()) if ref.size else 0.0
+    assert err <= tol * scale, f"{msg}: max error {err:.3g} > {tol} * {scale:.3g}"
+    if exact is not None:
+        bad = np.flatnonzero((got != ref) & exact)
+        assert bad.size == 0, f"{msg}: {bad.size} elements differ where they must be exact (e.g. flat {bad[:5]})"

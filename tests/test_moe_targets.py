@@ -18,16 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, dname, f64, fresh_rng, put, randn, run
+from pit_testing import PLATFORMS, check_close, dname, f64, fresh_rng, put, randn, run
 
 import pit_jax  # noqa: F401  (registers the FFI targets)
 
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
-# Max error allowed, relative to the reference's max abs value.
-TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
-TF32_TOL = 5e-3  # float32 with allow_tf32: TF32 tensor cores may be used
-
+# Max error allowed: pit_testing.FFI_TOL (check_close).
 
 # NaN-poison native outputs for the whole module (fixture in conftest.py).
 pytestmark = pytest.mark.usefixtures("poison_outputs")
@@ -99,21 +96,6 @@ def check_routing(lists, counts, ids, e, msg):
             assert (got[n:] == -1).all(), f"{msg} entry {b} group {g}: entries past the count must be -1"
             seen[got[:n]] += 1
         assert (seen == 1).all(), f"{msg} entry {b}: every assignment exactly once"
-
-
-def check_close(got, ref, dtype, msg, allow_tf32=False, exact=None):
-    """Max error <= tol * max|ref|; `exact` (bool mask) elements must equal ref exactly."""
-    got = f64(got)
-    assert got.shape == ref.shape, f"{msg}: shape {got.shape} != {ref.shape}"
-    assert not np.isnan(got).any(), f"{msg}: NaN in the output (an element was not written)"
-    tol = TF32_TOL if allow_tf32 and dname(dtype) == "float32" else TOL[dname(dtype)]
-    scale = float(np.abs(ref).max()) if ref.size else 0.0
-    scale = scale if scale > 0 else 1.0
-    err = float(np.abs(got - ref).max()) if ref.size else 0.0
-    assert err <= tol * scale, f"{msg}: max error {err:.3g} > {tol} * {scale:.3g}"
-    if exact is not None:
-        bad = np.flatnonzero((got != ref) & exact)
-        assert bad.size == 0, f"{msg}: {bad.size} elements differ where they must be exact (e.g. flat {bad[:5]})"
 
 
 def entry(x_lead, full, b):
