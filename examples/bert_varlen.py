@@ -154,14 +154,10 @@ def main(argv=None):
     print(f"PIT vs dense on valid tokens: logits {err_logits:.2e}, hidden {err_hidden:.2e}, gradients {err_grad:.2e} "
           f"-> {'OK' if result['ok'] else 'MISMATCH'}")
     if infer:
-        print(f"inference ({density:.0%} valid tokens):")
-        print("\n".join(common.speed_lines(infer, "dense", "dense_cudnn")))
-        print("fine-tuning step (adamw):")
-        print("\n".join(common.speed_lines(train, "dense", "dense_cudnn")))
+        common.print_speeds(f"inference ({density:.0%} valid tokens):", infer, "dense", "dense_cudnn")
+        common.print_speeds("fine-tuning step (adamw):", train, "dense", "dense_cudnn")
     if losses:
-        k = max(1, len(losses) // 5)
-        print(f"fine-tuning loss (mean of first / last {k} steps) {np.mean(losses[:k]):.4f} -> "
-              f"{np.mean(losses[-k:]):.4f} over {steps} steps")
+        print(f"fine-tuning loss ({common.loss_trend(losses)}) over {steps} steps")
     return result
 
 

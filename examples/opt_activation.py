@@ -102,8 +102,7 @@ def main(argv=None):
           f"live 32x1 tiles ({result['element_density']:.2%} non-zeros)")
     print(f"PIT vs dense on valid tokens: err {err:.2e} -> {'OK' if result['ok'] else 'MISMATCH'}")
     if times:
-        print("inference of one decoder layer:")
-        print("\n".join(common.speed_lines(times, "dense", "pit_m")))
+        common.print_speeds("inference of one decoder layer:", times, "dense", "pit_m")
     return result
 
 

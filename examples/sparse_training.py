@@ -171,12 +171,9 @@ def main(argv=None):
         print("fine-tuning step (mask recomputed, adamw):")
         for d in densities:
             row = {"dense": times["dense"], "dense_masked": times[f"dense_masked@{d:g}"], "pit": times[f"pit@{d:g}"]}
-            print(f" density {d:g}:")
-            print("\n".join(common.speed_lines(row, "dense", "dense_masked")))
+            common.print_speeds(f" density {d:g}:", row, "dense", "dense_masked")
     if losses:
-        k = max(1, len(losses) // 5)
-        print(f"loss (mean of first / last {k} steps) {np.mean(losses[:k]):.4f} -> {np.mean(losses[-k:]):.4f}, "
-              f"live weights {lives[0]:.1%} -> {lives[-1]:.1%}")
+        print(f"loss ({common.loss_trend(losses)}), live weights {lives[0]:.1%} -> {lives[-1]:.1%}")
     return result
 
 

@@ -131,14 +131,10 @@ def main(argv=None):
     print(f"PIT vs dense: hidden {err_out:.2e} ({agree['tokens_over_tol']:.1%} of tokens over {tol:g}), "
           f"gradients {err_grad:.2e} -> {'OK' if result['ok'] else 'MISMATCH'}")
     if infer:
-        print(f"inference ({cfg.experts} experts, top-{cfg.top_k}):")
-        print("\n".join(common.speed_lines(infer, "dense", "ragged")))
-        print("training step (adamw):")
-        print("\n".join(common.speed_lines(train, "dense", "ragged")))
+        common.print_speeds(f"inference ({cfg.experts} experts, top-{cfg.top_k}):", infer, "dense", "ragged")
+        common.print_speeds("training step (adamw):", train, "dense", "ragged")
     if losses:
-        k = max(1, len(losses) // 5)
-        print(f"training loss (one batch, mean of first / last {k} steps) {np.mean(losses[:k]):.4f} -> "
-              f"{np.mean(losses[-k:]):.4f} over {steps} steps")
+        print(f"training loss on one batch ({common.loss_trend(losses)}) over {steps} steps")
     return result
 
 

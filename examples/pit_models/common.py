@@ -229,3 +229,15 @@ def speed_lines(times: dict, baseline="dense", alternative=None) -> list:
             s += f"   x{alt / ms:5.2f} vs {alternative}"
         lines.append(s)
     return lines
+
+
+def print_speeds(title: str, times: dict, baseline="dense", alternative=None) -> None:
+    """A titled block of `speed_lines`."""
+    print(title)
+    print("\n".join(speed_lines(times, baseline, alternative)))
+
+
+def loss_trend(losses: Sequence[float]) -> str:
+    """'mean of first / last k steps a -> b' over the first and last fifth of a run."""
+    k = max(1, len(losses) // 5)
+    return f"mean of first / last {k} steps {np.mean(losses[:k]):.4f} -> {np.mean(losses[-k:]):.4f}"
