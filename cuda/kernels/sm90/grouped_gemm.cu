@@ -17,6 +17,7 @@ namespace {
 
 using sm90_grouped::Args;
 using sm90_grouped::Layout;
+using sm90::ClusterLaunch;
 using sm90::DeviceInfo;
 using sm90::GetDeviceInfo;
 using sm90::GetEncodeTiled;
@@ -30,17 +31,8 @@ cudaError_t Launch(const CUtensorMap& map_w, const Args& g, int sms, cudaStream_
   static int clusters[kMaxDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return cudaErrorNotSupported;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(sm90_grouped::kThreads);
-  cfg.dynamicSmemBytes = Layout::kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  ClusterLaunch launch(kCluster, sm90_grouped::kThreads, Layout::kSmemBytes, stream);
+  cudaLaunchConfig_t& cfg = launch.cfg;
   if (clusters[dev] == 0) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kSmemBytes);
     if (e != cudaSuccess) return e;
@@ -176,19 +168,11 @@ int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
   if (split == 1) return sms;
   int& c = cache[dev][0][split];
   if (c == 0) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = split;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(sm90_grouped::kW3Threads);
-    cfg.gridDim = dim3(split * (sms / split));
-    cfg.dynamicSmemBytes = sm90_grouped::kW3SmemBytes;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    ClusterLaunch launch(split, sm90_grouped::kW3Threads, sm90_grouped::kW3SmemBytes, stream,
+                         static_cast<unsigned>(split * (sms / split)));
     int n = -1;
-    if (cudaOccupancyMaxActiveClusters(&n, sm90_grouped::GroupedWgradWsKernel<sm90_grouped::kBf16, false>, &cfg) !=
+    if (cudaOccupancyMaxActiveClusters(&n, sm90_grouped::GroupedWgradWsKernel<sm90_grouped::kBf16, false>,
+                                       &launch.cfg) !=
             cudaSuccess ||
         n <= 0)
       n = -1;
@@ -303,18 +287,7 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   int s = split;
   if (s == 0) s = ChooseWgradSplit(tiles, (p.batch / p.dw_batch) * p.A / p.E, devi, dev->sms, stream);
   if (s < 1 || s > 8) return kNo;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = s;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(kW3Threads);
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles * s));
-  cfg.dynamicSmemBytes = kW3SmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = s > 1 ? 1 : 0;
+  ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
   auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16, false> : GroupedWgradWsKernel<kF16, false>;
 #ifdef PIT_GG_EXPERIMENTS
@@ -322,7 +295,7 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
 #else
   if (version == 4) return kNo;
 #endif
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args);
+  cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

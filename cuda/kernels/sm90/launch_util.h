@@ -57,5 +57,27 @@ inline PFN_cuTensorMapEncodeTiled_v12000 GetEncodeTiled() {
   return fn;
 }
 
+// A cudaLaunchKernelEx configuration whose CTAs form clusters of `cluster` along x (no
+// cluster attribute for 1). `cfg.attrs` points into the object, so it is not copyable.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+
+  ClusterLaunch(int cluster, int threads, int smem_bytes, cudaStream_t stream, unsigned grid = 0) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(threads);
+    cfg.gridDim = dim3(grid);
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = cluster > 1 ? 1 : 0;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 }  // namespace sm90
 }  // namespace pit

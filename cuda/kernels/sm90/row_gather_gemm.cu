@@ -16,6 +16,7 @@ namespace pit {
 namespace {
 
 using sm90_rg::Args;
+using sm90::ClusterLaunch;
 using sm90::DeviceInfo;
 using sm90::GetDeviceInfo;
 using sm90::GetEncodeTiled;
@@ -45,17 +46,8 @@ cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in,
   static int carve_set[kMaxDevices] = {};  // 0 unset, 1 default, 2 minimal
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return cudaErrorNotSupported;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  ClusterLaunch launch(kCluster, Cfg::kThreads, Cfg::kSmemBytes, stream);
+  cudaLaunchConfig_t& cfg = launch.cfg;
   if (v.carve != (carve_set[dev] == 2)) {  // experiment only: the default never sets it
     // Carve-out in percent of the 228 KB maximum; the driver rounds up to a supported size.
     const int pct = v.carve ? static_cast<int>((int64_t{Cfg::kSmemBytes + 1024} * 100 + 233471) / 233472) : -1;
