@@ -164,7 +164,6 @@ constexpr int kWgradDefaultVersion = 3;
 // Clusters of `split` v3 CTAs that fit on the device at once (cached per device and split).
 int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
   static int cache[kMaxDevices][2][9] = {};  // [dev][dtype][split]; 0: not queried, -1: none
-  (void)stream;
   if (split == 1) return sms;
   int& c = cache[dev][0][split];
   if (c == 0) {
