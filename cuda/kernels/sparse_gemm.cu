@@ -9,6 +9,7 @@
 #include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/sparse_gemm.h"
 #include "cuda/kernels/sm90/row_gather_gemm.h"
+#include "cuda/kernels/sm90/stile_gemm.h"
 #include "cuda/kernels/sparse_gemm_kernel.cuh"
 
 namespace pit {
@@ -170,6 +171,8 @@ cudaError_t LaunchRowGatherMatmul(const MatmulParams& p, const TileList& rows, c
 }
 
 cudaError_t LaunchStileMatmul(const MatmulParams& p, const TileList& lists, bool sparse_b, cudaStream_t stream) {
+  const cudaError_t fast = LaunchStileGemmSm90(p, lists, sparse_b, stream);
+  if (fast != cudaErrorNotSupported) return fast;
   GemmArgs g;
   if (!Common(p, lists, &g)) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.M == 0 || p.N == 0) return cudaSuccess;
