@@ -256,6 +256,74 @@ def test_m_axis_weight_grad_few_tiles_gpu(rows, k, n):
     assert np.array_equal(np.asarray(dw), np.asarray(dw2)), "deterministic"
 
 
+# Shapes the Hopper stile kernel covers (M, N multiples of 8; K ragged): on CUDA the
+# lowering hands it x stored transposed (see stile_matmul._gather_rows_layout).
+HOPPER_LAYOUT_CASES = [
+    ("k", (64, 70), (70, 48), (32, 1)),
+    ("k", (96, 45), (45, 40), (8, 4)),
+    ("w", (40, 70), (70, 64), (1, 64)),
+    ("w", (24, 66), (66, 72), (1, 16)),
+    ("w", (16, 65), (65, 128), (3, 64)),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("lead", [(), (2,)], ids=["", "batch2"])
+@pytest.mark.parametrize("axis,xs,ws,tile", HOPPER_LAYOUT_CASES)
+def test_transposed_x_layout_is_the_same_product(monkeypatch, dtype, lead, axis, xs, ws, tile):
+    """The CUDA lowering's layout rewrite (x^T with trans_a, the masked x's micro-tile turned,
+    the same lists) run through the CPU target: the same product as the masked reference."""
+    from pit_jax.primitives import _lowering, stile_matmul as sm
+
+    monkeypatch.setattr(_lowering, "cuda_is_sm90", lambda: True)
+    rng, seed = fresh_rng()
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.4, dtype, lead=lead)
+    owner = w if axis == "w" else x
+    idx = pit_jax.index(jnp.asarray(owner), tile, group_by="both")
+    sparse = "b" if axis == "w" else "a"
+    params = dict(sparse=sparse, tile=tile, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False,
+                  out_batch=len(lead))
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, w, *idx.arrays)]
+    p = sm.plan(avals[0], avals[1], avals[2:], sparse=sparse, tile=tile, trans_a=False, trans_b=False,
+                trans_c=False, out_batch=len(lead))
+    assert sm._gather_rows_layout(avals[0], avals[1], p, sparse=sparse, tile=tile, trans_a=False, trans_b=False,
+                                  trans_c=False, out_batch=len(lead)) == (axis == "k" or tile[0] % 8 != 0)
+    native = jax.jit(lambda a, b, *i: sm._native(a, b, *i, cuda=True, **params))
+    y = native(jnp.asarray(x), jnp.asarray(w), *idx.arrays)
+    assert rel_err(y, masked_ref(axis, x, w, mask)) < TOL[dtype], f"seed={seed}"
+    hlo = native.lower(jnp.asarray(x), jnp.asarray(w), *idx.arrays).as_text()
+    assert "transpose" in hlo or axis == "w" and tile[0] % 8 == 0
+
+
+@requires_gpu
+@pytest.mark.parametrize("density", [0.0, 0.03, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "axis,xs,ws,tile,lead",
+    [
+        ("k", (512, 1000), (1000, 768), (32, 1), ()),
+        ("k", (264, 520), (520, 200), (32, 1), (2,)),
+        ("k", (256, 512), (512, 256), (64, 8), ()),
+        ("w", (520, 1024), (1024, 768), (32, 64), ()),
+        ("w", (264, 1000), (1000, 200), (32, 64), (2,)),
+        ("w", (512, 1024), (1024, 512), (1, 64), ()),
+        ("w", (256, 515), (515, 264), (1, 32), (3,)),
+        ("w", (256, 512), (512, 512), (32, 32), ()),
+    ],
+)
+def test_k_and_weight_blocks_at_kernel_sizes_gpu(density, dtype, axis, xs, ws, tile, lead):
+    """Sizes where the Hopper stile kernel (cuda/kernels/sm90/stile_gemm.cu) runs: many
+    groups and tiles, ragged K and group edges, a shared weight over a batch."""
+    rng, seed = fresh_rng()
+    x, w, mask = make_case(rng, axis, xs, ws, tile, density, dtype, lead=lead)
+    f = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile))
+    y = f(*put("gpu", x, w))
+    assert y.shape == (*lead, xs[0], ws[1])
+    assert rel_err(y, masked_ref(axis, x, w, mask)) < TOL[dtype], f"seed={seed}"
+    if density == 0.0:
+        assert not np.asarray(y, np.float32).any(), "no live tile: the result must be all zeros"
+
+
 # Small problems: check_grads' float32 finite differences are projections onto random
 # directions, whose rounding noise grows with the number of elements summed.
 GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}

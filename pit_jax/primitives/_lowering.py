@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -63,3 +64,14 @@ def register_traced_lowering(
         mlir.register_lowering(prim, cuda_rule, platform="cuda")
     else:
         mlir.register_lowering(prim, _missing_cuda(", ".join(targets)), platform="cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_is_sm90() -> bool:
+    """Whether the first CUDA device is a Hopper (compute capability 9.0), where the
+    sm_90a kernels run and some lowerings feed them a layout of their own."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return False
+    return bool(devices) and str(getattr(devices[0], "compute_capability", "")).startswith("9.0")

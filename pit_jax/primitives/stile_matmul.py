@@ -157,6 +157,14 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
                                     trans_c=trans_c, out_batch=out_batch):
         return _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch).reshape(out.shape)
     lists, counts = group_lists(idx, p)
+    if cuda and _gather_rows_layout(a, b, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
+                                    trans_c=trans_c, out_batch=out_batch):
+        # Same product, same lists: x stored transposed, so every listed k is a contiguous
+        # row of x^T (and of w) that the Hopper stile kernel copies with 16-byte vectors.
+        # The masked x's micro-tile is on its stored layout, so it turns with it.
+        a, trans_a = jnp.swapaxes(a, -1, -2), True
+        if sparse == "a":
+            tile = (tile[1], tile[0])
     return jax.ffi.ffi_call("pit_stile_matmul", out)(
         a,
         b,
@@ -170,6 +178,24 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         trans_c=bool(trans_c),
         allow_tf32=bool(allow_tf32),
     )
+
+
+def _gather_rows_layout(a, b, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
+    """Whether to hand the Hopper stile kernel (cuda/kernels/sm90/stile_gemm.cu) x stored
+    transposed: the K-axis forward (x's (h, w) tiles, per-row lists) always, weight blocks
+    (w's (bk, bn) tiles, per-column lists) when bk is not a whole 16-byte vector of x's row
+    (1x64, 1x32). 16-bit types on an sm_90 device, no batch reduction, M and N multiples of 8:
+    the kernel's covered cases; elsewhere the generic kernel keeps x as it is."""
+    m, n = a.shape[-2], b.shape[-1]
+    full = _products.full_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2]), what="stile_matmul")
+    if not (
+        p.target == "stile" and not (trans_a or trans_b or trans_c) and out_batch == len(full)
+        and a.dtype in (jnp.bfloat16, jnp.float16) and m % 8 == 0 and n % 8 == 0 and _lowering.cuda_is_sm90()
+    ):
+        return False
+    if sparse == "a":
+        return p.reduce_cols
+    return not p.reduce_cols and tile[0] % 8 != 0
 
 
 def _rows_wgrad_applies(a, b, idx, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
