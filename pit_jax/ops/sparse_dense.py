@@ -16,7 +16,8 @@ masking or ReLU. Forward and backward run as PIT products on the one index:
   dw reduces over the live rows only.
 - axis "k": activation sparsity (micro-tile (h, bk) of x, default (32, 1)): each block
   of h rows reduces only over its live k. Needs the index's row lists (and column lists
-  to differentiate): built with group_by="both" when `index` is None.
+  to differentiate): with `index=None` each grouping is built by its own call, so a
+  forward-only jit drops the one only the gradient reads (see `_own_index`).
 - axis "w": weight blocks (micro-tile (bk, bn) of w, default (32, 64); a pruning mask
   that may change every step): each block of output columns reduces over its live k
   blocks only.
@@ -242,7 +243,7 @@ def sparse_dense(
     x, w = (other, owner) if axis == "w" else (owner, other)
 
     if index is None:
-        index = build_index(owner, tile, group_by=None if axis == "m" else "both")
+        index = _own_index(owner, tile, axis)
     elif index.batch_shape != full:
         lead = len(index.batch_shape)
         index = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (*full, *a.shape[lead:])), index)
@@ -256,3 +257,21 @@ def sparse_dense(
     else:
         y = stile_matmul(x, w, index.arrays, **params)
     return y[..., 0, :] if vector else y
+
+
+def _own_index(owner, tile, axis) -> PitIndex:
+    """The index sparse_dense builds when given none. The M axis reads the flat list only.
+    A K-axis (weight-block) forward reads the per-row (per-column) lists and its gradient
+    the other grouping: one index call per grouping, so that in a jit that does not
+    differentiate XLA removes the unused call, where one group_by="both" pass would write
+    both groupings every time (H100, 4096^2 bf16: 12-20 us of a 16-37 us index)."""
+    if axis == "m":
+        return build_index(owner, tile)
+    fwd, other = ("row", "col") if axis == "k" else ("col", "row")
+    first = build_index(owner, tile, group_by=fwd)
+    second = build_index(owner, tile, group_by=other)
+    rows, cols = (first, second) if fwd == "row" else (second, first)
+    return PitIndex(
+        first.tiles, first.count, rows.row_tiles, rows.row_count, cols.col_tiles, cols.col_count,
+        shape=first.shape, micro_tile=first.micro_tile, group_by="both",
+    )

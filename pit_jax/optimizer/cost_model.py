@@ -203,7 +203,7 @@ def features(variant: Variant, cov: Optional[Coverage], p: Problem, slots: int):
         macs = _makespan(total, int(depth.max()) * tile_rows * bn, slots)
         live_k = int(per_group.sum()) * w
         io = e * (live_k * h + live_k * p.n + p.batch * p.m * p.n)
-        lists = 3  # built with group_by="both": flat + row + column lists
+        lists = 3  # flat + row + column lists, as calibrated (a forward-only jit now drops the column lists)
     else:  # "w"
         per_group = live.sum(axis=1)  # [1, tc] live row blocks per column block of w
         depth = _ceil_to(np.minimum(per_group * h, _ceil_to(p.k, bk_ct)), bk_ct)
