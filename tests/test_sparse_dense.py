@@ -295,6 +295,59 @@ def test_transposed_x_layout_is_the_same_product(monkeypatch, dtype, lead, axis,
     assert "transpose" in hlo or axis == "w" and tile[0] % 8 == 0
 
 
+# (case, sparse operand tile, a, b shapes, trans_a, trans_b, lead): the CUDA lowering's
+# other routes, each run through the CPU targets against the pure-JAX reference.
+CUDA_ROUTE_CASES = [
+    ("sdd long reduction", (32, 64), (1100, 96), (1100, 128), True, False, ()),  # weight-block dw
+    ("sdd thin tile", (16, 1), (40, 200), (72, 200), False, True, (2,)),  # K-axis dx
+    ("stile w^T", (16, 8), (40, 72), (48, 72), False, True, ()),  # weight-block dx, w^T stored
+    ("stile w^T batch", (32, 64), (2, 24, 128), (96, 128), False, True, (2,)),
+    ("stile thin group", (32, 1), (40, 96), (96, 56), False, False, ()),  # 32x1 weight strips
+    ("stile thin run", (1, 32), (40, 64), (96, 64), False, True, ()),  # their dx: runs of 1
+]
+
+
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "other"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case,tile,a_shape,b_shape,trans_a,trans_b,lead", CUDA_ROUTE_CASES, ids=[c[0] for c in CUDA_ROUTE_CASES])
+def test_cuda_routes_are_the_same_product(monkeypatch, sm90, dtype, case, tile, a_shape, b_shape, trans_a, trans_b, lead):
+    """The CUDA lowerings' rewrites (w^T for weight-block dx, the dense product for tiles
+    too thin to gather and for long SDD reductions) equal the reference product."""
+    from pit_jax import reference
+    from pit_jax.primitives import _lowering, sdd_matmul as sdd, stile_matmul as sm
+
+    monkeypatch.setattr(_lowering, "cuda_is_sm90", lambda: sm90)
+    rng, seed = fresh_rng()
+    a = jnp.asarray(rng.standard_normal(a_shape), dtype)
+    b = jnp.asarray(rng.standard_normal(b_shape), dtype)
+    common = dict(tile=tile, trans_a=trans_a, trans_b=trans_b, allow_tf32=False, out_batch=len(lead))
+    if case.startswith("sdd"):
+        m = a.shape[-1] if trans_a else a.shape[-2]
+        n = b.shape[-2] if trans_b else b.shape[-1]
+        live = rng.random((*lead, math.ceil(m / tile[0]), math.ceil(n / tile[1]))) < 0.4
+        idx = pit_jax.index(jnp.asarray(np.repeat(np.repeat(live, tile[0], -2), tile[1], -1)[..., :m, :n], jnp.float32),
+                            tile)
+        want = reference.sdd_matmul(a, b, *idx.arrays, **common)
+        native = jax.jit(lambda *args: sdd._native(*args, cuda=True, **common))
+        assert sdd._dense_is_faster(sdd._shape(a, b, idx.arrays, trans_a=trans_a, trans_b=trans_b, out_batch=len(lead)), tile)
+    else:
+        b_np, _ = tiled_sparse(rng, (*lead, *b_shape), tile, 0.4, np.float32)
+        b = jnp.asarray(b_np, dtype)
+        idx = pit_jax.index(b, tile, group_by="both")
+        common.update(sparse="b", trans_c=False)
+        want = reference.stile_matmul(a, b, *idx.arrays, **common)
+        native = jax.jit(lambda *args: sm._native(*args, cuda=True, **common))
+    got = native(a, b, *idx.arrays)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert rel_err(got, want) < TOL[dtype], f"seed={seed}"
+    hlo = native.lower(a, b, *idx.arrays).as_text()
+    dense = "@pit_" not in hlo
+    if case == "stile w^T" or case == "stile w^T batch":
+        assert not dense and ("transpose" in hlo) == (sm90 and dtype == jnp.bfloat16)
+    else:
+        assert dense, case
+
+
 @requires_gpu
 @pytest.mark.parametrize("density", [0.0, 0.03, 0.5, 1.0])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
@@ -408,13 +461,31 @@ def test_vmap_over_index(platform):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_index_reused_in_backward(platform):
-    """The backward runs on the forward's index: no pit_index call in the gradient."""
+    """The backward runs on the forward's index: one pit_index call per grouping (the
+    forward's per-row lists, the gradient's per-column lists), none rebuilt."""
     x = np.maximum(np.random.default_rng().standard_normal((64, 48)), 0).astype(np.float32)
     w = np.random.default_rng().standard_normal((48, 32)).astype(np.float32)
     loss = lambda a, b: jnp.sum(pit_jax.sparse_dense(a, b, axis="k", micro_tile=(16, 1)))  # noqa: E731
     hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*put(platform, x, w)).as_text()
-    assert hlo.count("@pit_index(") == 1, "the index must be built once, in the forward"
-    assert "@pit_sdd_matmul(" in hlo and "@pit_stile_matmul(" in hlo
+    calls = [line for line in hlo.splitlines() if "@pit_index(" in line]
+    assert len(calls) == 2, "the index must be built once per grouping, in the forward"
+    assert sum("group_rows = true" in c for c in calls) == 1 and sum("group_cols = true" in c for c in calls) == 1
+    if platform == "cpu":  # (on CUDA float32 16x1 tiles take the masked dense products: _dense_route)
+        assert "@pit_sdd_matmul(" in hlo and "@pit_stile_matmul(" in hlo
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["k", "w"])
+def test_forward_only_builds_one_grouping(platform, axis):
+    """Without differentiation the grouping only the gradient reads is never built: XLA
+    drops its index call (the K/W forward pays for one list set, not two)."""
+    x = np.random.default_rng().standard_normal((64, 48)).astype(np.float32)
+    w = np.random.default_rng().standard_normal((48, 32)).astype(np.float32)
+    tile = (16, 1) if axis == "k" else (8, 8)
+    f = lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile)  # noqa: E731
+    hlo = jax.jit(f).lower(*put(platform, x, w)).compile().as_text()
+    calls = [line for line in hlo.splitlines() if 'custom_call_target="pit_index"' in line]
+    assert len(calls) == 1, calls
 
 
 # -- the kill switch and errors ----------------------------------------------------------

@@ -11,6 +11,7 @@ span whole rows of C it is a row-gather product and lowers to that (M-axis dx).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -19,7 +20,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
-from pit_jax.primitives import _lowering, _products
+from pit_jax.primitives import _dense_route, _lowering, _products
 
 sdd_matmul_p = Primitive("pit_sdd_matmul")
 
@@ -51,13 +52,28 @@ def _row_gather(a, idx, shape, *, tile, trans_a, out_batch) -> bool:
     )
 
 
-def _native(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
+# The generic SDD kernel gives each live tile one block that walks the whole reduction:
+# past this length (a weight gradient reduces over every token) or on tiles filling less
+# than half its 64x64 tile, cuBLAS's dense product, masked, is the faster STile on CUDA.
+_SDD_MAX_REDUCTION = 1024
+_SDD_MIN_AREA = 2048
+
+
+def _dense_is_faster(shape, tile) -> bool:
+    h, w = min(tile[0], 64), min(tile[1], 64)
+    return shape.k > _SDD_MAX_REDUCTION or h * w < _SDD_MIN_AREA
+
+
+def _native(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch, cuda=False):
     shape = _shape(a, b, idx, trans_a=trans_a, trans_b=trans_b, out_batch=out_batch)
     out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
     if _row_gather(a, idx, shape, tile=tile, trans_a=trans_a, out_batch=out_batch):
         return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
             a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
         )
+    if cuda and _dense_is_faster(shape, tile):
+        return _dense_route.sdd(a, b, idx[0], idx[1], tile=tile, trans_a=trans_a, trans_b=trans_b,
+                                allow_tf32=allow_tf32, out_batch=out_batch)
     return jax.ffi.ffi_call("pit_sdd_matmul", out)(
         a,
         b,
@@ -124,4 +140,6 @@ sdd_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[sdd_matmul_p] = _products.bilinear_jvp(sdd_matmul_p)
 ad.primitive_transposes[sdd_matmul_p] = _transpose
 batching.primitive_batchers[sdd_matmul_p] = _batch
-_lowering.register_traced_lowering(sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"))
+_lowering.register_traced_lowering(
+    sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"), cuda_fn=functools.partial(_native, cuda=True)
+)

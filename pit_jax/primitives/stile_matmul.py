@@ -29,7 +29,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
-from pit_jax.primitives import _lowering, _products
+from pit_jax.primitives import _dense_route, _lowering, _products
 
 stile_matmul_p = Primitive("pit_stile_matmul")
 
@@ -157,6 +157,12 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
                                     trans_c=trans_c, out_batch=out_batch):
         return _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch).reshape(out.shape)
     lists, counts = group_lists(idx, p)
+    if cuda and _transposed_weight_layout(a, b, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
+                                          trans_c=trans_c, out_batch=out_batch):
+        # dx of weight blocks, dy @ (w ∘ m)^T: the same product on w^T stored, whose
+        # (bn, bk) tiles grouped by tile column are w's per-row lists (already chosen).
+        b, trans_b, tile = jnp.swapaxes(b, -1, -2), False, (tile[1], tile[0])
+        p = dataclasses.replace(p, reduce_cols=False, tile_rows=p.tile_cols, tile_cols=p.tile_rows)
     if cuda and _gather_rows_layout(a, b, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
                                     trans_c=trans_c, out_batch=out_batch):
         # Same product, same lists: x stored transposed, so every listed k is a contiguous
@@ -165,6 +171,10 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         a, trans_a = jnp.swapaxes(a, -1, -2), True
         if sparse == "a":
             tile = (tile[1], tile[0])
+    elif cuda and _too_thin(p, tile):
+        tmask = _tile_mask(idx, p, lists, counts)
+        return _dense_route.stile(a, b, tmask, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
+                                  trans_c=trans_c, allow_tf32=allow_tf32, out_batch=out_batch)
     return jax.ffi.ffi_call("pit_stile_matmul", out)(
         a,
         b,
@@ -196,6 +206,40 @@ def _gather_rows_layout(a, b, p: Plan, *, sparse, tile, trans_a, trans_b, trans_
     if sparse == "a":
         return p.reduce_cols
     return not p.reduce_cols and tile[0] % 8 != 0
+
+
+def _transposed_weight_layout(a, b, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
+    """Whether to hand the Hopper stile kernel w^T for a weight-block product that reads
+    w transposed (dx = dy @ (w ∘ m)^T), which it does not cover: on w^T stored the
+    groups are w's (bk-wide) tile rows and each listed n block a run of bn contiguous
+    elements, the layout it gathers. bk a multiple of 8 up to 64, bn of 8 (x [M, K] rows
+    then hold whole vectors); 16-bit, sm_90, no other transposes, no batch reduction."""
+    bk, bn = tile
+    m, k = a.shape[-2], b.shape[-2]
+    full = _products.full_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2]), what="stile_matmul")
+    return (
+        sparse == "b" and trans_b and not (trans_a or trans_c) and p.target == "stile" and p.lists == "rows"
+        and out_batch == len(full) and a.dtype in (jnp.bfloat16, jnp.float16) and bk % 8 == 0 and bk <= 64
+        and bn % 8 == 0 and m % 8 == 0 and k % 8 == 0 and _lowering.cuda_is_sm90()
+    )
+
+
+def _too_thin(p: Plan, tile) -> bool:
+    """Whether the tiles are too thin for the generic kernel to gather (a group narrower
+    than 8 of its 64-wide tile, or fewer than 8 contiguous elements per listed K run):
+    then the dense product on the masked operand is the faster STile (_dense_route)."""
+    h, w = tile
+    group, run = (h, w) if p.reduce_cols else (w, h)
+    return p.target == "stile" and (group < 8 or run < 8)
+
+
+def _tile_mask(idx, p: Plan, lists, counts):
+    """bool [..., tile_rows, tile_cols]: the live tiles of the list this product reads."""
+    from pit_jax import reference
+
+    if p.lists in ("rows", "cols"):
+        return reference.tile_mask_from_groups(lists, counts, p.tile_rows, p.tile_cols, rows=p.lists == "rows")
+    return reference.tile_mask_from_flat(idx[0], idx[1], p.tile_rows, p.tile_cols)
 
 
 def _rows_wgrad_applies(a, b, idx, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
