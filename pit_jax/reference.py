@@ -151,16 +151,29 @@ def swrite(packed, tiles, count, base, *, accumulate):
 # -- sparse products --------------------------------------------------------------------
 
 
-def _product(a, b, *, trans_a, trans_b, trans_c, out_batch):
-    """float32 op_a(a) @ op_b(b) with pit_jax's prefix batch convention, summed to out_batch."""
+def product(a, b, *, trans_a, trans_b, trans_c, out_batch, precision=jax.lax.Precision.HIGHEST, upcast=True):
+    """float32 op_a(a) @ op_b(b) with pit_jax's prefix batch convention, summed to out_batch.
+    `upcast`: the operands in float32 (the reference); else in their own dtype with float32
+    accumulation (the CUDA lowerings' dense route, on the tensor cores)."""
     full = max(a.shape[:-2], b.shape[:-2], key=len)
     opa = jnp.swapaxes(a, -1, -2) if trans_a else a
     opb = jnp.swapaxes(b, -1, -2) if trans_b else b
+    if upcast:
+        opa, opb = opa.astype(jnp.float32), opb.astype(jnp.float32)
     pad = lambda x: x.reshape(*x.shape[:-2], *([1] * (len(full) - (x.ndim - 2))), *x.shape[-2:])  # noqa: E731
-    p = jnp.matmul(pad(opa).astype(jnp.float32), pad(opb).astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    p = jnp.matmul(pad(opa), pad(opb), precision=precision, preferred_element_type=jnp.float32)
     p = jnp.broadcast_to(p, (*full, *p.shape[-2:]))
     p = p.sum(axis=tuple(range(out_batch, len(full))))
     return jnp.swapaxes(p, -1, -2) if trans_c else p
+
+
+def stile_tile_mask(idx, p):
+    """bool [..., tile_rows, tile_cols]: the live tiles of the list a stile product's plan
+    `p` reads (per-row / per-column lists, else the flat list)."""
+    if p.lists in ("rows", "cols"):
+        lists, counts = (idx[2], idx[3]) if p.lists == "rows" else (idx[4], idx[5])
+        return tile_mask_from_groups(lists, counts, p.tile_rows, p.tile_cols, rows=p.lists == "rows")
+    return tile_mask_from_flat(idx[0], idx[1], p.tile_rows, p.tile_cols)
 
 
 def stile_matmul(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
@@ -174,23 +187,18 @@ def stile_matmul(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32
     p = plan(a, b, idx, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c,
              out_batch=out_batch)
     s = a if sparse == "a" else b
-    if p.lists in ("rows", "cols"):
-        lists, counts = (idx[2], idx[3]) if p.lists == "rows" else (idx[4], idx[5])
-        tmask = tile_mask_from_groups(lists, counts, p.tile_rows, p.tile_cols, rows=p.lists == "rows")
-    else:
-        tmask = tile_mask_from_flat(idx[0], idx[1], p.tile_rows, p.tile_cols)
-    masked = jnp.where(element_mask(tmask, tile, s.shape[-2:]), s.astype(jnp.float32), 0.0)
+    masked = jnp.where(element_mask(stile_tile_mask(idx, p), tile, s.shape[-2:]), s.astype(jnp.float32), 0.0)
     if sparse == "a":
         a = masked
     else:
         b = masked
-    out = _product(a, b, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch)
+    out = product(a, b, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch)
     return out.astype(s.dtype)
 
 
 def sdd_matmul(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch):
     """Reference of `sdd_matmul`: the product kept on the listed tiles of the result only."""
-    out = _product(a, b, trans_a=trans_a, trans_b=trans_b, trans_c=False, out_batch=out_batch)
+    out = product(a, b, trans_a=trans_a, trans_b=trans_b, trans_c=False, out_batch=out_batch)
     m, n = out.shape[-2:]
     tmask = tile_mask_from_flat(idx[0], idx[1], math.ceil(m / tile[0]), math.ceil(n / tile[1]))
     return jnp.where(element_mask(tmask, tile, (m, n)), out, 0.0).astype(a.dtype)

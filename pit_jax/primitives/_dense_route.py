@@ -28,16 +28,9 @@ def _precision(dtype, allow_tf32):
 
 
 def product(a, b, *, trans_a, trans_b, trans_c, allow_tf32, out_batch):
-    """float32 op_a(a) @ op_b(b) in the operands' own dtype on the tensor cores (prefix
-    batch broadcasting, leading batch dims past out_batch summed in float32)."""
-    full = max(a.shape[:-2], b.shape[:-2], key=len)
-    opa = jnp.swapaxes(a, -1, -2) if trans_a else a
-    opb = jnp.swapaxes(b, -1, -2) if trans_b else b
-    pad = lambda x: x.reshape(*x.shape[:-2], *([1] * (len(full) - (x.ndim - 2))), *x.shape[-2:])  # noqa: E731
-    p = jnp.matmul(pad(opa), pad(opb), precision=_precision(a.dtype, allow_tf32), preferred_element_type=jnp.float32)
-    p = jnp.broadcast_to(p, (*full, *p.shape[-2:]))
-    p = p.sum(axis=tuple(range(out_batch, len(full))))
-    return jnp.swapaxes(p, -1, -2) if trans_c else p
+    """op_a(a) @ op_b(b) in the operands' own dtype with float32 accumulation (cuBLAS)."""
+    return reference.product(a, b, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch,
+                             precision=_precision(a.dtype, allow_tf32), upcast=False)
 
 
 def sdd(a, b, tiles, count, *, tile, trans_a, trans_b, allow_tf32, out_batch):

@@ -29,6 +29,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
+from pit_jax import reference
 from pit_jax.primitives import _dense_route, _lowering, _products
 
 stile_matmul_p = Primitive("pit_stile_matmul")
@@ -172,8 +173,7 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         if sparse == "a":
             tile = (tile[1], tile[0])
     elif cuda and _too_thin(p, tile):
-        tmask = _tile_mask(idx, p, lists, counts)
-        return _dense_route.stile(a, b, tmask, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
+        return _dense_route.stile(a, b, reference.stile_tile_mask(idx, p), sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
                                   trans_c=trans_c, allow_tf32=allow_tf32, out_batch=out_batch)
     return jax.ffi.ffi_call("pit_stile_matmul", out)(
         a,
@@ -190,18 +190,23 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
     )
 
 
+def _hopper_covers(a, b, p: Plan, out_batch, *dims) -> bool:
+    """What both layout rewrites below need of a call: a stile product in a 16-bit type on
+    an sm_90 device, no batch reduction, the given extents multiples of 8."""
+    full = _products.full_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2]), what="stile_matmul")
+    return (
+        p.target == "stile" and out_batch == len(full) and a.dtype in (jnp.bfloat16, jnp.float16)
+        and all(d % 8 == 0 for d in dims) and _lowering.cuda_is_sm90()
+    )
+
+
 def _gather_rows_layout(a, b, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
     """Whether to hand the Hopper stile kernel (cuda/kernels/sm90/stile_gemm.cu) x stored
     transposed: the K-axis forward (x's (h, w) tiles, per-row lists) always, weight blocks
     (w's (bk, bn) tiles, per-column lists) when bk is not a whole 16-byte vector of x's row
-    (1x64, 1x32). 16-bit types on an sm_90 device, no batch reduction, M and N multiples of 8:
-    the kernel's covered cases; elsewhere the generic kernel keeps x as it is."""
-    m, n = a.shape[-2], b.shape[-1]
-    full = _products.full_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2]), what="stile_matmul")
-    if not (
-        p.target == "stile" and not (trans_a or trans_b or trans_c) and out_batch == len(full)
-        and a.dtype in (jnp.bfloat16, jnp.float16) and m % 8 == 0 and n % 8 == 0 and _lowering.cuda_is_sm90()
-    ):
+    (1x64, 1x32). M and N multiples of 8 (and `_hopper_covers`): the kernel's covered
+    cases; elsewhere the generic kernel keeps x as it is."""
+    if trans_a or trans_b or trans_c or not _hopper_covers(a, b, p, out_batch, a.shape[-2], b.shape[-1]):
         return False
     if sparse == "a":
         return p.reduce_cols
@@ -213,14 +218,11 @@ def _transposed_weight_layout(a, b, p: Plan, *, sparse, tile, trans_a, trans_b, 
     w transposed (dx = dy @ (w ∘ m)^T), which it does not cover: on w^T stored the
     groups are w's (bk-wide) tile rows and each listed n block a run of bn contiguous
     elements, the layout it gathers. bk a multiple of 8 up to 64, bn of 8 (x [M, K] rows
-    then hold whole vectors); 16-bit, sm_90, no other transposes, no batch reduction."""
+    then hold whole vectors), M and K of 8, no other transposes (and `_hopper_covers`)."""
     bk, bn = tile
-    m, k = a.shape[-2], b.shape[-2]
-    full = _products.full_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2]), what="stile_matmul")
     return (
-        sparse == "b" and trans_b and not (trans_a or trans_c) and p.target == "stile" and p.lists == "rows"
-        and out_batch == len(full) and a.dtype in (jnp.bfloat16, jnp.float16) and bk % 8 == 0 and bk <= 64
-        and bn % 8 == 0 and m % 8 == 0 and k % 8 == 0 and _lowering.cuda_is_sm90()
+        sparse == "b" and trans_b and not (trans_a or trans_c) and p.lists == "rows" and bk <= 64
+        and _hopper_covers(a, b, p, out_batch, bk, bn, a.shape[-2], b.shape[-2])
     )
 
 
@@ -231,15 +233,6 @@ def _too_thin(p: Plan, tile) -> bool:
     h, w = tile
     group, run = (h, w) if p.reduce_cols else (w, h)
     return p.target == "stile" and (group < 8 or run < 8)
-
-
-def _tile_mask(idx, p: Plan, lists, counts):
-    """bool [..., tile_rows, tile_cols]: the live tiles of the list this product reads."""
-    from pit_jax import reference
-
-    if p.lists in ("rows", "cols"):
-        return reference.tile_mask_from_groups(lists, counts, p.tile_rows, p.tile_cols, rows=p.lists == "rows")
-    return reference.tile_mask_from_flat(idx[0], idx[1], p.tile_rows, p.tile_cols)
 
 
 def _rows_wgrad_applies(a, b, idx, p: Plan, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
