@@ -19,7 +19,6 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/sm90/grouped_wgrad_wgmma.cuh"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
 
 namespace pit {
@@ -181,9 +180,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
       if constexpr (kKind == sm90_rg::kBf16) {
-        WgmmaBf16MnMn(acc, da + step, db + step);
+        sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
       } else {
-        WgmmaF16MnMn(acc, da + step, db + step);
+        sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
       }
     }
     sm90_rg::WgmmaCommit();
@@ -438,9 +437,9 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
       for (int kk = 0; kk < kW3Tok / 16; ++kk) {
         const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
         if constexpr (kKind == sm90_rg::kBf16) {
-          WgmmaBf16MnMn(acc, da + step, db + step);
+          sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
         } else {
-          WgmmaF16MnMn(acc, da + step, db + step);
+          sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
         }
       }
       sm90_rg::WgmmaCommit();

@@ -470,9 +470,9 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
 template <int kKind, bool kTransB>
 __device__ __forceinline__ void Mma(float* acc, uint64_t da, uint64_t db) {
   if constexpr (kKind == kBf16) {
-    WgmmaBf16<kTransB ? 0 : 1>(acc, da, db);
+    WgmmaBf16<0, kTransB ? 0 : 1>(acc, da, db);
   } else if constexpr (kKind == kF16) {
-    WgmmaF16<kTransB ? 0 : 1>(acc, da, db);
+    WgmmaF16<0, kTransB ? 0 : 1>(acc, da, db);
   } else {
     WgmmaTf32(acc, da, db);
   }

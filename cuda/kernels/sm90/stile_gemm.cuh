@@ -25,7 +25,6 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/sm90/grouped_wgrad_wgmma.cuh"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
 #include "cuda/kernels/sm90/stile_gemm_wgmma.cuh"
 
@@ -367,9 +366,9 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
             const uint64_t a_step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 k rows of 128 B
             const uint64_t b_step = static_cast<uint64_t>(kk * 32) >> 4;    // 16 k = 32 B of a 64 B row
             if constexpr (kKind == kBf16) {
-              WgmmaBf16MnK256(acc, da + a_step, db + b_step);
+              sm90_rg::WgmmaBf16<1, 0>(acc, da + a_step, db + b_step);
             } else {
-              WgmmaF16MnK256(acc, da + a_step, db + b_step);
+              sm90_rg::WgmmaF16<1, 0>(acc, da + a_step, db + b_step);
             }
           }
         } else if constexpr (kMode == kWeightBlocks) {
@@ -379,9 +378,9 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
           for (int kk = 0; kk < kTok / 16; ++kk) {
             const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 k rows of 128 B
             if constexpr (kKind == kBf16) {
-              sm90_grouped::WgmmaBf16MnMn(acc, da + step, db + step);
+              sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
             } else {
-              sm90_grouped::WgmmaF16MnMn(acc, da + step, db + step);
+              sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
             }
           }
         } else {
