@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 from jax.test_util import check_grads
-from pit_testing import PLATFORMS, fresh_rng, put
+from pit_testing import BILINEAR_FD_STEP, PLATFORMS, fresh_rng, put
 
 import pit_jax
 from pit_jax.primitives.grouped_matmul import grouped_matmul as grouped_matmul_p
@@ -255,7 +255,8 @@ def test_grouped_primitives_check_grads():
     fns, arrays = _primitive_fns("cpu", rng)
     for name, (fn, args) in fns.items():
         order = 1 if name == "matmul_trans_w" else 2
-        check_grads(fn, tuple(arrays[a] for a in args), order=order, modes=("fwd", "rev"), atol=1e-2, rtol=1e-2)
+        check_grads(fn, tuple(arrays[a] for a in args), order=order, modes=("fwd", "rev"), atol=1e-2, rtol=1e-2,
+                    eps=BILINEAR_FD_STEP)
 
 
 @pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
