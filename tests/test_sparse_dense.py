@@ -256,6 +256,35 @@ def test_m_axis_weight_grad_few_tiles_gpu(rows, k, n):
     assert np.array_equal(np.asarray(dw), np.asarray(dw2)), "deterministic"
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,k,n", [(4096, 3072, 768), (4096, 2048, 1536), (4096, 2056, 2048), (1500, 2056, 264)])
+def test_m_axis_small_problems_split_k_gpu(rows, k, n, dtype):
+    """Few live row tiles and long reductions (BERT's ffn_out at 27 % valid tokens): the
+    Hopper row-gather kernel splits K over 4 or 2 CTAs of a cluster (or runs them as
+    independent CTAs when the tiles fill the GPU, as at n=2048) and sums the partials in
+    shared memory. Forward and dx (its K is n: the short ones take the usual kernel)
+    against float64, dead rows exactly zero, the same bits on a second call."""
+    rng, seed = fresh_rng()
+    x, live = tiled_sparse(rng, (rows, k), (1, k), 0.27, dtype)
+    w = np.asarray(jnp.asarray(rng.standard_normal((k, n)) / math.sqrt(k), dtype))
+    g = np.asarray(jnp.asarray(rng.standard_normal((rows, n)), dtype))
+    prec = "tensorfloat32" if dtype == jnp.float32 else None
+    tol = TF32_TOL if dtype == jnp.float32 else TOL[dtype]
+    fwd = jax.jit(lambda a, b, i: pit_jax.sparse_dense(a, b, i, axis="m", precision=prec))
+    dx_fn = jax.jit(jax.grad(lambda a, b, gg, i: jnp.sum(
+        pit_jax.sparse_dense(a, b, i, axis="m", precision=prec).astype(jnp.float32) * gg.astype(jnp.float32))))
+    xd, wd, gd = put("gpu", x, w, g)
+    idx = jax.jit(lambda a: pit_jax.index(a, "row"))(xd)
+    keep = live.reshape(rows, 1).astype(np.float64)
+    y, y2 = fwd(xd, wd, idx), fwd(xd, wd, idx)
+    assert rel_err(y, (f64(x) * keep) @ f64(w)) < tol, f"forward, seed={seed}"
+    assert not f64(y)[~live.reshape(-1)].any(), f"dead rows must be zero, seed={seed}"
+    assert np.array_equal(np.asarray(y), np.asarray(y2)), "deterministic"
+    dx = dx_fn(xd, wd, gd, idx)
+    assert rel_err(dx, keep * (f64(g) @ f64(w).T)) < tol, f"dx, seed={seed}"
+
+
 # Shapes the Hopper stile kernel covers (M, N multiples of 8; K ragged): on CUDA the
 # lowering hands it x stored transposed (see stile_matmul._gather_rows_layout).
 HOPPER_LAYOUT_CASES = [

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -204,9 +205,11 @@ struct Variant {
   bool carve;
   int diag;
   bool epi_in_a;
+  bool split_k = false;
 };
 static const Variant kVariants[] = {
-    {"default", 0, 0, 0, 0, false, 0, false},  // LaunchRowGatherGemmSm90 itself (= a3b5g0e.c2)
+    {"default", 0, 0, 0, 0, false, 0, false},  // LaunchRowGatherGemmSm90 itself (a3b5g0e.c2, or split4 when small)
+    {"split4", 4, 3, 5, 0, false, 0, true, true},  // clusters of 4 splitting K (S from the live count)
     // aXbYgZ: X A-stages, Y B-stages, Z producer gather warps (0: consumer warps gather);
     // e: epilogue staged in the freed A stage; .cN: N-CTA cluster, B multicast.
     {"a4b4g2", 1, 4, 4, 2, false, 0, false},      {"a6b3g3", 1, 6, 3, 3, false, 0, false},
@@ -233,7 +236,7 @@ bool Selected(const Variant& v) {
 cudaError_t LaunchV(const Variant& v, const pit::MatmulParams& p, const pit::TileList& t, cudaStream_t s) {
   if (v.cluster == 0) return pit::LaunchRowGatherGemmSm90(p, t, s);
   return pit::sm90_rg_testing::LaunchVariant(p, t, s, v.cluster, v.stages_a, v.stages_b, v.gather_warps, v.carve,
-                                             v.diag, v.epi_in_a);
+                                             v.diag, v.epi_in_a, v.split_k);
 }
 
 struct TimingRow {
@@ -603,6 +606,13 @@ int main(int argc, char** argv) {
   add({"all live", DType::kBF16, 384, 512, 128, 1, 1, 1, 1, 1, false, 1.0});
   add({"one row", DType::kBF16, 1, 8, 8, 1, 1, 1, 1, 1, false, 1.0});
   add({"K=8 N=8", DType::kF16, 129, 8, 8, 1, 1, 1, 1, 1, true, 0.5});
+  // split-K paths of the default launcher (batch 1, few tiles, K >= 32 k-blocks): S = 4, 2
+  // and 1 by live tiles; k-blocks not a multiple of S
+  add({"split4 bf16", DType::kBF16, 4096, 768, 3072, 1, 1, 1, 1, 1, false, 0.27});
+  add({"split4 odd bf16", DType::kBF16, 1000, 264, 2056, 1, 1, 1, 1, 1, false, 0.4});
+  add({"split2 f16 trans_b", DType::kF16, 4096, 1536, 2048, 1, 1, 1, 1, 1, true, 0.27});
+  add({"split1 bf16", DType::kBF16, 4096, 2048, 2056, 1, 1, 1, 1, 1, false, 0.27});
+  add({"split4 tf32 odd", DType::kF32, 1500, 264, 1000, 1, 1, 1, 1, 1, true, 0.3});
   if (!small) {
     // The target shapes: M=16384 rows, K=N=4096.
     for (double f : {0.1, 0.3, 0.5}) {
@@ -618,6 +628,14 @@ int main(int argc, char** argv) {
     }
     add({"tf32 trans_b 30%", DType::kF32, 16384, 4096, 4096, 1, 1, 1, 1, 1, true, 0.3, true});
     add({"bf16 fwd 100%", DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 1.0, true});
+    // Small problems (split-K): BERT-base linears at batch 32 x 128 with 27 % valid tokens
+    // (N x K: qkv, attn_out, ffn_in, ffn_out; trans_b: their dx).
+    for (auto nk : {std::pair<int, int>{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}})
+      for (bool tb : {false, true}) {
+        char name[64];
+        snprintf(name, sizeof name, "bert %dx%d%s", nk.first, nk.second, tb ? " tb" : "");
+        add({name, DType::kBF16, 4096, nk.first, nk.second, 1, 1, 1, 1, 1, tb, 0.27, true});
+      }
   }
   CheckNotSupported(s);
   for (auto& c : cases)

@@ -30,16 +30,28 @@ struct Variant {
   bool carve = false;  // ask for the smallest shared-memory carve-out that fits (more L1)
   int diag = 0;        // timing experiments only
   bool epi_in_a = false;  // epilogue staging in the freed A stage (consumer gather only)
+  bool split_k = false;   // the cluster splits K instead of M (no multicast; batch 1)
+  bool auto_split = false;  // take kSplit where the static tile space is small (see LaunchImpl)
 };
 
 // The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA
 // clusters sharing B by multicast, the consumer warps gather A, 3 A + 5 B stages, the
 // epilogue staged in the freed A stage.
-constexpr Variant kDefault{2, 3, 5, 0, false, 0, true};
+constexpr Variant kDefault{2, 3, 5, 0, false, 0, true, false, true};
+// Small problems with long reductions (batch 1, at most kSplitTilesPerSm tiles per SM at
+// full density, at least kSplitMinKBlocks k-blocks): clusters of 4 that split K (2 or 4
+// ways, chosen on the device from the live count) when the live tiles are too few to fill
+// the GPU, else work as 4 independent CTAs. With short reductions the split's fixed costs
+// ate the gain, and with more static tiles the live ones rarely leave enough SMs idle
+// (then S = 1, which runs ~5-8 % behind the multicast pairs) (docs/notes/sm90_row_gather.md,
+// "split-K").
+constexpr Variant kSplit{4, 3, 5, 0, false, 0, true, true, false};
+constexpr int kSplitTilesPerSm = 2;
+constexpr int kSplitMinKBlocks = 32;
 
-template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
 cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in, int sms, cudaStream_t stream) {
-  auto kernel = sm90_rg::RowGatherGemmKernel<Cfg, kKind, kTransB, kCluster, kDiag>;
+  auto kernel = sm90_rg::RowGatherGemmKernel<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>;
   // Per device: the shared-memory opt-in and how many clusters fit at once (queries, not
   // stream operations: capture-safe).
   static int clusters[kMaxDevices] = {};
@@ -84,12 +96,14 @@ using sm90_rg::Config;
 
 template <int kKind, bool kTransB>
 cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, int sms, cudaStream_t s) {
-  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea) {
+  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false) {
     return v.cluster == c && v.stages_a == sa && v.stages_b == sb && v.gather_warps == gw && v.diag == d &&
-           v.epi_in_a == ea;
+           v.epi_in_a == ea && v.split_k == sk;
   };
-  // The default configuration, for every type and layout.
+  // The default configuration and the split-K one, for every type and layout.
   if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
+  if (is(4, 3, 5, 0, 0, true, true))
+    return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
 #ifdef PIT_RG_EXPERIMENTS
   // Experiments of docs/notes/sm90_row_gather.md (bf16 only; the bench builds with
   // -DPIT_RG_EXPERIMENTS, the library without).
@@ -128,8 +142,9 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t stream, const Variant& v) {
+cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t stream, const Variant& v_in) {
   constexpr cudaError_t kNo = cudaErrorNotSupported;
+  Variant v = v_in;
   using namespace sm90_rg;
   // ---- what this kernel covers ----
   int kind = -1;
@@ -176,8 +191,13 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   g.tile_rows = static_cast<int>(tile_rows);
   g.n_tiles = static_cast<int>((p.N + kBN - 1) / kBN);
   g.m_tiles = static_cast<int>((rows.capacity * rows.tile_h + kBM - 1) / kBM);
-  g.m_groups = (g.m_tiles + v.cluster - 1) / v.cluster;
   g.num_kb = static_cast<int>((p.K * es + kBKBytes - 1) / kBKBytes);
+  if (v.auto_split && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
+      int64_t{g.m_tiles} * g.n_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
+    v = kSplit;
+  if (v.split_k && p.batch != 1) return kNo;
+  const int m_cluster = v.split_k ? 1 : v.cluster;  // row tiles per work item
+  g.m_groups = (g.m_tiles + m_cluster - 1) / m_cluster;
   const int64_t total = p.batch * int64_t{g.m_groups} * g.n_tiles;
   if (total >= (int64_t{1} << 31) || rows.capacity * rows.tile_h >= (int64_t{1} << 31)) return kNo;
   g.total_tiles = static_cast<int>(total);
@@ -200,7 +220,7 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   CUtensorMap map_b;
   const uint64_t inner = p.trans_b ? p.K : p.N, outer = p.trans_b ? p.N : p.K;
   // B box: trans_b: (128 B of K) x (256 / cluster) rows of N; else (64 columns of N) x 64 rows of K.
-  if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? kBN / v.cluster : 64u)) return kNo;
+  if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? kBN / m_cluster : 64u)) return kNo;
 
   const int sms = dev->sms;
   if (kind == kBf16)
@@ -220,9 +240,9 @@ cudaError_t LaunchRowGatherGemmSm90(const MatmulParams& p, const TileList& rows,
 
 namespace sm90_rg_testing {
 cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStream_t stream, int cluster, int stages_a,
-                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a) {
+                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k) {
   Variant v;
-  v.epi_in_a = epi_in_a;
+  v.epi_in_a = epi_in_a, v.split_k = split_k;
   v.cluster = cluster, v.stages_a = stages_a, v.stages_b = stages_b, v.gather_warps = gather_warps;
   v.carve = carve, v.diag = diag;
   if (cluster != 1 && cluster != 2 && cluster != 4) return cudaErrorNotSupported;

@@ -287,17 +287,50 @@ __device__ __forceinline__ int RowOf(const Args& g, const Tile& tile, int j) {
   return row < g.M ? static_cast<int>(row) : -1;
 }
 
-// ---------------------------------------------------------------------------------
-// Roles. Every role walks the same tiles: t = cluster id, += cluster count.
-// ---------------------------------------------------------------------------------
+// Split-K (kSplitK, batch 1 only): the kCluster CTAs of a cluster form groups of S that
+// share one output tile, CTA r of a group taking k-blocks r, r + S, ...; their fp32
+// partials meet in shared memory and are summed over the group by DSMEM reads (see
+// ReduceSplit). S is decided on the device from the live row count, the same in every CTA:
+// the largest power of two <= kCluster that still gives every group at most one live tile
+// (then the stages are idle once a group's tile is done, so they can hold the partials),
+// and S = 1 (independent CTAs, no reduction) when the live tiles fill the grid anyway.
 template <int kCluster>
+__device__ __forceinline__ int SplitOf(const Args& g) {
+  int count = __ldg(g.counts);
+  count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+  const int items = (count * g.tile_h + kBM - 1) / kBM * g.n_tiles;
+  const int clusters = static_cast<int>(ClusterCount());
+  int s = kCluster;
+  while (s > 1 && (items > clusters * (kCluster / s) || g.num_kb < s)) s >>= 1;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------
+// Roles. Every role walks the same tiles: t = cluster id, += cluster count (split-K:
+// t = group id, += group count), each CTA over its k-blocks kfirst, kfirst + kstep, ...
+// ---------------------------------------------------------------------------------
+template <int kCluster, bool kSplitK = false>
 struct Walk {
+  static constexpr int kM = kSplitK ? 1 : kCluster;  // row tiles per work item (B multicast)
   int first, step, rank;
-  __device__ __forceinline__ Walk() {
+  int kfirst = 0, kstep = 1;
+  __device__ __forceinline__ Walk() {  // no split (also what the grouped kernel uses)
+    static_assert(!kSplitK, "split-K reads the live count: Walk(args)");
     if constexpr (kCluster == 1) {
       first = blockIdx.x, step = gridDim.x, rank = 0;
     } else {
       first = ClusterId(), step = ClusterCount(), rank = ClusterRank();
+    }
+  }
+  __device__ __forceinline__ explicit Walk(const Args& g) {
+    if constexpr (kSplitK) {
+      const int s = SplitOf<kCluster>(g);
+      const int crank = static_cast<int>(ClusterRank());
+      first = static_cast<int>(ClusterId()) * (kCluster / s) + crank / s;
+      step = static_cast<int>(ClusterCount()) * (kCluster / s);
+      rank = 0, kfirst = crank % s, kstep = s;
+    } else {
+      *this = Walk();
     }
   }
 };
@@ -315,17 +348,18 @@ struct Pipe {
 // A rows by cp.async (gather warps). Lane l copies 16-byte chunk (l % 8) of rows
 // l/8 + 4i of its warp's rows, so 8 lanes read one row's 128 contiguous bytes and the
 // smem chunk lands at (chunk ^ (row % 8)): the 128B swizzle.
-template <class Cfg, int kCluster, int kDiag, int kWarp>
+template <class Cfg, int kCluster, int kDiag, int kWarp, bool kSplitK>
 __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
   constexpr int row0 = Cfg::RowBegin(kWarp), nrows = Cfg::RowCount(kWarp);
   int64_t* table = reinterpret_cast<int64_t*>(smem + Cfg::kTableOffset) + row0;
   const uint32_t base = SmemAddr(smem);
   const int chunk = lane & 7;
-  const Walk<kCluster> w;
+  using W = Walk<kCluster, kSplitK>;
+  const W w(g);
   Pipe<Cfg::kStagesA> pipe;
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
     const char* a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
     __syncwarp();
     for (int r = lane; r < nrows; r += 32) {
@@ -333,7 +367,7 @@ __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
       table[r] = row < 0 ? int64_t{-1} : row * g.a_row_bytes;
     }
     __syncwarp();
-    for (int kb = 0; kb < g.num_kb; ++kb) {
+    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
       MbarWait(base + Cfg::kEmptyA + pipe.stage * 8, pipe.phase ^ 1);
       const uint32_t sa = base + Cfg::kAOffset + pipe.stage * kStageABytes;
       const int64_t kbyte = static_cast<int64_t>(kb) * kBKBytes + chunk * 16;
@@ -444,19 +478,20 @@ __device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, in
 // rank r loads columns [r * 256/kCluster, (r+1) * 256/kCluster) of the tile and
 // multicasts them to all CTAs of the cluster; every CTA's full barrier expects the whole
 // 32 KB. Without a zero-fill warp, the whole warp writes one dead row per stage here.
-template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK>
 __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, char* smem, int lane) {
   ZeroFill zf;
   bool zero_left = !Cfg::kZeroWarp;
   const uint32_t base = SmemAddr(smem);
-  const Walk<kCluster> w;
+  using W = Walk<kCluster, kSplitK>;
+  const W w(g);
   Pipe<Cfg::kStagesB> pipe;
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
     const int bb = tile.b / g.b_div;
-    for (int kb = 0; kb < g.num_kb; ++kb) {
-      if (lane == 0) IssueB<Cfg, kKind, kTransB, kCluster, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
+    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
+      if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
       __syncwarp();
       if (zero_left) zero_left = zf.Next(g, lane);
       pipe.Next();
@@ -495,21 +530,22 @@ __device__ __forceinline__ uint32_t Pack2(float x, float y) {
 // (the rows its warp computes), and walks the same (tile, k-block) sequence as the
 // compute loop, S stages ahead: Issue() loads the next k-block into the stage that the
 // warpgroup's previous wgmma has just released.
-template <class Cfg, int kCluster>
+template <class Cfg, class W>
 struct ALoader {
   int t, kb = 0, stage = 0;
   bool valid = false;
   const char* a_b = nullptr;
   int64_t off[4];  // row byte offsets (or -1: no row)
-  __device__ __forceinline__ void Start(const Args& g, const Walk<kCluster>& w, int wg, int warp, int lane) {
+  __device__ __forceinline__ void Start(const Args& g, const W& w, int wg, int warp, int lane) {
     t = w.first - w.step;
+    kb = w.kfirst;
     NextTile(g, w, wg, warp, lane);
   }
-  __device__ __forceinline__ void NextTile(const Args& g, const Walk<kCluster>& w, int wg, int warp, int lane) {
+  __device__ __forceinline__ void NextTile(const Args& g, const W& w, int wg, int warp, int lane) {
     valid = false;
     for (t += w.step; t < g.total_tiles; t += w.step) {
       Tile tile;
-      if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+      if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
       a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -520,8 +556,7 @@ struct ALoader {
       return;
     }
   }
-  __device__ __forceinline__ void Issue(const Args& g, const Walk<kCluster>& w, uint32_t base, int wg, int warp,
-                                        int lane) {
+  __device__ __forceinline__ void Issue(const Args& g, const W& w, uint32_t base, int wg, int warp, int lane) {
     if (!valid) return;
     const int chunk = lane & 7;
     const int64_t kbyte = static_cast<int64_t>(kb) * kBKBytes + chunk * 16;
@@ -535,33 +570,45 @@ struct ALoader {
     }
     CpAsyncArriveNoinc(base + Cfg::kFullA + (wg * Cfg::kStagesA + stage) * 8);
     if (++stage == Cfg::kStagesA) stage = 0;
-    if (++kb == g.num_kb) {
-      kb = 0;
+    kb += w.kstep;
+    if (kb >= g.num_kb) {
+      kb = w.kfirst;
       NextTile(g, w, wg, warp, lane);
     }
   }
 };
 
-// Consumer warpgroup wg (0/1): rows wg*64 .. wg*64+63 of each tile.
-template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
-__device__ __forceinline__ void Consume(const Args& g, char* smem, int wg, int tid) {
+// A split-K group's tile, as one consumer thread sees it (for ReduceSplit).
+struct SplitTile {
+  bool live = false;
+  int n0 = 0;
+  int row0 = -1, row8 = -1;  // matrix rows of the thread's accumulator fragment rows lane/4, lane/4 + 8
+  char* c_b = nullptr;
+};
+
+// Consumer warpgroup wg (0/1): rows wg*64 .. wg*64+63 of each tile. Split-K: the tile's
+// partial sums are left in shared memory and described by the returned SplitTile.
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK>
+__device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, int tid) {
+  SplitTile split;
   const uint32_t base = SmemAddr(smem);
   const int warp = tid >> 5, lane = tid & 31;
-  const Walk<kCluster> w;
+  using W = Walk<kCluster, kSplitK>;
+  const W w(g);
   Pipe<Cfg::kStagesA> pa;
   Pipe<Cfg::kStagesB> pb;
   // This warp's epilogue staging: 16 rows x 64 columns at a time (16-bit types).
   char* epi = smem + Cfg::kEpiOffset + (wg * 4 + warp) * kEpiWarpBytes;
   const uint32_t epi_s = SmemAddr(epi);
   float acc[128];
-  ALoader<Cfg, kCluster> loader;
+  ALoader<Cfg, W> loader;
   if constexpr (Cfg::kConsumerGather) {
     loader.Start(g, w, wg, warp, lane);
     for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
   }
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<kCluster>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
     // Rows this lane writes (looked up now; used after the main loop). fp32 C: the rows of
     // the accumulator fragment (lane/4 and lane/4 + 8). 16-bit C (staged): rows lane/8 + 4i
     // of the warp's 16.
@@ -577,7 +624,7 @@ __device__ __forceinline__ void Consume(const Args& g, char* smem, int wg, int t
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int prev_a = -1, prev_b = -1;
-    for (int kb = 0; kb < g.num_kb; ++kb) {
+    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
       MbarWait(base + Cfg::kFullA + ((Cfg::kConsumerGather ? wg * Cfg::kStagesA : 0) + pa.stage) * 8, pa.phase);
       MbarWait(base + Cfg::kFullB + pb.stage * 8, pb.phase);
       // cp.async writes are generic-proxy writes that wgmma reads through the async proxy.
@@ -603,11 +650,11 @@ __device__ __forceinline__ void Consume(const Args& g, char* smem, int wg, int t
       }
       if (prev_a >= 0 && tid == 0) {
         if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
-        if constexpr (kCluster == 1) {
+        if constexpr (W::kM == 1) {
           MbarArrive(base + Cfg::kEmptyB + prev_b * 8);
         } else {
 #pragma unroll
-          for (int c = 0; c < kCluster; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
+          for (int c = 0; c < W::kM; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
         }
       }
       prev_a = pa.stage, prev_b = pb.stage;
@@ -618,11 +665,31 @@ __device__ __forceinline__ void Consume(const Args& g, char* smem, int wg, int t
     if constexpr (Cfg::kConsumerGather && !Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
     if (tid == 0) {
       if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
-      if constexpr (kCluster == 1) {
+      if constexpr (W::kM == 1) {
         MbarArrive(base + Cfg::kEmptyB + prev_b * 8);
       } else {
 #pragma unroll
-        for (int c = 0; c < kCluster; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
+        for (int c = 0; c < W::kM; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
+      }
+    }
+    if constexpr (kSplitK) {
+      if (w.kstep > 1) {
+        // This group has no other tile, so no load is pending and, once both consumer
+        // warpgroups are past their last wgmma, the stages are free for the fp32 partials:
+        // pair p of consumer thread ct at (p * 256 + ct) * 8 (conflict-free).
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        const int ct = wg * 128 + tid;
+#pragma unroll
+        for (int p = 0; p < 64; ++p)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + (p * 256 + ct) * 8), "f"(acc[2 * p]),
+                       "f"(acc[2 * p + 1])
+                       : "memory");
+        split.live = true;
+        split.n0 = tile.n0;
+        split.row0 = RowOf(g, tile, wrow + (lane >> 2));
+        split.row8 = RowOf(g, tile, wrow + (lane >> 2) + 8);
+        split.c_b = g.c + static_cast<int64_t>(tile.b) * g.c_batch_bytes;
+        continue;
       }
     }
     if constexpr (kDiag & kDiagNoStore) {
@@ -695,19 +762,54 @@ __device__ __forceinline__ void Consume(const Args& g, char* smem, int wg, int t
     }
   }
   if constexpr (Cfg::kConsumerGather) CpAsyncWaitAll();
+  return split;
 }
 
-// kCluster: CTAs per cluster along M (1 or 2; B multicast when 2). kDiag: timing
-// experiments (see Diag).
-template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
+// Split-K epilogue (after a cluster barrier: every partial of the cluster is written).
+// Consumer thread ct of group rank r sums pairs p = r, r + S, ... of its fragment over the
+// group's CTAs in rank order (DSMEM reads: deterministic for a given S) and stores them.
+template <int kKind>
+__device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, uint32_t base, int ct, int rank,
+                                            int S, int group_base) {
+  const int lane = ct & 31;
+  for (int p = rank; p < 64; p += S) {
+    // acc[2p], acc[2p+1] = acc[4j + 2h + {0,1}]: fragment row lane/4 + 8h, columns 8j + 2(lane%4) + {0,1}.
+    const int j = p >> 1, h = p & 1;
+    const uint32_t local = base + (p * 256 + ct) * 8;
+    float x = 0.f, y = 0.f;
+    for (int s = 0; s < S; ++s) {
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(group_base + s));
+      float px, py;
+      asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "r"(remote) : "memory");
+      x += px, y += py;
+    }
+    const int row = h ? st.row8 : st.row0, col = st.n0 + 8 * j + 2 * (lane & 3);
+    if (row < 0 || col >= g.N) continue;
+    char* dst = st.c_b + row * g.c_row_bytes;
+    if constexpr (kKind == kTf32) {
+      *reinterpret_cast<float2*>(dst + static_cast<int64_t>(col) * 4) = make_float2(x, y);
+    } else {
+      *reinterpret_cast<uint32_t*>(dst + static_cast<int64_t>(col) * 2) = Pack2<kKind>(x, y);
+    }
+  }
+}
+
+// kCluster: CTAs per cluster along M (1, 2 or 4; B multicast when > 1), or with kSplitK
+// the cluster of up to kCluster CTAs sharing a tile's K (no multicast, batch 1). kDiag:
+// timing experiments (see Diag).
+template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const Args g) {
+  static_assert(!kSplitK || (kCluster > 1 && Cfg::kConsumerGather), "split-K: clusters, consumer gather");
+  constexpr int kBCluster = kSplitK ? 1 : kCluster;  // CTAs sharing B by multicast
   static_assert(kKind != kTf32 || kTransB, "tf32 wgmma needs K-major B (trans_b)");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  SplitTile split;
   if (threadIdx.x == 0) {
     const uint32_t base = SmemAddr(smem);
     for (int s = 0; s < Cfg::kStagesA; ++s) {
@@ -721,7 +823,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     for (int s = 0; s < Cfg::kStagesB; ++s) {
       MbarInit(base + Cfg::kFullB + s * 8, 1);              // the TMA lane (+ bytes)
-      MbarInit(base + Cfg::kEmptyB + s * 8, 2 * kCluster);  // consumer warpgroups of the cluster
+      MbarInit(base + Cfg::kEmptyB + s * 8, 2 * kBCluster);  // consumer warpgroups sharing the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
@@ -734,7 +836,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
     if (warp == Cfg::kBWarp) {
-      LoadB<Cfg, kKind, kTransB, kCluster, kDiag>(g, &map_b, smem, lane);
+      LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
     } else if (Cfg::kConsumerGather) {
       ZeroFill zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
       if (!(kDiag & kDiagNoZero))
@@ -747,19 +849,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     } else {
       // warps 0, 1 (and 3): each its own instantiation, so its row range is a constant
       if (warp == 0) {
-        GatherA<Cfg, kCluster, kDiag, 0>(g, smem, lane);
+        GatherA<Cfg, kCluster, kDiag, 0, kSplitK>(g, smem, lane);
       } else if (warp == 1) {
-        GatherA<Cfg, kCluster, kDiag, 1>(g, smem, lane);
+        GatherA<Cfg, kCluster, kDiag, 1, kSplitK>(g, smem, lane);
       } else {
-        GatherA<Cfg, kCluster, kDiag, 3>(g, smem, lane);
+        GatherA<Cfg, kCluster, kDiag, 3, kSplitK>(g, smem, lane);
       }
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
     const int wg = (warp >> 2) - 1;
-    Consume<Cfg, kKind, kTransB, kCluster, kDiag>(g, smem, wg, threadIdx.x - 128 * (wg + 1));
+    split = Consume<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, threadIdx.x - 128 * (wg + 1));
   }
-  // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
+  if constexpr (kSplitK) {
+    const Walk<kCluster, true> w(g);  // S, the same in every CTA
+    if (w.kstep > 1) {
+      __syncwarp();
+      ClusterSync();  // every partial of the cluster is in shared memory
+      if (warp >= 4 && split.live)
+        ReduceSplit<kKind>(g, split, SmemAddr(smem), threadIdx.x - 128, w.kfirst, w.kstep,
+                           static_cast<int>(ClusterRank()) - w.kfirst);
+    }
+  }
+  // No CTA may leave while a peer can still multicast into it, arrive on its barriers or
+  // read its shared memory.
   if constexpr (kCluster > 1) {
     __syncwarp();
     ClusterSync();

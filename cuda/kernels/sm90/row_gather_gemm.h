@@ -26,10 +26,12 @@ namespace sm90_rg_testing {
 // gather_warps = 0 (the consumer warps gather A) or 2 / 3 producer warps; carve = smallest
 // shared-memory carve-out; diag =
 // timing-only switches that make the result wrong; epi_in_a = epilogue staging in the
-// freed A stage). Only the default configuration is compiled unless the .cu is built with
-// -DPIT_RG_EXPERIMENTS; NotSupported where not compiled.
+// freed A stage; split_k = the cluster splits K, batch 1). Only the default and split-K
+// configurations are compiled unless the .cu is built with -DPIT_RG_EXPERIMENTS;
+// NotSupported where not compiled. Unlike LaunchRowGatherGemmSm90, a variant never
+// switches to split-K by itself.
 cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStream_t stream, int cluster, int stages_a,
-                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a);
+                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k = false);
 }  // namespace sm90_rg_testing
 
 }  // namespace pit
