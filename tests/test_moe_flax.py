@@ -79,6 +79,21 @@ def random_params(rng, d, f, e, gated, router_scale=1.0):
     return {k: jnp.asarray(v, jnp.float32) for k, v in p.items()}
 
 
+def clear_of_relu_kink(params, x, top_k, dtype, margin=1e-5):
+    """Whether every routed pre-activation x @ w_in[e] (inputs rounded to `dtype`) is at least
+    `margin` from relu's kink. Within float32 rounding of 0 the reference and the kernels,
+    which sum the same products in another order, can fall on different sides, and that
+    unit's gradient flips (the reference on the GPU was once 0.29 off on one element of
+    d w_in while the CUDA and CPU kernels agreed bit for bit: see below)."""
+    rounded = lambda a: np.asarray(jnp.asarray(a, dtype).astype(jnp.float32), np.float64)  # noqa: E731
+    tokens = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+    logits = tokens @ np.asarray(params["router_kernel"], np.float64)
+    ids = np.argsort(-logits, axis=-1)[:, :top_k]  # [N, k]
+    w_in = rounded(params["w_in"])
+    h = np.einsum("nd,nkdf->nkf", rounded(tokens), w_in[ids])
+    return bool(np.abs(h).min() > margin)
+
+
 def linen_loss(layer, params, x, ct):
     y, state = layer.apply({"params": params}, x, mutable=["losses", "intermediates"])
     aux = sum(jax.tree_util.tree_leaves(state["losses"]))
@@ -102,8 +117,12 @@ def test_linen_matches_reference_values_and_gradients(platform, dtype, case):
     rng, seed = fresh_rng()
     layer = MoE(num_experts=e, hidden_dim=f, top_k=k, gated=gated, activation=act, dtype=dtype,
                 load_balancing_weight=LB_W, z_loss_weight=Z_W)
-    params = put(platform, random_params(rng, d, f, e, gated))
-    x = put(platform, jnp.asarray(rng.standard_normal((2, t, d)), jnp.float32))  # a batch [B, S, D]
+    params = random_params(rng, d, f, e, gated)
+    x = rng.standard_normal((2, t, d))  # a batch [B, S, D]
+    while act == "relu" and not clear_of_relu_kink(params, x, k, dtype):
+        x = rng.standard_normal((2, t, d))
+    params = put(platform, params)
+    x = put(platform, jnp.asarray(x, jnp.float32))
     ct = put(platform, jnp.asarray(rng.standard_normal((2, t, d)), jnp.float32))
 
     (loss, (y, state)), grads = jax.jit(jax.value_and_grad(
@@ -113,7 +132,13 @@ def test_linen_matches_reference_values_and_gradients(platform, dtype, case):
         y, lb, z = reference_model(p, x, top_k=k, gated=gated, activation=act, dtype=dtype)
         return jnp.sum(y.astype(jnp.float32) * ct) + LB_W * lb + Z_W * z, (y, lb, z)
 
-    (want_loss, (want_y, lb, z)), want_grads = jax.jit(jax.value_and_grad(ref_loss, has_aux=True))(params)
+    # The reference runs on the host. On the GPU the same reference was once 0.29 off the
+    # host's on one element of d w_in (relu, bf16; the CUDA and CPU kernels both matched the
+    # host to 0.3 %): a unit 1.6e-4 from the kink whose side XLA's GPU dot did not keep.
+    with jax.default_device(jax.devices("cpu")[0]):
+        x, ct = put("cpu", x, ct)
+        (want_loss, (want_y, lb, z)), want_grads = jax.jit(jax.value_and_grad(ref_loss, has_aux=True))(
+            put("cpu", params))
     tol = TOL[dtype]
     assert y.dtype == dtype and y.shape == x.shape
     assert rel_err(y, want_y) < tol, f"seed {seed}"
