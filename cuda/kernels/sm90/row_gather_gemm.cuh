@@ -23,6 +23,8 @@
 // The tile scheduler walks a static tile space (batch x capacity-bound row tiles x column
 // tiles) round-robin; row tiles past the device-side count are skipped by every role
 // alike, so no host read of the count is needed.
+// Small problems with long reductions use the split-K form (kSplitK, clusters of 4 without
+// multicast): see SplitOf and ReduceSplit.
 // Other configurations (producer-warp gather, no cluster, ...) are the experiments of the
 // notes, compiled only with -DPIT_RG_EXPERIMENTS.
 #pragma once
