@@ -490,12 +490,7 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
           *reinterpret_cast<uint4*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) = v;
       }
     } else {
-      // Partial sums, pair p of thread ct at ((p * 256 + ct) * 8): conflict-free.
-#pragma unroll
-      for (int p = 0; p < 64; ++p)
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + (p * 256 + ct) * 8), "f"(acc[2 * p]),
-                     "f"(acc[2 * p + 1])
-                     : "memory");
+      sm90_rg::StorePartials(base, ct, acc);  // the partial sums
     }
   }
   if (S > 1) {
@@ -510,17 +505,10 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
         const int j = p >> 1, h = p & 1;
         const int row = d0 + cwg * 64 + cwarp * 16 + (cl >> 2) + 8 * h;
         const int col = f0 + 8 * j + 2 * (cl & 3);
-        const uint32_t local = base + (p * 256 + ct) * 8;
-        float x = 0.f, y = 0.f;
-        for (int s = 0; s < S; ++s) {  // ranks in order: a fixed summation order
-          uint32_t remote;
-          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(s));
-          float px, py;
-          asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "r"(remote) : "memory");
-          x += px, y += py;
-        }
+        const float2 sum = sm90_rg::SumPartials(base, ct, p, 0, S);  // ranks 0..S-1 in order
         if (row < g.D && col < g.F)
-          *reinterpret_cast<uint32_t*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) = sm90_rg::Pack2<kKind>(x, y);
+          *reinterpret_cast<uint32_t*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) =
+              sm90_rg::Pack2<kKind>(sum.x, sum.y);
       }
     }
     // ... and no CTA leaves while a peer may still read its shared memory.

@@ -527,6 +527,32 @@ __device__ __forceinline__ uint32_t Pack2(float x, float y) {
   }
 }
 
+// Split-K partial tiles in shared memory (this kernel's split-K and the grouped weight
+// gradient's): consumer thread ct (of 256) holds 128 fp32 accumulators, stored as 64 pairs,
+// pair p at (p * 256 + ct) * 8 from `base` (conflict-free).
+__device__ __forceinline__ void StorePartials(uint32_t base, int ct, const float* acc) {
+#pragma unroll
+  for (int p = 0; p < 64; ++p)
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + (p * 256 + ct) * 8), "f"(acc[2 * p]),
+                 "f"(acc[2 * p + 1])
+                 : "memory");
+}
+
+// Pair p of thread ct summed over the partials of cluster ranks first, first + 1, ...,
+// first + n - 1, in that order (DSMEM reads: a fixed summation order, deterministic).
+__device__ __forceinline__ float2 SumPartials(uint32_t base, int ct, int p, int first, int n) {
+  const uint32_t local = base + (p * 256 + ct) * 8;
+  float x = 0.f, y = 0.f;
+  for (int s = 0; s < n; ++s) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(first + s));
+    float px, py;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "r"(remote) : "memory");
+    x += px, y += py;
+  }
+  return make_float2(x, y);
+}
+
 // Consumer-side gather of A (Config kGatherWarps == 0). Each consumer thread owns
 // chunk (lane % 8) of rows warp*16 + lane/8 + 4i (i < 4) of its warpgroup's 64 rows
 // (the rows its warp computes), and walks the same (tile, k-block) sequence as the
@@ -677,15 +703,9 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
     if constexpr (kSplitK) {
       if (w.kstep > 1) {
         // This group has no other tile, so no load is pending and, once both consumer
-        // warpgroups are past their last wgmma, the stages are free for the fp32 partials:
-        // pair p of consumer thread ct at (p * 256 + ct) * 8 (conflict-free).
+        // warpgroups are past their last wgmma, the stages are free for the fp32 partials.
         asm volatile("bar.sync 1, 256;" ::: "memory");
-        const int ct = wg * 128 + tid;
-#pragma unroll
-        for (int p = 0; p < 64; ++p)
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + (p * 256 + ct) * 8), "f"(acc[2 * p]),
-                       "f"(acc[2 * p + 1])
-                       : "memory");
+        StorePartials(base, wg * 128 + tid, acc);
         split.live = true;
         split.n0 = tile.n0;
         split.row0 = RowOf(g, tile, wrow + (lane >> 2));
@@ -777,15 +797,8 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
   for (int p = rank; p < 64; p += S) {
     // acc[2p], acc[2p+1] = acc[4j + 2h + {0,1}]: fragment row lane/4 + 8h, columns 8j + 2(lane%4) + {0,1}.
     const int j = p >> 1, h = p & 1;
-    const uint32_t local = base + (p * 256 + ct) * 8;
-    float x = 0.f, y = 0.f;
-    for (int s = 0; s < S; ++s) {
-      uint32_t remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(group_base + s));
-      float px, py;
-      asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "r"(remote) : "memory");
-      x += px, y += py;
-    }
+    const float2 sum = SumPartials(base, ct, p, group_base, S);
+    const float x = sum.x, y = sum.y;
     const int row = h ? st.row8 : st.row0, col = st.n0 + 8 * j + 2 * (lane & 3);
     if (row < 0 || col >= g.N) continue;
     char* dst = st.c_b + row * g.c_row_bytes;
@@ -804,10 +817,10 @@ template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSpl
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const Args g) {
   static_assert(!kSplitK || (kCluster > 1 && Cfg::kConsumerGather), "split-K: clusters, consumer gather");
-  constexpr int kBCluster = kSplitK ? 1 : kCluster;  // CTAs sharing B by multicast
   static_assert(kKind != kTf32 || kTransB, "tf32 wgmma needs K-major B (trans_b)");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBCluster = kSplitK ? 1 : kCluster;  // CTAs sharing B by multicast
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
