@@ -124,7 +124,6 @@ def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, c
         assert (slots[n:] == -1).all(), f"{what}: unused slots not marked -1: {slots[n:]}"
 
 
-# Raw FFI targets: max error allowed, relative to the reference's max abs value.
 # Step for check_grads on the (bi)linear ops. What it differentiates numerically is a
 # polynomial of degree <= 3 (order-2 "rev" differentiates vjp(f)(f(x))), so the central
 # difference's truncation error is ~step^2 while float32 rounding of the quotient is
@@ -132,6 +131,7 @@ def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, c
 # in about 1 run in 15. 1e-2 keeps both near 1e-4 relative.
 BILINEAR_FD_STEP = 1e-2
 
+# Raw FFI targets: max error allowed, relative to the reference's max abs value.
 FFI_TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
 FFI_TF32_TOL = 5e-3  # float32 with allow_tf32: TF32 tensor cores (10-bit mantissa) may be used
 
