@@ -232,37 +232,61 @@ def test_sread_swrite_count_past_capacity(platform):
 # (h, (M, K, N)), on M not a multiple of h.
 ROW_SHAPES = [(1, (37, 50, 20)), (3, (40, 33, 65)), (32, (100, 64, 48)), (16, (16, 7, 130))]
 ROW_LEADS = {"single": ((), ()), "batched": ((3,), (3,)), "shared_b": ((3,), ()), "nested": ((2, 3), (2,))}
+# The fused epilogue: (bias, activation code of the `activation` attribute).
+ROW_EPILOGUES = [(False, 0), (True, 0), (True, 1), (True, 2), (False, 3), (True, 3), (True, 4)]
 ROW_CASES = [
-    (h, s, d, DTYPES[i % 3], bool(i % 2), list(ROW_LEADS)[(i // 2) % 4], bool((i // 3) % 2))
+    (h, s, d, DTYPES[i % 3], bool(i % 2), list(ROW_LEADS)[(i // 2) % 4], bool((i // 3) % 2),
+     ROW_EPILOGUES[i % len(ROW_EPILOGUES)])
     for i, ((h, s), d) in enumerate(itertools.product(ROW_SHAPES, DENSITIES))
 ]
 
 
+def activate64(v, code):
+    """The activation codes of pit_row_gather_matmul in float64 (jax.nn's formulas)."""
+    if code == 1:
+        return np.maximum(v, 0.0)
+    if code == 2:
+        return 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+    if code == 3:
+        return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
+    if code == 4:
+        return v / (1.0 + np.exp(-v))
+    return v
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize(
-    "h,dims,density,dtype,trans_b,lead,allow_tf32",
+    "h,dims,density,dtype,trans_b,lead,allow_tf32,epilogue",
     ROW_CASES,
-    ids=[f"h{c[0]}-{c[1]}-d{c[2]}-{dname(c[3])}-tb{int(c[4])}-{c[5]}-tf32{int(c[6])}" for c in ROW_CASES],
+    ids=[f"h{c[0]}-{c[1]}-d{c[2]}-{dname(c[3])}-tb{int(c[4])}-{c[5]}-tf32{int(c[6])}-b{int(c[7][0])}a{c[7][1]}"
+         for c in ROW_CASES],
 )
-def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, allow_tf32):
+def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, allow_tf32, epilogue):
     rng, seed = fresh_rng()
     m, k, n = dims
     a_lead, b_lead = ROW_LEADS[lead]
     a = randn(rng, (*a_lead, m, k), dtype)
     b = randn(rng, (*b_lead, *((n, k) if trans_b else (k, n))), dtype)
+    has_bias, act = epilogue
+    bias = randn(rng, (n,), dtype) if has_bias else np.zeros((0,), dtype)
+    # The dead rows' value is the caller's (act(bias), as pit_jax passes it): any row here.
+    dead = randn(rng, (n,), dtype) if has_bias else np.zeros((0,), dtype)
     mask, live, index = build_index(rng, a.shape, (h, k), density)
 
-    def f(mk, a, b):
+    def f(mk, a, b, bias, dead):
         idx = index(mk)
-        c = ffi("pit_row_gather_matmul", (*a_lead, m, n), dtype, a, b, idx.tiles, idx.count, tile_h=h,
-                trans_b=trans_b, allow_tf32=allow_tf32)
+        c = ffi("pit_row_gather_matmul", (*a_lead, m, n), dtype, a, b, idx.tiles, idx.count, bias, dead, tile_h=h,
+                trans_b=trans_b, allow_tf32=allow_tf32, activation=act)
         return c, idx.tiles, idx.count
 
-    c, tiles, count = run(platform, f, mask, a, b)
+    c, tiles, count = run(platform, f, mask, a, b, bias, dead)
     msg = f"seed={seed}"
     rows = expand(flat_listed(tiles, count, math.ceil(m / h), 1), (h, 1), (m, 1))  # [..., M, 1]
     np.testing.assert_array_equal(rows, expand(live, (h, 1), (m, 1)), err_msg=f"{msg}: index")
-    ref = np.where(rows, batched_product(f64(a), f64(b), a_lead, False, trans_b), 0.0)
+    b64 = f64(bias) if has_bias else 0.0
+    live_ref = activate64(batched_product(f64(a), f64(b), a_lead, False, trans_b) + b64, act)
+    ref = np.where(rows, live_ref, f64(dead) if has_bias else 0.0)
+    # Dead rows are an exact copy of the dead row (zeros without one).
     check_close(c, ref, dtype, msg, allow_tf32, exact=np.broadcast_to(~rows, ref.shape))
 
 
@@ -507,10 +531,22 @@ def _s32(*shape):
 BAD_CALLS = {
     "row_gather_inner_dims": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8), _s32(),
-        tile_h=1, trans_b=False, allow_tf32=False),
+        jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
     "row_gather_dtypes": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6), jnp.bfloat16), _s32(8),
-        _s32(), tile_h=1, trans_b=False, allow_tf32=False),
+        _s32(), jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+    "row_gather_bias_shape": lambda: ffi(
+        "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
+        jnp.zeros((5,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+    "row_gather_dead_row_shape": lambda: ffi(
+        "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
+        jnp.zeros((6,)), jnp.zeros((2, 3)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+    "row_gather_bias_dtype": lambda: ffi(
+        "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
+        jnp.zeros((6,), jnp.bfloat16), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+    "row_gather_activation": lambda: ffi(
+        "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
+        jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=7),
     "stile_inner_dims": lambda: ffi(
         "pit_stile_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8, 5), _s32(8),
         sparse_b=False, tile_h=1, tile_w=1, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False),
@@ -558,7 +594,7 @@ def test_empty_batch_and_empty_reduction(platform):
         packed = ffi("pit_sread", (0, 16, 2, 2), jnp.float32, x, t, c, tile_h=2, tile_w=2)
         out = ffi("pit_swrite", (0, 8, 8), jnp.float32, packed, t, c, x, aliases={3: 0}, accumulate=True)
         rg = ffi("pit_row_gather_matmul", (0, 8, 5), jnp.float32, x, jnp.ones((8, 5)), jnp.zeros((0, 8), jnp.int32),
-                 c, tile_h=1, trans_b=False, allow_tf32=False)
+                 c, jnp.zeros((5,)), jnp.zeros((5,)), tile_h=1, trans_b=False, allow_tf32=False, activation=3)
         st = ffi("pit_stile_matmul", (0, 8, 5), jnp.float32, x, jnp.ones((8, 5)), jnp.zeros((0, 4, 4), jnp.int32),
                  c[:, None].repeat(4, 1), sparse_b=False, tile_h=2, tile_w=2, trans_a=False, trans_b=False,
                  trans_c=False, allow_tf32=False)

@@ -7,7 +7,9 @@
 // trans_c, C is stored transposed ([N, M]). Which products are skipped depends on the
 // target:
 //   row gather (M axis):  only rows of C in the row-block list are computed; the
-//                         other rows are written as zeros.
+//                         other rows are written as zeros. With an epilogue,
+//                         C = act(A @ op_b(B) + bias) on the listed rows and a copy of
+//                         `dead` (the caller's act(bias)) on the others.
 //   stile (K axis):       the sparse operand (A or B) is masked by its micro-tiles;
 //                         for each group (block of C rows, or of C columns), the
 //                         reduction runs only over the listed live tiles.
@@ -35,6 +37,18 @@ struct MatrixRef {
   int64_t batch = 1, rows = 0, cols = 0;
 };
 
+// The fused epilogue of the row-gather product (ignored by the other targets, whose
+// decoders never set it). Codes are the FFI attribute `activation`.
+enum class Activation : int { kNone = 0, kRelu = 1, kGeluTanh = 2, kGeluErf = 3, kSilu = 4 };
+constexpr int kNumActivations = 5;
+
+struct Epilogue {
+  const void* bias = nullptr;  // [N] in C's dtype, or null (no bias)
+  const void* dead = nullptr;  // [N] in C's dtype: every unlisted row's value, or null (zeros)
+  Activation act = Activation::kNone;
+  bool Trivial() const { return bias == nullptr && act == Activation::kNone; }
+};
+
 struct MatmulParams {
   DType dtype = DType::kF32;  // of A, B and C alike
   bool allow_tf32 = false;    // float32 only: TF32 tensor cores allowed (else exact f32)
@@ -47,6 +61,7 @@ struct MatmulParams {
   void* c = nullptr;  // stored [c_batch, M, N], or [c_batch, N, M] with trans_c
   int64_t c_batch = 1;
   bool trans_a = false, trans_b = false, trans_c = false;
+  Epilogue epi;  // row gather only
 };
 
 // The live micro-tiles that drive a product (see docs/kernels.md per target).

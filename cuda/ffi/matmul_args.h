@@ -142,9 +142,36 @@ struct ProductArgs {
   StileGeometry geometry;  // pit_stile_matmul only
 };
 
+// The fused epilogue: bias and dead_row [N] in c's dtype or empty (none; zeros), activation
+// a code of matmul_params.h's Activation.
+inline ffi::ErrorOr<Epilogue> DecodeEpilogue(const std::string& target, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                             int64_t activation, const MatmulParams& p) {
+  Epilogue e;
+  if (activation < 0 || activation >= kNumActivations)
+    return InvalidArg(target + ": activation must be a code in [0, " + std::to_string(kNumActivations) + "), got " +
+                      std::to_string(activation));
+  e.act = static_cast<Activation>(activation);
+  auto vector = [&](ffi::AnyBuffer v, const char* what) -> ffi::ErrorOr<const void*> {
+    if (v.element_count() == 0) return static_cast<const void*>(nullptr);
+    auto dtype = DecodeDType(v.element_type(), target + ": " + what);
+    if (dtype.has_error() || *dtype != p.dtype) return InvalidArg(target + ": " + what + " must have the dtype of a");
+    if (v.dimensions().size() != 1 || v.dimensions()[0] != p.N)
+      return InvalidArg(target + ": " + what + " must be [N] = [" + std::to_string(p.N) + "] or empty");
+    return static_cast<const void*>(v.untyped_data());
+  };
+  auto b = vector(bias, "bias");
+  if (b.has_error()) return ffi::Unexpected<ffi::Error>(b.error());
+  auto d = vector(dead_row, "dead_row");
+  if (d.has_error()) return ffi::Unexpected<ffi::Error>(d.error());
+  e.bias = *b;
+  e.dead = *d;
+  return e;
+}
+
 inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
-                                                     S32Buffer count, ffi::Result<ffi::AnyBuffer>& c,
-                                                     int64_t tile_h, bool trans_b, bool allow_tf32) {
+                                                     S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                                     ffi::Result<ffi::AnyBuffer>& c, int64_t tile_h, bool trans_b,
+                                                     bool allow_tf32, int64_t activation) {
   const std::string target = "pit_row_gather_matmul";
   auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
                         allow_tf32);
@@ -156,6 +183,9 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyB
   if (t.has_error()) return ffi::Unexpected<ffi::Error>(t.error());
   auto err = CheckIndexBatch(target, *t, p->a.batch, "a");
   if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
+  auto epi = DecodeEpilogue(target, bias, dead_row, activation, *p);
+  if (epi.has_error()) return ffi::Unexpected<ffi::Error>(epi.error());
+  p->epi = *epi;
   return ProductArgs{*p, *t, {}};
 }
 

@@ -145,6 +145,28 @@ cudaError_t ZeroC(const MatmulParams& p, cudaStream_t stream) {
   return bytes > 0 ? cudaMemsetAsync(p.c, 0, static_cast<size_t>(bytes), stream) : cudaSuccess;
 }
 
+// Every row of C = the dead row (the live rows are written over).
+template <typename Word>
+__global__ void FillRows(const Word* dead, Word* c, int64_t n_total, int n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_total; i += int64_t{gridDim.x} * blockDim.x)
+    c[i] = dead[i % n];
+}
+
+cudaError_t FillC(const MatmulParams& p, cudaStream_t stream) {
+  if (!p.epi.dead) return ZeroC(p, stream);
+  const int64_t n_total = p.c_batch * p.M * p.N;
+  if (n_total == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n_total + 255) / 256, 4096));
+  const int n = static_cast<int>(p.N);
+  if (p.dtype == DType::kF32)
+    FillRows<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t*>(p.epi.dead), static_cast<uint32_t*>(p.c),
+                                         n_total, n);
+  else
+    FillRows<<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(p.epi.dead), static_cast<uint16_t*>(p.c),
+                                         n_total, n);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchRowGatherMatmul(const MatmulParams& p, const TileList& rows, cudaStream_t stream) {
@@ -156,8 +178,10 @@ cudaError_t LaunchRowGatherMatmul(const MatmulParams& p, const TileList& rows, c
   if (p.trans_a || p.trans_c || !Common(p, rows, &g)) return cudaErrorInvalidValue;
   const int64_t positions = rows.capacity * rows.tile_h;  // rows of all slots, concatenated
   if (!Fits(positions)) return cudaErrorInvalidValue;
-  // Rows outside the listed blocks are zero: clear C, then write the live rows.
-  cudaError_t err = ZeroC(p, stream);
+  // Rows outside the listed blocks are zero (the dead row with an epilogue): fill C, then
+  // write the live rows.
+  g.epi = EpilogueDev::From(p.epi, p.dtype, p.N);
+  cudaError_t err = FillC(p, stream);
   if (err != cudaSuccess || p.batch == 0 || p.M == 0 || p.N == 0) return err;
   g.mode = gemm::kRowGather;
   g.tile = static_cast<int>(rows.tile_h);

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/epilogue.cuh"
 
 namespace pit {
 namespace gemm {
@@ -56,6 +57,7 @@ struct GemmArgs {
   int tiles_b = 0;   // sdd: tile columns
   int units = 1;     // per C entry: 1 (row gather), groups (stile), capacity (sdd)
   int blocks_m = 1, blocks_n = 1;  // blocks per unit along M and N
+  EpilogueDev epi;                 // row gather only: bias + activation on the written rows
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -581,7 +583,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
 #pragma unroll
         for (int nt = 0; nt < Cfg::NT; ++nt) {
           const int n = n_lo + Math::WarpN() * Cfg::WN + nt * 8 + 2 * tq;
-          const float v0 = math.acc[mt][nt][2 * h], v1 = math.acc[mt][nt][2 * h + 1];
+          float v0 = math.acc[mt][nt][2 * h], v1 = math.acc[mt][nt][2 * h + 1];
+          if (g.epi.on) v0 = g.epi.Apply(v0, n), v1 = g.epi.Apply(v1, n + 1);
           if (g.c_vec && n + 2 <= n_hi) {  // row-major C, n even, N even: 4-byte aligned pair
             *reinterpret_cast<uint32_t*>(&out(row, n)) =
                 Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16);
@@ -600,8 +603,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
 #pragma unroll
       for (int js = 0; js < Cfg::TN; js += 4) {
         const int n = n_lo + Math::Col(js);
-        const float v0 = math.acc[i][js], v1 = math.acc[i][js + 1], v2 = math.acc[i][js + 2],
-                    v3 = math.acc[i][js + 3];
+        float v0 = math.acc[i][js], v1 = math.acc[i][js + 1], v2 = math.acc[i][js + 2], v3 = math.acc[i][js + 3];
+        if (g.epi.on) {
+          v0 = g.epi.Apply(v0, n), v1 = g.epi.Apply(v1, n + 1);
+          v2 = g.epi.Apply(v2, n + 2), v3 = g.epi.Apply(v3, n + 3);
+        }
         if (g.c_vec && n + 4 <= n_hi) {  // row-major C, n % 4 == 0, N % 4 == 0: aligned quad
           if constexpr (sizeof(Word) == 4) {
             *reinterpret_cast<float4*>(&out(row, n)) = make_float4(v0, v1, v2, v3);

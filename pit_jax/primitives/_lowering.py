@@ -6,6 +6,7 @@ import functools
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
@@ -75,3 +76,26 @@ def cuda_is_sm90() -> bool:
     except RuntimeError:
         return False
     return bool(devices) and str(getattr(devices[0], "compute_capability", "")).startswith("9.0")
+
+
+# Codes of the row-gather epilogue's `activation` attribute (cuda/common/matmul_params.h).
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4, "swish": 4}
+
+
+def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None):
+    """pit_row_gather_matmul: C = act(A @ op(B) + bias) on the listed row blocks of A,
+    act(bias) elsewhere (zeros without a bias: act(0) = 0). `bias` [N] in A's dtype; the
+    dead rows' value act(bias) is computed here once (float32, rounded) and copied there."""
+    from pit_jax import _activations
+
+    empty = jnp.zeros((0,), a.dtype)
+    dead = empty
+    if bias is None:
+        bias = empty
+    else:
+        dead = bias.astype(jnp.float32)
+        dead = (dead if activation is None else _activations.ACTIVATIONS[activation](dead)).astype(a.dtype)
+    return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
+        a, b, tiles, count, bias, dead, tile_h=np.int64(tile_h), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32),
+        activation=np.int64(ACTIVATION_CODES[activation]),
+    )

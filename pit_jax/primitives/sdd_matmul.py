@@ -68,9 +68,8 @@ def _native(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch, cuda=Fals
     shape = _shape(a, b, idx, trans_a=trans_a, trans_b=trans_b, out_batch=out_batch)
     out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
     if _row_gather(a, idx, shape, tile=tile, trans_a=trans_a, out_batch=out_batch):
-        return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
-            a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
-        )
+        return _lowering.row_gather_call(a, b, idx[0], idx[1], out, tile_h=tile[0], trans_b=trans_b,
+                                         allow_tf32=allow_tf32)
     if cuda and _dense_is_faster(shape, tile):
         return _dense_route.sdd(a, b, idx[0], idx[1], tile=tile, trans_a=trans_a, trans_b=trans_b,
                                 allow_tf32=allow_tf32, out_batch=out_batch)

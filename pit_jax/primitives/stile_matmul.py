@@ -151,9 +151,8 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
             # Hopper's TF32 wgmma reads B K-major only: one transposed copy of w (a small
             # fraction of the product) keeps the product on tensor cores instead of FFMA.
             b, trans_b = jnp.swapaxes(b, -1, -2), True
-        return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
-            a, b, idx[0], idx[1], tile_h=np.int64(tile[0]), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32)
-        )
+        return _lowering.row_gather_call(a, b, idx[0], idx[1], out, tile_h=tile[0], trans_b=trans_b,
+                                         allow_tf32=allow_tf32)
     if cuda and _rows_wgrad_applies(a, b, idx, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
                                     trans_c=trans_c, out_batch=out_batch):
         return _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch).reshape(out.shape)

@@ -1,6 +1,7 @@
 // pit_row_gather_matmul on the CPU: rows of the listed row blocks of a are multiplied
 // by op_b(B); every other row of c is zero.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -11,6 +12,16 @@
 namespace pit {
 namespace {
 
+
+float Activate(float v, Activation act) {  // as cuda/kernels/epilogue.cuh
+  switch (act) {
+    case Activation::kRelu: return std::max(v, 0.0f);
+    case Activation::kGeluTanh: return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case Activation::kGeluErf: return 0.5f * v * (1.0f + std::erf(v * 0.7071067811865476f));
+    case Activation::kSilu: return v / (1.0f + std::exp(-v));
+    default: return v;
+  }
+}
 
 void RowGather(const MatmulParams& p, const TileList& t) {
   const int64_t es = DTypeBytes(p.dtype);
@@ -24,9 +35,17 @@ void RowGather(const MatmulParams& p, const TileList& t) {
     l[i] = arows.data() + i * p.K;
     out[i] = acc.data() + i * p.N;
   }
+  // The epilogue: act(acc + bias) on live rows, a copy of the dead row (zeros without one)
+  // on the others.
+  std::vector<float> bias(static_cast<size_t>(p.N), 0.0f);
+  if (p.epi.bias) cpu::LoadRow(p.dtype, p.epi.bias, 0, p.N, bias.data());
   for (int64_t b = 0; b < p.batch; ++b) {
     char* cb = static_cast<char*>(p.c) + b * p.M * p.N * es;
-    cpu::Zero(cb, p.M * p.N * es);  // all-zero bytes are +0 in every dtype
+    if (p.epi.dead) {
+      for (int64_t r = 0; r < p.M; ++r) std::memcpy(cb + r * p.N * es, p.epi.dead, static_cast<size_t>(p.N * es));
+    } else {
+      cpu::Zero(cb, p.M * p.N * es);  // all-zero bytes are +0 in every dtype
+    }
     const int64_t live = cpu::LiveCount(t.counts[b], t.capacity);
     if (live == 0) continue;
     const cpu::FloatMatrix& bm = bmat.Get(b / (p.batch / p.b.batch));
@@ -41,6 +60,9 @@ void RowGather(const MatmulParams& p, const TileList& t) {
         cpu::LoadRow(p.dtype, p.a.data, (b * p.M + r) * p.K, rows * p.K, arows.data());
         std::fill(acc.begin(), acc.end(), 0.0f);
         cpu::UpdateRows(rows, l, out, bm, 0, 0, p.K, p.N);
+        if (!p.epi.Trivial())
+          for (int i = 0; i < rows; ++i)
+            for (int64_t n = 0; n < p.N; ++n) out[i][n] = Activate(out[i][n] + bias[n], p.epi.act);
         cpu::StoreRow(p.dtype, acc.data(), rows * p.N, p.c, (b * p.M + r) * p.N);
       }
     }
@@ -48,8 +70,9 @@ void RowGather(const MatmulParams& p, const TileList& t) {
 }
 
 ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
-                              ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b, bool allow_tf32) {
-  auto args = DecodeRowGatherArgs(a, b, tiles, count, c, tile_h, trans_b, allow_tf32);
+                              ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b,
+                              bool allow_tf32, int64_t activation) {
+  auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
   cpu::Poison(c->untyped_data(), c->size_bytes());
   if (args->mm.batch > 0) RowGather(args->mm, args->index);
@@ -65,7 +88,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCpu, pit::RowGatherMatmulCpu,
                                   .Arg<xla::ffi::AnyBuffer>()              // b
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Arg<xla::ffi::AnyBuffer>()              // bias: [N] or empty
+                                  .Arg<xla::ffi::AnyBuffer>()              // dead_row: [N] or empty
                                   .Ret<xla::ffi::AnyBuffer>()              // c
                                   .Attr<int64_t>("tile_h")
                                   .Attr<bool>("trans_b")
-                                  .Attr<bool>("allow_tf32"));
+                                  .Attr<bool>("allow_tf32")
+                                  .Attr<int64_t>("activation"));

@@ -15,10 +15,10 @@ namespace {
 constexpr char kTarget[] = "pit_row_gather_matmul";
 
 ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
-                               S32Buffer count, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b,
-                               bool allow_tf32) {
+                               S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h,
+                               bool trans_b, bool allow_tf32, int64_t activation) {
   ++HandlerCalls();
-  auto args = DecodeRowGatherArgs(a, b, tiles, count, c, tile_h, trans_b, allow_tf32);
+  auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
@@ -35,8 +35,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCuda, pit::RowGatherMatmulCuda,
                                   .Arg<xla::ffi::AnyBuffer>()              // b
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Arg<xla::ffi::AnyBuffer>()              // bias: [N] or empty
+                                  .Arg<xla::ffi::AnyBuffer>()              // dead_row: [N] or empty
                                   .Ret<xla::ffi::AnyBuffer>()              // c
                                   .Attr<int64_t>("tile_h")
                                   .Attr<bool>("trans_b")
-                                  .Attr<bool>("allow_tf32"),
+                                  .Attr<bool>("allow_tf32")
+                                  .Attr<int64_t>("activation"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

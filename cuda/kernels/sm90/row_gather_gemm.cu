@@ -164,7 +164,9 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   if (p.M == 0 || p.N == 0) return cudaSuccess;  // nothing to write
   const int64_t tile_rows = (p.M + rows.tile_h - 1) / rows.tile_h;
   if (rows.capacity != tile_rows) return kNo;  // dead ids are only listed at full capacity
-  if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || !Aligned16(p.c)) return kNo;
+  if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || !Aligned16(p.c) || !Aligned16(p.epi.dead) ||
+      !Aligned16(p.epi.bias))
+    return kNo;
   const DeviceInfo* dev = GetDeviceInfo();
   if (!dev || !dev->sm90 || dev->sms <= 0) return kNo;
   auto encode = GetEncodeTiled();
@@ -192,6 +194,7 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   g.n_tiles = static_cast<int>((p.N + kBN - 1) / kBN);
   g.m_tiles = static_cast<int>((rows.capacity * rows.tile_h + kBM - 1) / kBM);
   g.num_kb = static_cast<int>((p.K * es + kBKBytes - 1) / kBKBytes);
+  g.epi = EpilogueDev::From(p.epi, p.dtype, p.N);
   if (v.auto_split && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
       int64_t{g.m_tiles} * g.n_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
     v = kSplit;

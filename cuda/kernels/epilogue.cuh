@@ -1,0 +1,75 @@
+// The row-gather product's fused epilogue on the device: v -> act(v + bias[n]), rounded
+// once to C's dtype by the caller. Dead rows are a copy of the `dead` row (the caller
+// computes act(bias) once: per element here, the fill warps would turn compute-bound).
+// Shared by the generic kernel (sparse_gemm_kernel.cuh) and the Hopper one
+// (sm90/row_gather_gemm.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/common/matmul_params.h"
+
+namespace pit {
+
+// The formulas of jax.nn.relu, gelu (approximate=True: tanh; False: erf) and silu, in
+// float32; kAct an Activation code (anything else: the identity).
+template <int kAct>
+__device__ __forceinline__ float ActivateT(float v) {
+  if constexpr (kAct == static_cast<int>(Activation::kRelu)) {
+    return fmaxf(v, 0.0f);
+  } else if constexpr (kAct == static_cast<int>(Activation::kGeluTanh)) {
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+  } else if constexpr (kAct == static_cast<int>(Activation::kGeluErf)) {
+    return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+  } else if constexpr (kAct == static_cast<int>(Activation::kSilu)) {
+    return v / (1.0f + expf(-v));
+  } else {
+    return v;
+  }
+}
+
+// The same with the code known at run time (a branch per call: for rolled loops).
+__device__ __forceinline__ float Activate(float v, int act) {
+  switch (act) {
+    case static_cast<int>(Activation::kRelu): return ActivateT<static_cast<int>(Activation::kRelu)>(v);
+    case static_cast<int>(Activation::kGeluTanh): return ActivateT<static_cast<int>(Activation::kGeluTanh)>(v);
+    case static_cast<int>(Activation::kGeluErf): return ActivateT<static_cast<int>(Activation::kGeluErf)>(v);
+    case static_cast<int>(Activation::kSilu): return ActivateT<static_cast<int>(Activation::kSilu)>(v);
+    default: return v;
+  }
+}
+
+struct EpilogueDev {
+  const void* bias = nullptr;  // [n_limit] in `dtype`, or null
+  const char* dead = nullptr;  // [n_limit] in `dtype`: the dead rows' value, or null (zeros)
+  int act = 0;
+  int dtype = 0;    // DType of C and the bias
+  int n_limit = 0;  // N: columns at or past it read no bias (their results are dropped)
+  bool on = false;  // anything to do on live rows
+
+  static EpilogueDev From(const Epilogue& e, DType t, int64_t n) {
+    EpilogueDev d;
+    d.bias = e.bias;
+    d.dead = static_cast<const char*>(e.dead);
+    d.act = static_cast<int>(e.act);
+    d.dtype = static_cast<int>(t);
+    d.n_limit = static_cast<int>(n);
+    d.on = !e.Trivial();
+    return d;
+  }
+
+  __device__ __forceinline__ float Bias(int n) const {
+    if (!bias || n >= n_limit) return 0.0f;
+    if (dtype == static_cast<int>(DType::kF32)) return __ldg(static_cast<const float*>(bias) + n);
+    const unsigned short w = __ldg(static_cast<const unsigned short*>(bias) + n);
+    if (dtype == static_cast<int>(DType::kBF16)) return __uint_as_float(static_cast<uint32_t>(w) << 16);
+    return __half2float(__ushort_as_half(w));
+  }
+  __device__ __forceinline__ float Apply(float v, int n) const { return Activate(v + Bias(n), act); }
+};
+
+}  // namespace pit
