@@ -7,12 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import pit_jax
+from pit_jax import _activations
 from pit_jax.ops.sparse_dense import dense_product
 from pit_jax.optimizer.plan import Plan
 
 
-def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None):
-    """`inputs @ kernel` over the last dim of inputs ([..., K]), skipping dead micro-tiles.
+def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None, bias=None,
+                           activation=None):
+    """`act(inputs @ kernel + bias)` over the last dim of inputs ([..., K]), skipping dead
+    micro-tiles (bias [N] or None; on the M axis bias and a named activation are fused).
 
     Without an index, all leading dims are folded into the rows, so one index covers
     the whole batch (the forward is exact whatever the tiling: the mask comes from
@@ -23,16 +26,20 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     if plan is not None:
         _check_plan(plan, kernel, index)
         if plan.is_dense:
-            return dense_product(inputs, kernel, precision)
+            y = dense_product(inputs, kernel, precision)
+            y = y if bias is None else y + bias
+            return y if activation is None else _activations.resolve(activation, "SparseDense: activation")(y)
         axis, micro_tile = plan.axis, plan.micro_tile
+    epi = dict(bias=bias, activation=activation)
     if index is not None:
-        return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision)
+        return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision, **epi)
     lead = inputs.shape[:-1]
     x2 = jnp.reshape(inputs, (-1, inputs.shape[-1]))
     owner = kernel.shape if axis == "w" else x2.shape  # the matrix the index tiles
     if isinstance(micro_tile, str) and micro_tile == "auto" and isinstance(kernel if axis == "w" else x2, jax.core.Tracer):
         micro_tile = None  # traced: nothing to plan from; the default, fitted to the input
-    y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, owner), precision=precision)
+    y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, owner), precision=precision,
+                             **epi)
     return jnp.reshape(y, (*lead, kernel.shape[-1]))
 
 

@@ -26,6 +26,10 @@ class SparseDense(nn.Module):
         "auto" plans from the inputs when they are concrete, else uses the default.
       plan: a `pit_jax.Plan` for the product (static): overrides axis and micro_tile,
         or runs the dense product. `SparseDense.from_sample` makes one from inputs.
+      activation: None, a name ("relu", "gelu", "gelu_exact", "silu") or a callable,
+        applied after the bias: `act(nn.Dense(x))`. On the M axis a named activation runs
+        with the bias in the product's epilogue, on live rows only (padding rows are
+        written act(bias) without work), so it costs nothing on padding.
     """
 
     features: int
@@ -38,6 +42,7 @@ class SparseDense(nn.Module):
     axis: str = "m"
     micro_tile: Optional[MicroTileSpec] = None
     plan: Optional[Plan] = None
+    activation: Any = None
 
     @classmethod
     def from_sample(cls, sample, features: int, **attributes) -> "SparseDense":
@@ -57,8 +62,6 @@ class SparseDense(nn.Module):
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan,
+            plan=self.plan, bias=bias, activation=self.activation,
         )
-        if bias is not None:
-            y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y

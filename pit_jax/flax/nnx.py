@@ -19,7 +19,9 @@ class SparseDense(nnx.Module):
     [out], same initializers and dtypes), computed by `pit_jax.sparse_dense` with the
     index built from the input on every call. `axis`, `micro_tile` and `plan` as in the
     linen layer; `sample` (a sample of the inputs, [..., in_features]) makes the plan
-    here, at construction."""
+    here, at construction. `activation` (None, a name or a callable) is applied after
+    the bias; on the M axis a named activation runs with the bias in the product's
+    epilogue, on live rows only (`pit_jax.sparse_dense`)."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class SparseDense(nnx.Module):
         micro_tile: Optional[MicroTileSpec] = None,
         plan: Optional[Plan] = None,
         sample: Any = None,
+        activation: Any = None,
         rngs: nnx.Rngs,
     ):
         self.in_features = in_features
@@ -46,6 +49,7 @@ class SparseDense(nnx.Module):
         self.precision = precision
         self.axis = axis
         self.micro_tile = micro_tile
+        self.activation = activation
         if sample is not None:
             if plan is not None:
                 raise ValueError("SparseDense: pass either plan or sample, not both")
@@ -62,10 +66,8 @@ class SparseDense(nnx.Module):
         inputs, kernel, bias = dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan,
+            plan=self.plan, bias=bias, activation=self.activation,
         )
-        if bias is not None:
-            y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y
 
 

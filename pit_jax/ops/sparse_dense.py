@@ -22,6 +22,13 @@ masking or ReLU. Forward and backward run as PIT products on the one index:
   that may change every step): each block of output columns reduces over its live k
   blocks only.
 
+Bias and activation: `sparse_dense(x, w, index, bias=b, activation="gelu")` is
+`act(sparse_dense(x, w, index) + b)`. On the M axis a named activation runs with the bias
+in the product's epilogue on the live rows (dead rows are written act(b) without a
+product): a padded model's activation then costs nothing on its padding. Elsewhere (a
+bias alone, a callable activation, a batched bias, the K and W axes) XLA applies them
+after the product. Differentiating runs the unfused expression (primitives/row_linear.py).
+
 Choosing the STile (docs/optimizer.md): `plan=pit_jax.plan(sample, ...)` runs the plan's
 axis and micro-tile, or `x @ w` when the plan is dense (the forward is the same: with
 `index=None` the mask comes from the operand itself). `micro_tile="auto"` plans from the
@@ -37,11 +44,13 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from pit_jax import config, reference
+from pit_jax import _activations, config, reference
 from pit_jax.ops.index import index as build_index
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
+from pit_jax.primitives.row_linear import ACTIVATIONS as FUSED_ACTIVATIONS
+from pit_jax.primitives.row_linear import row_linear
 from pit_jax.primitives.stile_matmul import stile_matmul
 
 AXES = ("m", "k", "w")
@@ -169,8 +178,11 @@ def sparse_dense(
     micro_tile: Optional[MicroTileSpec] = None,
     precision: Any = None,
     plan: Optional[Plan] = None,
+    bias: Optional[jax.Array] = None,
+    activation: Optional[_activations.ActivationSpec] = None,
 ) -> jax.Array:
-    """`x @ w` computed only on the live micro-tiles of x (axes "m", "k") or w (axis "w").
+    """`act(x @ w + bias)` with the product only on the live micro-tiles of x (axes "m",
+    "k") or w (axis "w").
 
     Args:
       x: [..., M, K] (or [K]) float32 / bfloat16 / float16.
@@ -183,6 +195,10 @@ def sparse_dense(
       precision: float32 only: None/HIGHEST exact, DEFAULT/HIGH/"tensorfloat32" allow TF32.
       plan: a `pit_jax.Plan`: its axis and micro-tile (clipped to smaller inputs), or
         the dense product; leave axis and micro_tile unset.
+      bias: None or [..., N] (broadcast against the result), cast to the result's dtype.
+      activation: None, a name ("relu", "gelu" (tanh approximation, as jax.nn.gelu),
+        "gelu_exact", "silu", "swish") or a callable, applied after the bias. The names
+        are fused into the M-axis product's epilogue (see above).
 
     Returns:
       [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation.
@@ -207,6 +223,18 @@ def sparse_dense(
         raise ValueError(f"sparse_dense: inner dimensions differ: x is {tuple(x.shape)}, w is {tuple(w.shape)}")
     tf32 = allow_tf32(precision)
     x, w = x.astype(dtype), w.astype(dtype)
+    act = None if activation is None else _activations.resolve(activation, "sparse_dense: activation")
+    if bias is not None:
+        bias = jnp.asarray(bias).astype(dtype)
+        if bias.ndim < 1 or bias.shape[-1] != w.shape[-1]:
+            raise ValueError(f"sparse_dense: bias must be [..., N] with N = {w.shape[-1]}, got {tuple(bias.shape)}")
+
+    def epilogue(y):
+        y = y if bias is None else y + bias
+        return y if act is None else act(y)
+
+    def result(y):
+        return y[..., 0, :] if vector else y
     if auto:
         plan = _auto_plan(x, w, axis, precision, dtype)
         micro_tile = None
@@ -219,8 +247,7 @@ def sparse_dense(
         if plan.is_dense:
             if index is not None:
                 raise ValueError("sparse_dense: the plan is dense, so there is no index to pass")
-            y = dense_product(x, w, precision)
-            return y[..., 0, :] if vector else y
+            return result(epilogue(dense_product(x, w, precision)))
         axis = plan.axis
         micro_tile = _plan_tile(plan, (w if axis == "w" else x).shape[-2:])
     axis = axis or "m"
@@ -252,11 +279,20 @@ def sparse_dense(
     tile = (index.micro_tile[0], x.shape[-1]) if axis == "m" else index.micro_tile
     params = dict(sparse=sparse, tile=tile, trans_a=False, trans_b=False, trans_c=False,
                   allow_tf32=tf32, out_batch=len(full))
+    # A bias alone stays in XLA, which fuses the add into whatever reads the product (a
+    # layer norm, a slice); in the epilogue it cost more than that (H100 BERT profile,
+    # docs/notes/sm90_row_gather.md "Fused epilogue").
+    fused = (
+        axis == "m" and isinstance(activation, str) and activation in FUSED_ACTIVATIONS
+        and (bias is None or bias.ndim == 1)
+    )
     if config.reference_enabled():
-        y = reference.stile_matmul(x, w, *index.arrays, **params)
+        y = epilogue(reference.stile_matmul(x, w, *index.arrays, **params))
+    elif fused:
+        y = row_linear(x, w, bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32)
     else:
-        y = stile_matmul(x, w, index.arrays, **params)
-    return y[..., 0, :] if vector else y
+        y = epilogue(stile_matmul(x, w, index.arrays, **params))
+    return result(y)
 
 
 def _own_index(owner, tile, axis) -> PitIndex:

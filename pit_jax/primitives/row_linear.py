@@ -1,0 +1,129 @@
+"""`row_linear`: the M-axis product with its bias and activation in the kernel's epilogue.
+
+    y = act((x ∘ rows) @ w + bias)
+
+`rows` = the row blocks of x listed by the index operands (tiles, count, row_tiles,
+row_count, col_tiles, col_count; exactly x's batch dims), `bias` [N] or [0] (none),
+`activation` None or a name of `ACTIVATIONS`. Live rows get the product, the bias and
+the activation before the one rounding to x's dtype; dead rows are written act(bias)
+(zeros without a bias) and cost no product. This is what keeps a padded model's bias
+and activation off its padding rows: XLA would run them over every row.
+
+Autodiff differentiates the unfused expression (stile_matmul, then the bias and the
+activation in XLA), so a differentiated step runs the activation on all rows; only a
+forward that is not differentiated is fused. vmap batches like stile_matmul; a vmapped
+bias falls back to the unfused expression.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, xla
+
+from pit_jax import _activations
+from pit_jax.primitives import _lowering, _products
+from pit_jax.primitives.stile_matmul import plan, stile_matmul
+
+row_linear_p = Primitive("pit_row_linear")
+
+ACTIVATIONS = tuple(name for name in _lowering.ACTIVATION_CODES if name is not None)
+
+
+def _tile(x, tile_h):
+    return (tile_h, x.shape[-1])
+
+
+def _check(x, w, bias, idx, *, tile_h, activation):
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"row_linear: activation must be None or one of {ACTIVATIONS}, got {activation!r}")
+    n = w.shape[-1]
+    if bias.ndim != 1 or bias.shape[0] not in (0, n):
+        raise ValueError(f"row_linear: bias must be [N] = [{n}] (or [0] for none), got {tuple(bias.shape)}")
+    if bias.dtype != x.dtype:
+        raise TypeError(f"row_linear: bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    if w.ndim > 2 and tuple(w.shape[:-2]) != tuple(x.shape[:-2]):
+        raise ValueError(f"row_linear: w's batch dims {tuple(w.shape[:-2])} must be x's {tuple(x.shape[:-2])} or none")
+    p = plan(x, w, idx, sparse="a", tile=_tile(x, tile_h), trans_a=False, trans_b=False, trans_c=False,
+             out_batch=x.ndim - 2)
+    if p.target != "row_gather":
+        raise ValueError("row_linear: the index must have x's batch dims and tile whole rows of x")
+
+
+def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32):
+    _check(x, w, bias, idx, tile_h=tile_h, activation=activation)
+    return ShapedArray((*x.shape[:-1], w.shape[-1]), x.dtype)
+
+
+def _native(x, w, bias, *idx, tile_h, activation, allow_tf32, cuda=False):
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1]), x.dtype)
+    trans_b = False
+    if cuda and allow_tf32 and x.dtype == jnp.float32:
+        # As in stile_matmul: Hopper's TF32 wgmma reads B K-major only.
+        w, trans_b = jnp.swapaxes(w, -1, -2), True
+    return _lowering.row_gather_call(
+        x, w, idx[0], idx[1], out, tile_h=tile_h, trans_b=trans_b, allow_tf32=allow_tf32,
+        bias=bias if bias.shape[0] else None, activation=activation,
+    )
+
+
+def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32):
+    """The same value through stile_matmul, then the bias and the activation in XLA."""
+    y = stile_matmul(x, w, idx, sparse="a", tile=_tile(x, tile_h), allow_tf32=allow_tf32, out_batch=x.ndim - 2)
+    if bias.shape[-1]:
+        y = y + bias.astype(y.dtype)
+    return _activations.ACTIVATIONS[activation](y) if activation is not None else y
+
+
+def row_linear(x, w, bias, idx, *, tile_h, activation=None, allow_tf32=False):
+    """x [..., M, K], w [K, N] or [..., K, N], bias [N] or None; idx: the six index arrays."""
+    if bias is None:
+        bias = jnp.zeros((0,), x.dtype)
+    return row_linear_p.bind(x, w, bias, *idx, tile_h=int(tile_h), activation=activation,
+                             allow_tf32=bool(allow_tf32))
+
+
+def _jvp(primals, tangents, **params):
+    x, w, bias, *idx = primals
+    live = [i for i, t in enumerate(tangents[:3]) if type(t) is not ad.Zero]
+    if not live:
+        out = row_linear_p.bind(*primals, **params)
+        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+
+    def f(*vals):
+        args = [x, w, bias]
+        for i, v in zip(live, vals):
+            args[i] = v
+        return unfused(*args, *idx, **params)
+
+    return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+
+
+def _batch(args, dims, **params):
+    x, w, bias, *idx = args
+    dx, dw, dbias, *didx = dims
+    if dbias is not None:
+        return jax.vmap(functools.partial(unfused, **params), in_axes=tuple(dims))(*args), 0
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+    def front(a, d):
+        return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
+
+    x = front(x, dx)
+    idx = [front(a, d) for a, d in zip(idx, didx)]  # the index has x's batch dims
+    if dw is not None or w.ndim > 2:
+        w = front(w, dw)
+    return row_linear_p.bind(x, w, bias, *idx, **params), 0
+
+
+row_linear_p.def_impl(lambda *args, **params: xla.apply_primitive(row_linear_p, *args, **params))
+row_linear_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[row_linear_p] = _jvp
+batching.primitive_batchers[row_linear_p] = _batch
+_lowering.register_traced_lowering(
+    row_linear_p, _native, ("pit_row_gather_matmul",), cuda_fn=functools.partial(_native, cuda=True)
+)

@@ -1,0 +1,217 @@
+"""sparse_dense with bias and activation: act((x * mask) @ w + bias) against float64.
+
+On the M axis a named activation (with its [N] bias, if any) runs in the row-gather
+kernel's epilogue (primitives/row_linear.py): live rows get act(product + bias), dead rows
+act(bias) without a product. Everything else (a bias alone, callables, batched biases,
+the K and W axes, the gradients) is the unfused expression. Fresh random data every run; native outputs are
+poisoned (NaN) before each kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+from pit_testing import PLATFORMS, f64, fresh_rng, put, randn, requires_gpu, tiled_sparse
+
+import pit_jax
+from pit_jax.flax import SparseDense
+from pit_jax.flax.nnx import SparseDense as NnxSparseDense
+
+pytestmark = pytest.mark.usefixtures("poison_outputs")
+
+TOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 1e-2}
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+NAMES = ["relu", "gelu", "gelu_exact", "silu", None]
+
+
+def act64(v, name):
+    if name == "relu":
+        return np.maximum(v, 0.0)
+    if name == "gelu":
+        return 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+    if name == "gelu_exact":
+        return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
+    if name in ("silu", "swish"):
+        return v / (1.0 + np.exp(-v))
+    return v
+
+
+def rows_case(rng, lead, m, k, n, density, dtype):
+    """x with random live rows (dead rows all zero), w, bias, and the [..., M, 1] row mask."""
+    x, live = tiled_sparse(rng, (*lead, m, k), (1, k), density, dtype)
+    w = randn(rng, (k, n), dtype)
+    b = randn(rng, (n,), dtype)
+    return x, w, b, live.astype(np.float64)
+
+
+def ref(x, w, b, mask, name):
+    y = (f64(x) * mask) @ f64(w)
+    return act64(y + (0.0 if b is None else f64(b)), name)
+
+
+def rel_err(got, want):
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert not np.isnan(got).any(), "NaN in the output: an element was not written"
+    return np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
+
+
+CASES = [(DTYPES[i % 3], NAMES[i % 5], [0.0, 0.3, 1.0][i % 3], i % 2 == 0) for i in range(15)]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype,name,density,with_bias", CASES,
+                         ids=[f"{jnp.dtype(c[0]).name}-{c[1]}-d{c[2]}-b{int(c[3])}" for c in CASES])
+def test_m_axis_fused_matches_float64(platform, dtype, name, density, with_bias):
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (), 75, 40, 72, density, dtype)
+    b = b if with_bias else None
+    f = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation=name))
+    y = f(*put(platform, x, w), b if b is None else put(platform, b))
+    assert y.dtype == jnp.dtype(dtype) and y.shape == (75, 72)
+    err = rel_err(y, ref(x, w, b, mask, name))
+    assert err < TOL[jnp.dtype(dtype).name], f"seed={seed}: relative error {err:.2e}"
+    if b is None:  # act(0) = 0: dead rows exactly zero
+        dead = np.asarray(y, np.float32)[mask[:, 0] == 0]
+        assert not dead.any(), f"seed={seed}: dead rows must be 0 without a bias"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_dead_rows_hold_activation_of_bias(platform):
+    """No live row at all: every row is act(bias), written without a product."""
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (), 33, 24, 40, 0.0, jnp.float32)
+    y = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="silu"))(*put(platform, x, w, b))
+    want = np.broadcast_to(act64(f64(b), "silu"), (33, 40))
+    assert rel_err(y, want) < 1e-6, f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_batch_dims_vector_and_index(platform):
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (2, 3), 20, 16, 24, 0.5, jnp.float32)
+    idx_src = np.asarray(x)
+
+    def f(x, w, b, p):
+        idx = pit_jax.index(p, (1, None))
+        return pit_jax.sparse_dense(x, w, idx, bias=b, activation="gelu_exact")
+
+    y = jax.jit(f)(*put(platform, x, w, b, idx_src))
+    assert rel_err(y, ref(x, w, b, mask, "gelu_exact")) < TOL["float32"], f"seed={seed}"
+    v = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="relu"))(*put(platform, x[0, 0, 3], w, b))
+    assert v.shape == (24,)
+    assert rel_err(v, ref(x[0, 0, 3][None], w, b, mask[0, 0, 3][None], "relu")[0]) < TOL["float32"], f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", ["k", "w"])
+def test_other_axes_and_callables_are_unfused(platform, axis):
+    rng, seed = fresh_rng()
+    x = randn(rng, (40, 64), jnp.float32)
+    x = np.where(rng.random((40, 64)) < 0.5, 0.0, x).astype(np.float32)
+    w = randn(rng, (64, 48), jnp.float32)
+    b = randn(rng, (48,), jnp.float32)
+    tile = (8, 4) if axis == "k" else (16, 16)
+    f = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile, bias=b, activation=jnp.tanh))
+    y = f(*put(platform, x, w, b))
+    # x's zeros make the masked product the dense one on the k axis; for w the index comes from w (dense).
+    want = np.tanh(f64(x) @ f64(w) + f64(b))
+    assert rel_err(y, want) < TOL["float32"], f"seed={seed}"
+    # A batched bias on the M axis: broadcast after the product.
+    bb = randn(rng, (3, 1, 48), jnp.float32)
+    xb = np.stack([x] * 3)
+    y = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="gelu"))(*put(platform, xb, w, bb))
+    assert rel_err(y, act64(f64(xb) @ f64(w) + f64(bb), "gelu")) < TOL["float32"], f"seed={seed}"
+
+
+def _loss_pit(x, w, b, name):
+    y = pit_jax.sparse_dense(x, w, bias=b, activation=name)
+    return jnp.sum(jnp.sin(y.astype(jnp.float32)))
+
+
+def _loss_ref(x, w, b, name):
+    live = jnp.any(x != 0, axis=-1, keepdims=True)
+    y = jnp.matmul(jnp.where(live, x, 0.0), w, precision="highest") + b
+    act = {None: lambda v: v, "gelu_exact": lambda v: jax.nn.gelu(v, approximate=False)}.get(name)
+    act = act or {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}[name]
+    return jnp.sum(jnp.sin(act(y)))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("name", ["gelu_exact", "silu", None])
+def test_gradients_and_vmap(platform, name):
+    """grad w.r.t. x, w and bias, vmap, vmap(grad): against the pure-JAX expression."""
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (3,), 30, 20, 24, 0.4, jnp.float32)
+    args = put(platform, x, w, b)
+    g = jax.jit(jax.grad(_loss_pit, argnums=(0, 1, 2)), static_argnums=3)(*args, name)
+    with jax.default_device(jax.devices("cpu")[0]):
+        want = jax.grad(_loss_ref, argnums=(0, 1, 2))(*(jnp.asarray(a) for a in (x, w, b)), name)
+    for what, got, exp in zip(("dx", "dw", "dbias"), g, want):
+        exp = np.asarray(exp, np.float64) * (mask if what == "dx" else 1.0)
+        assert rel_err(got, exp) < 1e-4, f"seed={seed}: {what}"
+    # vmap over x (shared w and bias) and over the bias too (the unfused route).
+    fwd = jax.jit(jax.vmap(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation=name), (0, None, None)))
+    assert rel_err(fwd(*args), ref(x, w, b, mask, name)) < TOL["float32"], f"seed={seed}"
+    bs = np.stack([b, 2 * b, -b]).astype(np.float32)
+    fwd_b = jax.jit(jax.vmap(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation=name), (0, None, 0)))
+    want_b = np.stack([ref(x[i], w, bs[i], mask[i], name) for i in range(3)])
+    assert rel_err(fwd_b(args[0], args[1], put(platform, bs)), want_b) < TOL["float32"], f"seed={seed}"
+    vg = jax.jit(jax.vmap(jax.grad(_loss_pit, argnums=(1, 2)), (0, None, None, None)), static_argnums=3)(*args, name)
+    with jax.default_device(jax.devices("cpu")[0]):
+        vwant = jax.vmap(jax.grad(_loss_ref, argnums=(1, 2)), (0, None, None, None))(
+            *(jnp.asarray(a) for a in (x, w, b)), name)
+    for got, exp in zip(vg, vwant):
+        assert rel_err(got, np.asarray(exp, np.float64)) < 1e-4, f"seed={seed}: vmap(grad)"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_flax_layers_equal_activation_of_dense(platform, dtype):
+    """SparseDense(activation=...) == act(nn.Dense(x)) with the same params, padding
+    rows included (x's padding rows are zero, so nn.Dense gives act(bias) there too)."""
+    rng, seed = fresh_rng()
+    x, _, _, mask = rows_case(rng, (2,), 24, 32, 40, 0.5, dtype)
+    layer = SparseDense(40, dtype=dtype, activation="gelu_exact", bias_init=nn.initializers.normal(1.0))
+    params = layer.init(jax.random.PRNGKey(seed % 2**31), x)
+    got = jax.jit(layer.apply)(put(platform, params), put(platform, x))
+    dense = nn.Dense(40, dtype=dtype)
+    want = jax.nn.gelu(dense.apply(params, jnp.asarray(x, jnp.float32).astype(dtype)).astype(jnp.float32),
+                       approximate=False)
+    assert rel_err(got, np.asarray(want, np.float64)) < TOL[jnp.dtype(dtype).name], f"seed={seed}"
+
+    nl = NnxSparseDense(32, 40, dtype=dtype, activation="relu", bias_init=nnx.initializers.normal(1.0),
+                        rngs=nnx.Rngs(seed % 2**31))
+    want = ref(x, np.asarray(nl.kernel[...]).astype(dtype), np.asarray(nl.bias[...]).astype(dtype), mask, "relu")
+    got = nnx.jit(lambda m, x: m(x))(nl, put(platform, x))
+    assert rel_err(got, want) < TOL[jnp.dtype(dtype).name], f"seed={seed}"
+
+
+def test_bad_bias_and_activation_are_clear_errors():
+    x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
+    with pytest.raises(ValueError, match=r"bias must be \[\.\.\., N\] with N = 6"):
+        pit_jax.sparse_dense(x, w, bias=jnp.ones((5,)))
+    with pytest.raises(ValueError, match="activation must be a callable or one of"):
+        pit_jax.sparse_dense(x, w, bias=jnp.ones((6,)), activation="tanhh")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("k,n", [(3072, 768), (768, 3072), (256, 520)])
+def test_m_axis_epilogue_hopper_shapes_gpu(dtype, k, n):
+    """BERT-like shapes on the GPU: the sm_90 kernel (multicast pairs; split-K at K = 3072
+    with few live rows), f32 with TF32; 27 % live rows, dead rows act(bias)."""
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (), 1500, k, n, 0.27, dtype)
+    prec = "tensorfloat32" if dtype == jnp.float32 else None
+    f = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="gelu_exact", precision=prec))
+    y = f(*put("gpu", x, w, b))
+    tol = 3e-3 if dtype == jnp.float32 else TOL[jnp.dtype(dtype).name]
+    assert rel_err(y, ref(x, w, b, mask, "gelu_exact")) < tol, f"seed={seed}"
+    again = f(*put("gpu", x, w, b))
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(again, np.float32), err_msg=f"seed={seed}")
