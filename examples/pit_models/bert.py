@@ -3,7 +3,8 @@
 Hidden states stay in the padded layout, flattened to [B*S, H]. Every linear of every
 layer shares ONE row index of the valid tokens, built once per batch from the padding
 mask (`pit_jax.index(mask[:, None], "row")`), so padding rows cost nothing in the
-products (M axis); the elementwise ops still touch them (memory-bound, cheap). With
+products (M axis), nor in the FFN's bias and GELU, which run in that product's epilogue
+on live rows only; the other biases, layer norms and residual adds still touch them. With
 `weight_index` (sparse training), the named linears multiply by block-pruned kernels
 instead (W axis). `mode="dense"` is the nn.Dense twin: identical parameter tree, so
 the same params run both.
@@ -27,6 +28,7 @@ from pit_models import common
 
 MODES = ("pit", "dense")
 LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # per layer; the pruned ones in sparse training
+DENSE_ACTIVATIONS = {"gelu_exact": lambda y: nn.gelu(y, approximate=False)}  # the dense twin's, by name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +60,17 @@ def row_index(mask):
     return pit_jax.index(jnp.reshape(mask, (-1, 1)), "row")
 
 
-def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None):
-    """nn.Dense (dense), or SparseDense on the W axis (a given weight index) or M axis."""
+def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, activation=None):
+    """act(nn.Dense) (dense), or SparseDense on the W axis (a given weight index) or M
+    axis (bias and activation fused into the product, on live rows)."""
     if mode == "dense":
-        return nn.Dense(features, dtype=dtype, name=name)(x)
+        y = nn.Dense(features, dtype=dtype, name=name)(x)
+        return y if activation is None else DENSE_ACTIVATIONS[activation](y)
     if weight_index is not None:
-        return SparseDense(features, dtype=dtype, axis="w", name=name)(x, index=weight_index)
+        return SparseDense(features, dtype=dtype, axis="w", activation=activation, name=name)(x, index=weight_index)
     if rows is None:
         raise ValueError(f"bert.linear {name!r}: mode='pit' needs a row index or a weight index")
-    return SparseDense(features, dtype=dtype, axis="m", name=name)(x, index=rows)
+    return SparseDense(features, dtype=dtype, axis="m", activation=activation, name=name)(x, index=rows)
 
 
 class EncoderLayer(nn.Module):
@@ -77,13 +81,14 @@ class EncoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
         cfg, wi = self.cfg, weight_index or {}
-        lin = lambda f, n, h: linear(f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows, weight_index=wi.get(n))
+        lin = lambda f, n, h, act=None: linear(f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows,
+                                               weight_index=wi.get(n), activation=act)
         qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
         att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths,
                                implementation=self.attention)
         att = lin(cfg.hidden, "attn_out", att.reshape(batch * seq, cfg.hidden))
         x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x + att)
-        h = nn.gelu(lin(cfg.ffn, "ffn_in", x), approximate=False)
+        h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
         h = lin(cfg.hidden, "ffn_out", h)
         return nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_ffn")(x + h)
 

@@ -77,12 +77,15 @@ class OPTDecoderLayer(nn.Module):
                                         causal=True, key_mask=True)
         rows = None if self.mode == "dense" else row_index(valid)
 
-        def lin(features, name, h, *, k_index=None):
+        def lin(features, name, h, *, k_index=None, relu=False):
             if self.mode == "dense":
-                return nn.Dense(features, dtype=cfg.dtype, name=name)(h)
+                y = nn.Dense(features, dtype=cfg.dtype, name=name)(h)
+                return nn.relu(y) if relu else y
             if k_index is not None:
                 return SparseDense(features, dtype=cfg.dtype, axis="k", name=name)(h, index=k_index)
-            return SparseDense(features, dtype=cfg.dtype, axis="m", name=name)(h, index=rows)
+            # M axis: the bias and the ReLU run in the product's epilogue, on live rows only.
+            act = "relu" if relu else None
+            return SparseDense(features, dtype=cfg.dtype, axis="m", activation=act, name=name)(h, index=rows)
 
         x = x.reshape(b * s, d)
         h = nn.LayerNorm(dtype=cfg.dtype, name="ln_attn")(x)
@@ -91,7 +94,7 @@ class OPTDecoderLayer(nn.Module):
                                implementation=impl)
         x = x + lin(d, "out_proj", att.reshape(b * s, d))
         h = nn.LayerNorm(dtype=cfg.dtype, name="ln_ffn")(x)
-        h = nn.relu(lin(cfg.ffn, "fc1", h)) * valid.reshape(-1, 1).astype(cfg.dtype)
+        h = lin(cfg.ffn, "fc1", h, relu=True) * valid.reshape(-1, 1).astype(cfg.dtype)
         k_index = pit_jax.index(h.astype(cfg.dtype), K_TILE, group_by="row") if self.mode == "pit" else None
         x = x + lin(d, "fc2", h, k_index=k_index)
         return x.reshape(b, s, d), h
