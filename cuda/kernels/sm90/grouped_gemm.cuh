@@ -393,11 +393,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int r = (lane >> 3) + 4 * i;
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(stage_s + r * kBKBytes + (((lane & 7) ^ (r & 7)) << 4))
-                         : "memory");
+            const uint4 v = sm90_rg::LdShared16(stage_s + r * kBKBytes + (((lane & 7) ^ (r & 7)) << 4));
             if (p[i] && col < g.F) *reinterpret_cast<uint4*>(p[i] + static_cast<int64_t>(col) * 2) = v;
           }
         }

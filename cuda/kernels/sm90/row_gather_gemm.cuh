@@ -213,6 +213,13 @@ __device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
+// 16 bytes from shared memory (a staged epilogue chunk).
+__device__ __forceinline__ uint4 LdShared16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -684,11 +691,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[12
 #pragma unroll 1
       for (int i = 0; i < 4; ++i) {
         const int r = (lane >> 3) + 4 * i;
-        uint4 v;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(stage_s + r * kPitch + chunk_at(r, lane & 7))
-                     : "memory");
+        uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
         v = EpilogueChunk<kKind, kAct>(v, bias8);
         const int row = i == 0 ? rows[0] : (i == 1 ? rows[1] : (i == 2 ? rows[2] : rows[3]));  // no indexed array
         if (row >= 0 && col < g.N)
@@ -698,11 +701,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[12
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = (lane >> 3) + 4 * i;
-        uint4 v;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(stage_s + r * kPitch + chunk_at(r, lane & 7))
-                     : "memory");
+        uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
         if constexpr (kAct == 0) v = EpilogueChunk<kKind, 0>(v, bias8);
         if (rows[i] >= 0 && col < g.N)
           *reinterpret_cast<uint4*>(c_b + rows[i] * g.c_row_bytes + static_cast<int64_t>(col) * 2) = v;
