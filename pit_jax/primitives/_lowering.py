@@ -11,7 +11,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from pit_jax import _native
+from pit_jax import _activations, _native
 
 
 def _attrs(params: dict, names: Sequence[str]) -> dict:
@@ -86,8 +86,6 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
     """pit_row_gather_matmul: C = act(A @ op(B) + bias) on the listed row blocks of A,
     act(bias) elsewhere (zeros without a bias: act(0) = 0). `bias` [N] in A's dtype; the
     dead rows' value act(bias) is computed here once (float32, rounded) and copied there."""
-    from pit_jax import _activations
-
     empty = jnp.zeros((0,), a.dtype)
     dead = empty
     if bias is None:
