@@ -7,8 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import pit_jax
-from pit_jax import _activations
-from pit_jax.ops.sparse_dense import dense_product
 from pit_jax.optimizer.plan import Plan
 
 
@@ -23,14 +21,12 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     overrides axis and micro_tile (its tile clipped to small inputs), or runs the dense
     product.
     """
+    epi = dict(bias=bias, activation=activation)
     if plan is not None:
         _check_plan(plan, kernel, index)
-        if plan.is_dense:
-            y = dense_product(inputs, kernel, precision)
-            y = y if bias is None else y + bias
-            return y if activation is None else _activations.resolve(activation, "SparseDense: activation")(y)
+        if plan.is_dense:  # x @ w, with the bias and activation, by sparse_dense
+            return pit_jax.sparse_dense(inputs, kernel, precision=precision, plan=plan, **epi)
         axis, micro_tile = plan.axis, plan.micro_tile
-    epi = dict(bias=bias, activation=activation)
     if index is not None:
         return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision, **epi)
     lead = inputs.shape[:-1]

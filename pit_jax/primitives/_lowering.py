@@ -78,6 +78,15 @@ def cuda_is_sm90() -> bool:
     return bool(devices) and str(getattr(devices[0], "compute_capability", "")).startswith("9.0")
 
 
+def tf32_k_major(b, trans_b, *, dtype, allow_tf32):
+    """B as the CUDA row-gather target wants it for a TF32 product: Hopper's TF32 wgmma
+    reads B K-major only, so one transposed copy of w (a small fraction of the product)
+    keeps the product on tensor cores instead of FFMA. Other products: unchanged."""
+    if allow_tf32 and dtype == jnp.float32 and not trans_b:
+        return jnp.swapaxes(b, -1, -2), True
+    return b, trans_b
+
+
 # Codes of the row-gather epilogue's `activation` attribute (cuda/common/matmul_params.h).
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4, "swish": 4}
 

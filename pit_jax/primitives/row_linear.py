@@ -26,7 +26,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax import _activations
-from pit_jax.primitives import _lowering, _products
+from pit_jax.primitives import _lowering
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
 row_linear_p = Primitive("pit_row_linear")
@@ -62,9 +62,8 @@ def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32):
 def _native(x, w, bias, *idx, tile_h, activation, allow_tf32, cuda=False):
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1]), x.dtype)
     trans_b = False
-    if cuda and allow_tf32 and x.dtype == jnp.float32:
-        # As in stile_matmul: Hopper's TF32 wgmma reads B K-major only.
-        w, trans_b = jnp.swapaxes(w, -1, -2), True
+    if cuda:
+        w, trans_b = _lowering.tf32_k_major(w, trans_b, dtype=x.dtype, allow_tf32=allow_tf32)
     return _lowering.row_gather_call(
         x, w, idx[0], idx[1], out, tile_h=tile_h, trans_b=trans_b, allow_tf32=allow_tf32,
         bias=bias if bias.shape[0] else None, activation=activation,

@@ -147,10 +147,8 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
     out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
     p = plan(a, b, idx, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch)
     if p.target == "row_gather":
-        if cuda and allow_tf32 and a.dtype == jnp.float32 and not trans_b:
-            # Hopper's TF32 wgmma reads B K-major only: one transposed copy of w (a small
-            # fraction of the product) keeps the product on tensor cores instead of FFMA.
-            b, trans_b = jnp.swapaxes(b, -1, -2), True
+        if cuda:
+            b, trans_b = _lowering.tf32_k_major(b, trans_b, dtype=a.dtype, allow_tf32=allow_tf32)
         return _lowering.row_gather_call(a, b, idx[0], idx[1], out, tile_h=tile[0], trans_b=trans_b,
                                          allow_tf32=allow_tf32)
     if cuda and _rows_wgrad_applies(a, b, idx, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b,
