@@ -150,3 +150,21 @@ def check_close(got, ref, dtype, msg, allow_tf32=False, exact=None):
     if exact is not None:
         bad = np.flatnonzero((got != ref) & exact)
         assert bad.size == 0, f"{msg}: {bad.size} elements differ where they must be exact (e.g. flat {bad[:5]})"
+
+
+# The FFI's `activation` codes (pit_row_gather_matmul) by sparse_dense's names.
+ACTIVATION_NAMES = {0: None, 1: "relu", 2: "gelu", 3: "gelu_exact", 4: "silu"}
+
+
+def activation64(v, name):
+    """sparse_dense's named activations in float64 (jax.nn's formulas; "gelu" is the tanh
+    approximation)."""
+    if name == "relu":
+        return np.maximum(v, 0.0)
+    if name == "gelu":
+        return 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+    if name == "gelu_exact":
+        return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
+    if name in ("silu", "swish"):
+        return v / (1.0 + np.exp(-v))
+    return v

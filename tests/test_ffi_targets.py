@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_close, dname, f64, fresh_rng, put, randn, run, tiled_sparse
+from pit_testing import (ACTIVATION_NAMES, PLATFORMS, activation64, check_close, dname, f64, fresh_rng, put, randn, run,
+                         tiled_sparse)
 
 import pit_jax
 
@@ -241,17 +242,6 @@ ROW_CASES = [
 ]
 
 
-def activate64(v, code):
-    """The activation codes of pit_row_gather_matmul in float64 (jax.nn's formulas)."""
-    if code == 1:
-        return np.maximum(v, 0.0)
-    if code == 2:
-        return 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
-    if code == 3:
-        return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
-    if code == 4:
-        return v / (1.0 + np.exp(-v))
-    return v
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -284,7 +274,7 @@ def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, all
     rows = expand(flat_listed(tiles, count, math.ceil(m / h), 1), (h, 1), (m, 1))  # [..., M, 1]
     np.testing.assert_array_equal(rows, expand(live, (h, 1), (m, 1)), err_msg=f"{msg}: index")
     b64 = f64(bias) if has_bias else 0.0
-    live_ref = activate64(batched_product(f64(a), f64(b), a_lead, False, trans_b) + b64, act)
+    live_ref = activation64(batched_product(f64(a), f64(b), a_lead, False, trans_b) + b64, ACTIVATION_NAMES[act])
     ref = np.where(rows, live_ref, f64(dead) if has_bias else 0.0)
     # Dead rows are an exact copy of the dead row (zeros without one).
     check_close(c, ref, dtype, msg, allow_tf32, exact=np.broadcast_to(~rows, ref.shape))

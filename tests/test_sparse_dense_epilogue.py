@@ -9,7 +9,6 @@ poisoned (NaN) before each kernel.
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 from flax import nnx
-from pit_testing import PLATFORMS, f64, fresh_rng, put, randn, requires_gpu, tiled_sparse
+from pit_testing import PLATFORMS, activation64, f64, fresh_rng, put, randn, requires_gpu, tiled_sparse
 
 import pit_jax
 from pit_jax.flax import SparseDense
@@ -30,18 +29,6 @@ DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 NAMES = ["relu", "gelu", "gelu_exact", "silu", None]
 
 
-def act64(v, name):
-    if name == "relu":
-        return np.maximum(v, 0.0)
-    if name == "gelu":
-        return 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
-    if name == "gelu_exact":
-        return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
-    if name in ("silu", "swish"):
-        return v / (1.0 + np.exp(-v))
-    return v
-
-
 def rows_case(rng, lead, m, k, n, density, dtype):
     """x with random live rows (dead rows all zero), w, bias, and the [..., M, 1] row mask."""
     x, live = tiled_sparse(rng, (*lead, m, k), (1, k), density, dtype)
@@ -52,7 +39,7 @@ def rows_case(rng, lead, m, k, n, density, dtype):
 
 def ref(x, w, b, mask, name):
     y = (f64(x) * mask) @ f64(w)
-    return act64(y + (0.0 if b is None else f64(b)), name)
+    return activation64(y + (0.0 if b is None else f64(b)), name)
 
 
 def rel_err(got, want):
@@ -87,7 +74,7 @@ def test_dead_rows_hold_activation_of_bias(platform):
     rng, seed = fresh_rng()
     x, w, b, mask = rows_case(rng, (), 33, 24, 40, 0.0, jnp.float32)
     y = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="silu"))(*put(platform, x, w, b))
-    want = np.broadcast_to(act64(f64(b), "silu"), (33, 40))
+    want = np.broadcast_to(activation64(f64(b), "silu"), (33, 40))
     assert rel_err(y, want) < 1e-6, f"seed={seed}"
 
 
@@ -126,7 +113,7 @@ def test_other_axes_and_callables_are_unfused(platform, axis):
     bb = randn(rng, (3, 1, 48), jnp.float32)
     xb = np.stack([x] * 3)
     y = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="gelu"))(*put(platform, xb, w, bb))
-    assert rel_err(y, act64(f64(xb) @ f64(w) + f64(bb), "gelu")) < TOL["float32"], f"seed={seed}"
+    assert rel_err(y, activation64(f64(xb) @ f64(w) + f64(bb), "gelu")) < TOL["float32"], f"seed={seed}"
 
 
 def _loss_pit(x, w, b, name):
@@ -134,12 +121,14 @@ def _loss_pit(x, w, b, name):
     return jnp.sum(jnp.sin(y.astype(jnp.float32)))
 
 
+JAX_ACTIVATIONS = {None: lambda v: v, "relu": jax.nn.relu, "gelu": jax.nn.gelu,
+                   "gelu_exact": lambda v: jax.nn.gelu(v, approximate=False), "silu": jax.nn.silu}
+
+
 def _loss_ref(x, w, b, name):
     live = jnp.any(x != 0, axis=-1, keepdims=True)
     y = jnp.matmul(jnp.where(live, x, 0.0), w, precision="highest") + b
-    act = {None: lambda v: v, "gelu_exact": lambda v: jax.nn.gelu(v, approximate=False)}.get(name)
-    act = act or {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}[name]
-    return jnp.sum(jnp.sin(act(y)))
+    return jnp.sum(jnp.sin(JAX_ACTIVATIONS[name](y)))
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
