@@ -248,6 +248,8 @@ def _primitive_fns(platform, rng):
         "matmul_trans_w": (lambda x, w: grouped_matmul_p(x, w, idx.lists, idx.counts, row_div=k, trans_w=True),
                            ("x", "wt")),
         "wgrad": (lambda x, dy: grouped_wgrad_p(x, dy, idx.lists, idx.counts, row_div=k, out_batch=0), ("x", "dy")),
+        # ReLU in the epilogue: not bilinear, so no finite differences across its kink below.
+        "matmul_relu": (lambda x, w: grouped_matmul_p(x, w, idx.lists, idx.counts, row_div=k, relu=True), ("x", "w")),
     }
     return fns, arrays
 
@@ -258,9 +260,38 @@ def test_grouped_primitives_check_grads():
     rng, seed = fresh_rng()
     fns, arrays = _primitive_fns("cpu", rng)
     for name, (fn, args) in fns.items():
+        if name == "matmul_relu":
+            continue  # test_grouped_matmul_relu_rules
         order = 1 if name == "matmul_trans_w" else 2
         check_grads(fn, tuple(arrays[a] for a in args), order=order, modes=("fwd", "rev"), atol=1e-2, rtol=1e-2,
                     eps=BILINEAR_FD_STEP)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_grouped_matmul_relu_rules(platform):
+    """relu=True (the epilogue) under jvp, grad, vmap and vmap(grad) equals jax.nn.relu of the
+    plain product differentiated by JAX; its JVP keeps the fused forward (no extra product)."""
+    rng, seed = fresh_rng()
+    fns, arrays = _primitive_fns(platform, rng)
+    fused, _ = fns["matmul_relu"]
+    plain = lambda x, w: jax.nn.relu(fns["matmul"][0](x, w))  # noqa: E731
+    x, w = arrays["x"], arrays["w"]
+    tx, tw = jnp.cos(x), jnp.sin(w)
+    y, jv = jax.jit(lambda *a: jax.jvp(fused, a[:2], a[2:]))(x, w, tx, tw)
+    y_ref, jv_ref = jax.jvp(plain, (x, w), (tx, tw))
+    assert float(jnp.mean(y_ref == 0)) > 0.2, "the case must clamp some outputs"
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=1e-6, err_msg=f"seed {seed}")
+    np.testing.assert_allclose(jv, jv_ref, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}")
+    loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))  # noqa: E731
+    for g, g_ref in zip(jax.jit(jax.grad(loss(fused), (0, 1)))(x, w), jax.grad(loss(plain), (0, 1))(x, w)):
+        np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}")
+    xs = jnp.stack([x, -x, 2 * x])
+    vg = jax.jit(jax.vmap(jax.grad(loss(fused), (0, 1)), in_axes=(0, None)))(xs, w)
+    vg_ref = jax.vmap(jax.grad(loss(plain), (0, 1)), in_axes=(0, None))(xs, w)
+    for g, g_ref in zip(vg, vg_ref):
+        np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}: vmap(grad)")
+    hlo = jax.jit(jax.grad(loss(fused), (0, 1))).lower(x, w).as_text()
+    assert hlo.count("@pit_grouped_matmul(") == 2, "forward (fused) + d x; no plain copy of the forward"
 
 
 @pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")

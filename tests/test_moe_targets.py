@@ -208,7 +208,8 @@ MM_CASES += [(8, 2, "uniform", d, tw, True, "shared_w", tf) for d, tw, tf in
              itertools.product(DTYPES, [False, True], [False, True]) if tf is False or d == jnp.float32]
 
 
-def grouped_matmul_case(platform, e, k, pattern, dtype, trans_w, token_src, lead, allow_tf32, t=None, dims=None):
+def grouped_matmul_case(platform, e, k, pattern, dtype, trans_w, token_src, lead, allow_tf32, t=None, dims=None,
+                        relu=False):
     rng, seed = fresh_rng()
     t = t or int(rng.choice([37, 64, 101]))
     d, f = dims or (int(rng.choice([40, 64, 33])), int(rng.choice([24, 72, 17])))
@@ -223,13 +224,16 @@ def grouped_matmul_case(platform, e, k, pattern, dtype, trans_w, token_src, lead
     def fn(ids, src, w):
         lists, counts = moe_index(ids, e)
         y = ffi("pit_grouped_matmul", (*full, a, f), dtype, src, w, lists, counts, row_div=row_div,
-                trans_w=trans_w, allow_tf32=allow_tf32)
+                trans_w=trans_w, allow_tf32=allow_tf32, activation=np.int64(1 if relu else 0))
         return y, lists, counts
 
     y, lists, counts = run(platform, fn, ids, src, w)
-    msg = f"seed={seed} T={t} D={d} F={f} row_div={row_div}"
+    msg = f"seed={seed} T={t} D={d} F={f} row_div={row_div} relu={relu}"
     check_routing(lists, counts, ids, e, msg + ": index")
     ref, dropped = matmul_reference(src, w, ids, e, row_div, trans_w, full)
+    if relu:
+        ref = np.maximum(ref, 0.0)
+        assert (ref == 0).mean() > 0.3, "the reference must have clamped values"
     check_close(y, ref, dtype, msg, allow_tf32, exact=dropped)
 
 
@@ -250,6 +254,21 @@ def test_grouped_matmul(platform, e, k, pattern, dtype, trans_w, token_src, lead
 def test_grouped_matmul_large_tiles(platform, dtype, trans_w):
     """Many rows per expert and wide F: the kernels' large tiles and 16-byte paths."""
     grouped_matmul_case(platform, 8, 2, "uniform", dtype, trans_w, True, "batched", False, t=700, dims=(136, 264))
+
+
+RELU_CASES = [(e, k, pattern, d, tw, lead, t, dims)
+              for (e, k, pattern), d, tw, (lead, t, dims) in itertools.product(
+                  [(8, 2, "dropped"), (64, 1, "skewed")], DTYPES, [False, True],
+                  [("single", None, None), ("batched", 700, (136, 264))])]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("e,k,pattern,dtype,trans_w,lead,t,dims", RELU_CASES,
+                         ids=[f"E{c[0]}-k{c[1]}-{c[2]}-{dname(c[3])}-tw{int(c[4])}-{c[5]}" for c in RELU_CASES])
+def test_grouped_matmul_relu(platform, e, k, pattern, dtype, trans_w, lead, t, dims):
+    """activation = 1: max(y, 0) before the rounding; dropped rows stay exactly 0."""
+    grouped_matmul_case(platform, e, k, pattern, dtype, trans_w, True, lead, dtype == jnp.float32 and trans_w,
+                        t=t, dims=dims, relu=True)
 
 
 # -- pit_grouped_wgrad -----------------------------------------------------------------
@@ -328,9 +347,10 @@ def test_empty_shapes(platform):
         lists, counts = moe_index(ids, 4)
         l0, c0 = moe_index(jnp.zeros((0, 2), jnp.int32), 4)
         y0 = ffi("pit_grouped_matmul", (0, 5), jnp.float32, jnp.ones((0, 3)), jnp.ones((4, 3, 5)), l0, c0, row_div=2,
-                 trans_w=False, allow_tf32=False)
+                 trans_w=False, allow_tf32=False, activation=np.int64(0))
         y_d0 = ffi("pit_grouped_matmul", (12, 5), jnp.bfloat16, jnp.ones((6, 0), jnp.bfloat16),
-                   jnp.ones((4, 0, 5), jnp.bfloat16), lists, counts, row_div=2, trans_w=False, allow_tf32=False)
+                   jnp.ones((4, 0, 5), jnp.bfloat16), lists, counts, row_div=2, trans_w=False, allow_tf32=False,
+                   activation=np.int64(1))
         lb = jnp.broadcast_to(lists, (2, 0, *lists.shape))
         cb = jnp.broadcast_to(counts, (2, 0, *counts.shape))
         dw = ffi("pit_grouped_wgrad", (2, 4, 3, 5), jnp.float16, jnp.ones((2, 0, 6, 3), jnp.float16),
@@ -357,9 +377,9 @@ def _f(*shape, dtype=jnp.float32):
     return jnp.ones(shape, dtype)
 
 
-def _mm(y_shape, src, w, lists, counts, row_div=1, trans_w=False, dtype=jnp.float32):
+def _mm(y_shape, src, w, lists, counts, row_div=1, trans_w=False, dtype=jnp.float32, activation=0):
     return ffi("pit_grouped_matmul", y_shape, dtype, src, w, lists, counts, row_div=row_div, trans_w=trans_w,
-               allow_tf32=False)
+               allow_tf32=False, activation=np.int64(activation))
 
 
 def _wg(dw_shape, src, dy, lists, counts, row_div=1, dtype=jnp.float32):
@@ -409,6 +429,8 @@ BAD_CALLS = {
                         "pit_grouped_matmul: the leading dims of src"),
     "mm_y_batch": (lambda: _mm((6, 5), _f(2, 6, 3), _f(4, 3, 5), _s32(5, 6), _s32(5)),
                    "pit_grouped_matmul: the result y must have the full batch"),
+    "mm_activation": (lambda: _mm((6, 5), _f(6, 3), _f(4, 3, 5), _s32(5, 6), _s32(5), activation=3),
+                      "pit_grouped_matmul: activation must be 0 \\(none\\) or 1 \\(relu\\), got 3"),
     "wg_dy_dtype": (lambda: _wg((4, 3, 5), _f(6, 3), _f(6, 5, dtype=jnp.float16), _s32(5, 6), _s32(5)),
                     "pit_grouped_wgrad: dy must have src's dtype"),
     "wg_dy_rows": (lambda: _wg((4, 3, 5), _f(6, 3), _f(7, 5), _s32(5, 6), _s32(5)), "pit_grouped_wgrad: dy has 7 rows"),

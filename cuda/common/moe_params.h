@@ -10,7 +10,8 @@
 // Grouped products gather their rows by assignment: row a reads source row a / row_div
 // (row_div = k when the source holds tokens, 1 when it holds assignments).
 //   grouped matmul: y[a, :] = src[a / row_div, :] @ op(W[e]) for a in group e < E,
-//                   y[a, :] = 0 for a in group E (dropped).
+//                   y[a, :] = 0 for a in group E (dropped); with `relu`, max(., 0) of that
+//                   before the one rounding (relu(0) = 0: dropped rows stay 0).
 //   grouped wgrad:  dW[e] = sum over a in group e of src[a / row_div, :]^T (x) dy[a, :]
 //                   (zeros for an empty expert; float32 accumulation, deterministic).
 //
@@ -49,6 +50,7 @@ struct GroupedMatmulParams {
   const void* w = nullptr;             // [w_batch, E, D, F], or [w_batch, E, F, D] with trans_w
   int64_t w_batch = 1;
   bool trans_w = false;
+  bool relu = false;  // the FFN's ReLU in the epilogue (activation code 1)
   RoutingIndex index;
   void* y = nullptr;  // [batch, A, F]
 };

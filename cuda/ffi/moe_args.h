@@ -141,10 +141,14 @@ inline ffi::ErrorOr<MoeIndexParams> DecodeMoeIndexArgs(ffi::AnyBuffer expert_ids
 inline ffi::ErrorOr<GroupedMatmulParams> DecodeGroupedMatmulArgs(ffi::AnyBuffer src, ffi::AnyBuffer w,
                                                                  ffi::AnyBuffer lists, ffi::AnyBuffer counts,
                                                                  ffi::Result<ffi::AnyBuffer>& y, int64_t row_div,
-                                                                 bool trans_w, bool allow_tf32) {
+                                                                 bool trans_w, bool allow_tf32, int64_t activation) {
   const std::string target = "pit_grouped_matmul";
   using moe::Dims;
   GroupedMatmulParams p;
+  // Only ReLU: its derivative is read from the output, so autodiff keeps the fusion.
+  if (activation != static_cast<int64_t>(Activation::kNone) && activation != static_cast<int64_t>(Activation::kRelu))
+    return InvalidArg(target + ": activation must be 0 (none) or 1 (relu), got " + std::to_string(activation));
+  p.relu = activation == static_cast<int64_t>(Activation::kRelu);
   auto dtype = DecodeDType(src.element_type(), target + ": src");
   if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
   if (w.element_type() != src.element_type()) return InvalidArg(target + ": w must have src's dtype");

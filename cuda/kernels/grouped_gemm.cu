@@ -104,6 +104,7 @@ cudaError_t LaunchGroupedMatmul(const GroupedMatmulParams& p, cudaStream_t strea
   g.src = p.src.data;
   g.w = p.w;
   g.out = p.y;
+  g.relu = p.relu;
   g.lists = p.index.lists;
   g.counts = p.index.counts;
   g.A = static_cast<int>(p.A);

@@ -42,6 +42,7 @@ struct GroupedArgs {
   int blocks_m = 1, blocks_n = 1;
   bool src_vec = false, w_vec = false, dy_vec = false;  // 16-byte loads are aligned
   bool out_vec = false;                                 // kCV-wide stores are aligned
+  bool relu = false;                                    // matmul: y = max(y, 0) before rounding
 };
 
 // BlockExclusiveSum (device_utils.cuh) in 64 bits: tile counts of garbage counts can
@@ -70,12 +71,14 @@ __device__ __forceinline__ int64_t BlockExclusiveSum64(int64_t value, int64_t* s
   return before + incl - value;
 }
 
-// Rounds the block's float32 accumulators once to T and stores them: local tile row r
-// goes to out[row_of(r) * ld + n] (skipped when row_of(r) < 0), columns [n_lo, n_hi).
+// Rounds the block's float32 accumulators once to T (after max(., 0) with `relu`) and
+// stores them: local tile row r goes to out[row_of(r) * ld + n] (skipped when
+// row_of(r) < 0), columns [n_lo, n_hi).
 template <class Cfg, typename T, class Math, class RowOf>
 __device__ __forceinline__ void StoreTile(const Math& math, typename Elem<T>::Word* out, int64_t ld, RowOf row_of,
-                                          int n_lo, int n_hi, bool vec) {
+                                          int n_lo, int n_hi, bool vec, bool relu = false) {
   using Word = typename Elem<T>::Word;
+  auto act = [relu](float v) { return relu ? fmaxf(v, 0.0f) : v; };
   auto at = [&](int row, int n) -> Word& { return out[static_cast<int64_t>(row) * ld + n]; };
   if constexpr (Cfg::kMma) {
     const int lane = Math::Lane(), gq = lane >> 2, tq = lane & 3;
@@ -88,7 +91,7 @@ __device__ __forceinline__ void StoreTile(const Math& math, typename Elem<T>::Wo
 #pragma unroll
         for (int nt = 0; nt < Cfg::NT; ++nt) {
           const int n = n_lo + Math::WarpN() * Cfg::WN + nt * 8 + 2 * tq;
-          const float v0 = math.acc[mt][nt][2 * h], v1 = math.acc[mt][nt][2 * h + 1];
+          const float v0 = act(math.acc[mt][nt][2 * h]), v1 = act(math.acc[mt][nt][2 * h + 1]);
           if (vec && n + 2 <= n_hi) {  // ld even, n even: 4-byte aligned pair
             *reinterpret_cast<uint32_t*>(&at(row, n)) =
                 Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16);
@@ -107,8 +110,8 @@ __device__ __forceinline__ void StoreTile(const Math& math, typename Elem<T>::Wo
 #pragma unroll
       for (int js = 0; js < Cfg::TN; js += 4) {
         const int n = n_lo + Math::Col(js);
-        const float v0 = math.acc[i][js], v1 = math.acc[i][js + 1], v2 = math.acc[i][js + 2],
-                    v3 = math.acc[i][js + 3];
+        const float v0 = act(math.acc[i][js]), v1 = act(math.acc[i][js + 1]), v2 = act(math.acc[i][js + 2]),
+                    v3 = act(math.acc[i][js + 3]);
         if (vec && n + 4 <= n_hi) {  // ld % 4 == 0, n % 4 == 0: aligned quad
           if constexpr (sizeof(Word) == 4) {
             *reinterpret_cast<float4*>(&at(row, n)) = make_float4(v0, v1, v2, v3);
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) GroupedMatmulK
 
   // 3. Scatter the rows to y[b, a].
   Word* Y = static_cast<Word*>(g.out) + static_cast<int64_t>(b) * g.A * g.F;
-  StoreTile<Cfg, T>(math, Y, g.F, [&](int r) { return s_arow[r]; }, n_lo, n_hi, g.out_vec);
+  StoreTile<Cfg, T>(math, Y, g.F, [&](int r) { return s_arow[r]; }, n_lo, n_hi, g.out_vec, g.relu);
 }
 
 // Position in the reduction of a wgrad block: batch entry j of its group, chunk kc of

@@ -97,12 +97,11 @@ def _check_batch(x_batch, other_batch, name, what):
         )
 
 
-def _grouped(src, w, index, row_div, tf32):
+def _grouped(src, w, index, row_div, tf32, relu=False):
     if config.reference_enabled():
-        return reference.grouped_matmul(
-            src, w, index.lists, index.counts, row_div=row_div, trans_w=False, allow_tf32=tf32
-        )
-    return _grouped_matmul_p(src, w, index.lists, index.counts, row_div=row_div, allow_tf32=tf32)
+        y = reference.grouped_matmul(src, w, index.lists, index.counts, row_div=row_div, trans_w=False, allow_tf32=tf32)
+        return jax.nn.relu(y) if relu else y
+    return _grouped_matmul_p(src, w, index.lists, index.counts, row_div=row_div, allow_tf32=tf32, relu=relu)
 
 
 def grouped_matmul(
@@ -199,11 +198,15 @@ def moe_ffn(
     x = x.astype(dtype)
     w_in, w_out = w_in.astype(dtype), w_out.astype(dtype)
 
-    h = _grouped(x, w_in, index, k, tf32)  # [..., T*k, F], assignment order
+    # ReLU runs in the product's epilogue (relu of the rounded product = the rounded relu,
+    # so the result is the same); other activations in XLA, in float32.
+    fused = act is jax.nn.relu
     if w_gate is not None:
-        h = (act(_grouped(x, weights[2].astype(dtype), index, k, tf32).astype(jnp.float32)) * h.astype(jnp.float32))
+        g = _grouped(x, weights[2].astype(dtype), index, k, tf32, relu=fused)  # [..., T*k, F], assignment order
+        h = (g if fused else act(g.astype(jnp.float32))).astype(jnp.float32) * _grouped(x, w_in, index, k, tf32)
     else:
-        h = act(h.astype(jnp.float32))
+        h = _grouped(x, w_in, index, k, tf32, relu=fused)
+        h = h if fused else act(h.astype(jnp.float32))
     out = _grouped(h.astype(dtype), w_out, index, 1, tf32)  # [..., T*k, D]; dropped rows are 0
     out = out.reshape(*out.shape[:-2], t, k, d).astype(jnp.float32)
     y = jnp.einsum("...tkd,...tk->...td", out, gates.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)

@@ -86,21 +86,27 @@ def has_cols(index_avals) -> bool:
 # -- autodiff -------------------------------------------------------------------------
 
 
+def bilinear_tangent(prim, primals, tangents, **params):
+    """d prim(a, b, *index) of a product bilinear in (a, b), or None when both tangents are zero."""
+    a, b, *idx = primals
+    da, db = tangents[:2]
+    terms = []
+    if type(da) is not ad.Zero:
+        terms.append(prim.bind(da, b, *idx, **params))
+    if type(db) is not ad.Zero:
+        terms.append(prim.bind(a, db, *idx, **params))
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+
 def bilinear_jvp(prim):
     """JVP rule of a product bilinear in its first two operands (the index is constant)."""
 
     def jvp(primals, tangents, **params):
-        a, b, *idx = primals
-        da, db = tangents[:2]
-        out = prim.bind(a, b, *idx, **params)
-        terms = []
-        if type(da) is not ad.Zero:
-            terms.append(prim.bind(da, b, *idx, **params))
-        if type(db) is not ad.Zero:
-            terms.append(prim.bind(a, db, *idx, **params))
-        if not terms:
-            return out, ad.Zero(ShapedArray(out.shape, out.dtype))
-        return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        out = prim.bind(*primals, **params)
+        dout = bilinear_tangent(prim, primals, tangents, **params)
+        return out, ad.Zero(ShapedArray(out.shape, out.dtype)) if dout is None else dout
 
     return jvp
 

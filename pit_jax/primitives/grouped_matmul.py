@@ -12,6 +12,11 @@ Bilinear in (src, w) for a fixed index; the transposes reuse the same index:
 d src = grouped_matmul(dy, w, trans_w=not trans_w) summed over each token's k
 assignments, d w = grouped_wgrad(src, dy) (a gathered reduction over the expert's
 tokens, never a dense product over all tokens).
+
+`relu=True` clamps y at 0 in the kernel's epilogue (the MoE FFN's first product): one
+pass over the [A, F] activations fewer. ReLU's derivative is read from the output
+(y > 0), so the JVP keeps the fused forward: tangent = where(y > 0, bilinear tangent, 0),
+whose products are the plain (relu=False) primitive.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def check_index(lists, counts, what: str) -> int:
     return lists.shape[-2] - 1
 
 
-def _abstract_eval(src, w, lists, counts, *, row_div, trans_w, allow_tf32):
+def _abstract_eval(src, w, lists, counts, *, row_div, trans_w, allow_tf32, relu=False):
     what = "grouped_matmul"
     e = check_index(lists, counts, what)
     if src.dtype != w.dtype or src.dtype not in _products.FLOATS:
@@ -60,22 +65,34 @@ def _abstract_eval(src, w, lists, counts, *, row_div, trans_w, allow_tf32):
     return ShapedArray(full + (a, f), src.dtype)
 
 
-def _native(src, w, lists, counts, *, row_div, trans_w, allow_tf32):
+def _native(src, w, lists, counts, *, row_div, trans_w, allow_tf32, relu):
     out = _abstract_eval(src, w, lists, counts, row_div=row_div, trans_w=trans_w, allow_tf32=allow_tf32)
     return jax.ffi.ffi_call("pit_grouped_matmul", jax.ShapeDtypeStruct(out.shape, out.dtype))(
-        src, w, lists, counts, row_div=np.int64(row_div), trans_w=bool(trans_w), allow_tf32=bool(allow_tf32)
+        src, w, lists, counts, row_div=np.int64(row_div), trans_w=bool(trans_w), allow_tf32=bool(allow_tf32),
+        activation=np.int64(_lowering.ACTIVATION_CODES["relu"] if relu else 0),
     )
 
 
-def grouped_matmul(src, w, lists, counts, *, row_div, trans_w=False, allow_tf32=False):
+def grouped_matmul(src, w, lists, counts, *, row_div, trans_w=False, allow_tf32=False, relu=False):
     return grouped_matmul_p.bind(
-        src, w, lists, counts, row_div=int(row_div), trans_w=bool(trans_w), allow_tf32=bool(allow_tf32)
+        src, w, lists, counts, row_div=int(row_div), trans_w=bool(trans_w), allow_tf32=bool(allow_tf32),
+        relu=bool(relu),
     )
 
 
-def _transpose(ct, src, w, lists, counts, *, row_div, trans_w, allow_tf32):
+def _jvp(primals, tangents, *, relu, **params):
+    y = grouped_matmul_p.bind(*primals, relu=relu, **params)
+    dz = _products.bilinear_tangent(grouped_matmul_p, primals, tangents, relu=False, **params)
+    if dz is None:
+        return y, ad.Zero(ShapedArray(y.shape, y.dtype))
+    return y, jnp.where(y > 0, dz, jnp.zeros((), dz.dtype)) if relu else dz
+
+
+def _transpose(ct, src, w, lists, counts, *, row_div, trans_w, allow_tf32, relu):
     from pit_jax.primitives.grouped_wgrad import grouped_wgrad
 
+    # The JVP above only emits relu=False products, the linear ones.
+    assert not relu, "grouped_matmul(relu=True) is not linear; its JVP transposes the plain product"
     if type(ct) is ad.Zero:
         return [None, None, None, None]
     if ad.is_undefined_primal(lists) or ad.is_undefined_primal(counts):
@@ -98,7 +115,7 @@ def _batch(args, dims, **params):
 
 grouped_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(grouped_matmul_p, *args, **params))
 grouped_matmul_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[grouped_matmul_p] = _products.bilinear_jvp(grouped_matmul_p)
+ad.primitive_jvps[grouped_matmul_p] = _jvp
 ad.primitive_transposes[grouped_matmul_p] = _transpose
 batching.primitive_batchers[grouped_matmul_p] = _batch
 _lowering.register_traced_lowering(grouped_matmul_p, _native, ("pit_grouped_matmul",))

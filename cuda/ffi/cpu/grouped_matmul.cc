@@ -1,6 +1,7 @@
 // pit_grouped_matmul on the CPU: y[a] = src[a / row_div] @ op(W[e]) for the assignments
 // listed in group e < E, zeros for those in group E. Rows of one expert are gathered
-// kRowBlock at a time so each row of W[e] is loaded once per block.
+// kRowBlock at a time so each row of W[e] is loaded once per block. `relu` clamps before
+// the rounding.
 #include <algorithm>
 #include <vector>
 
@@ -46,6 +47,8 @@ void GroupedMatmul(const GroupedMatmulParams& p) {
           cpu::LoadRow(p.dtype, p.src.data, (se * p.src.rows + as[s + i] / p.row_div) * D, D, rows_in.data() + i * D);
         std::fill(acc.begin(), acc.end(), 0.0f);
         cpu::UpdateRows(rows, l, out, wm, 0, 0, D, F);
+        if (p.relu)
+          for (float& v : acc) v = std::max(v, 0.0f);
         for (int i = 0; i < rows; ++i) cpu::StoreRow(p.dtype, out[i], F, p.y, (b * A + as[s + i]) * F);
       }
     }
@@ -53,8 +56,9 @@ void GroupedMatmul(const GroupedMatmulParams& p) {
 }
 
 ffi::Error GroupedMatmulCpu(ffi::AnyBuffer src, ffi::AnyBuffer w, ffi::AnyBuffer lists, ffi::AnyBuffer counts,
-                            ffi::Result<ffi::AnyBuffer> y, int64_t row_div, bool trans_w, bool allow_tf32) {
-  auto p = DecodeGroupedMatmulArgs(src, w, lists, counts, y, row_div, trans_w, allow_tf32);
+                            ffi::Result<ffi::AnyBuffer> y, int64_t row_div, bool trans_w, bool allow_tf32,
+                            int64_t activation) {
+  auto p = DecodeGroupedMatmulArgs(src, w, lists, counts, y, row_div, trans_w, allow_tf32, activation);
   if (p.has_error()) return p.error();
   cpu::Poison(y->untyped_data(), y->size_bytes());
   GroupedMatmul(*p);
@@ -73,4 +77,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedMatmulCpu, pit::GroupedMatmulCpu,
                                   .Ret<xla::ffi::AnyBuffer>()  // y [..., A, F]
                                   .Attr<int64_t>("row_div")
                                   .Attr<bool>("trans_w")
-                                  .Attr<bool>("allow_tf32"));
+                                  .Attr<bool>("allow_tf32")
+                                  .Attr<int64_t>("activation"));  // 0 none, 1 relu

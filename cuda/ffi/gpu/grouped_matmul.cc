@@ -14,9 +14,9 @@ constexpr char kTarget[] = "pit_grouped_matmul";
 
 ffi::Error GroupedMatmulCuda(cudaStream_t stream, ffi::AnyBuffer src, ffi::AnyBuffer w, ffi::AnyBuffer lists,
                              ffi::AnyBuffer counts, ffi::Result<ffi::AnyBuffer> y, int64_t row_div, bool trans_w,
-                             bool allow_tf32) {
+                             bool allow_tf32, int64_t activation) {
   ++HandlerCalls();
-  auto p = DecodeGroupedMatmulArgs(src, w, lists, counts, y, row_div, trans_w, allow_tf32);
+  auto p = DecodeGroupedMatmulArgs(src, w, lists, counts, y, row_div, trans_w, allow_tf32, activation);
   if (p.has_error()) return p.error();
   cudaError_t status = gpu::Poison(y->untyped_data(), y->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchGroupedMatmul(*p, stream);
@@ -36,5 +36,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedMatmulCuda, pit::GroupedMatmulCuda,
                                   .Ret<xla::ffi::AnyBuffer>()  // y [..., A, F]
                                   .Attr<int64_t>("row_div")
                                   .Attr<bool>("trans_w")
-                                  .Attr<bool>("allow_tf32"),
+                                  .Attr<bool>("allow_tf32")
+                                  .Attr<int64_t>("activation"),  // 0 none, 1 relu
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -118,6 +118,7 @@ cudaError_t LaunchImpl(const GroupedMatmulParams& p, cudaStream_t stream, int cl
   g.num_kb = static_cast<int>((p.D * es + kBKBytes - 1) / kBKBytes);
   g.band = band;
   g.diag = diag;
+  g.relu = p.relu ? 1 : 0;
 
   // ---- W's tensor map: 3-D (inner, outer, w_batch * E), 128B swizzle, zero fill out of bounds ----
   const CUtensorMapDataType dt = kind == kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16

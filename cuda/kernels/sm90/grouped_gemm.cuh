@@ -73,6 +73,7 @@ struct Args {
   int n_tiles = 0, num_kb = 0;
   int band = 0;      // > 0: walk each group in bands of `band` items, row tiles fastest inside
   int diag = 0;      // timing experiments only (kDiagNoStore: skip the epilogue's stores)
+  int relu = 0;      // y = max(y, 0) before rounding (the FFN's activation)
 };
 
 constexpr int kDiagNoStore = 1;
@@ -335,6 +336,10 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
     }
     sm90_rg::WgmmaWait<0>();
     sm90_rg::FenceOperands(acc);
+    if (g.relu) {  // uniform branch; 128 FMNMX per thread
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = fmaxf(acc[i], 0.f);
+    }
     if (tid == 0) {
       if constexpr (kCluster == 1) {
         sm90_rg::MbarArrive(base + L::kEmptyB + prev_b * 8);
