@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/kernels/device_utils.cuh"
+#include "cuda/kernels/epilogue.cuh"
 #include "cuda/kernels/sparse_gemm_kernel.cuh"
 
 namespace pit {
@@ -78,7 +79,7 @@ template <class Cfg, typename T, class Math, class RowOf>
 __device__ __forceinline__ void StoreTile(const Math& math, typename Elem<T>::Word* out, int64_t ld, RowOf row_of,
                                           int n_lo, int n_hi, bool vec, bool relu = false) {
   using Word = typename Elem<T>::Word;
-  auto act = [relu](float v) { return relu ? fmaxf(v, 0.0f) : v; };
+  auto act = [relu](float v) { return relu ? ActivateT<static_cast<int>(Activation::kRelu)>(v) : v; };
   auto at = [&](int row, int n) -> Word& { return out[static_cast<int64_t>(row) * ld + n]; };
   if constexpr (Cfg::kMma) {
     const int lane = Math::Lane(), gq = lane >> 2, tq = lane & 3;

@@ -3,6 +3,8 @@
 // views of operands, and output poisoning.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -232,6 +234,17 @@ inline void Zero(void* data, int64_t bytes) {
 // Debug poisoning (docs/kernels.md): NaN bytes everywhere before computing.
 inline void Poison(void* data, size_t bytes) {
   if (PoisonOutputs() && data != nullptr && bytes > 0) std::memset(data, 0xff, bytes);
+}
+
+// The epilogues' activations (the formulas of cuda/kernels/epilogue.cuh, on the host).
+inline float Activate(float v, Activation act) {
+  switch (act) {
+    case Activation::kRelu: return std::max(v, 0.0f);
+    case Activation::kGeluTanh: return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case Activation::kGeluErf: return 0.5f * v * (1.0f + std::erf(v * 0.7071067811865476f));
+    case Activation::kSilu: return v / (1.0f + std::exp(-v));
+    default: return v;
+  }
 }
 
 }  // namespace cpu

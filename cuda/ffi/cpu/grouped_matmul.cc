@@ -48,7 +48,7 @@ void GroupedMatmul(const GroupedMatmulParams& p) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         cpu::UpdateRows(rows, l, out, wm, 0, 0, D, F);
         if (p.relu)
-          for (float& v : acc) v = std::max(v, 0.0f);
+          for (float& v : acc) v = cpu::Activate(v, Activation::kRelu);
         for (int i = 0; i < rows; ++i) cpu::StoreRow(p.dtype, out[i], F, p.y, (b * A + as[s + i]) * F);
       }
     }

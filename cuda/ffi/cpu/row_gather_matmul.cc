@@ -1,7 +1,6 @@
 // pit_row_gather_matmul on the CPU: rows of the listed row blocks of a are multiplied
 // by op_b(B); every other row of c is zero.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -11,17 +10,6 @@
 
 namespace pit {
 namespace {
-
-
-float Activate(float v, Activation act) {  // as cuda/kernels/epilogue.cuh
-  switch (act) {
-    case Activation::kRelu: return std::max(v, 0.0f);
-    case Activation::kGeluTanh: return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-    case Activation::kGeluErf: return 0.5f * v * (1.0f + std::erf(v * 0.7071067811865476f));
-    case Activation::kSilu: return v / (1.0f + std::exp(-v));
-    default: return v;
-  }
-}
 
 void RowGather(const MatmulParams& p, const TileList& t) {
   const int64_t es = DTypeBytes(p.dtype);
@@ -62,7 +50,7 @@ void RowGather(const MatmulParams& p, const TileList& t) {
         cpu::UpdateRows(rows, l, out, bm, 0, 0, p.K, p.N);
         if (!p.epi.Trivial())
           for (int i = 0; i < rows; ++i)
-            for (int64_t n = 0; n < p.N; ++n) out[i][n] = Activate(out[i][n] + bias[n], p.epi.act);
+            for (int64_t n = 0; n < p.N; ++n) out[i][n] = cpu::Activate(out[i][n] + bias[n], p.epi.act);
         cpu::StoreRow(p.dtype, acc.data(), rows * p.N, p.c, (b * p.M + r) * p.N);
       }
     }

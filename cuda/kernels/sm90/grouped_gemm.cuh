@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/epilogue.cuh"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
 
 namespace pit {
@@ -338,7 +339,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
     sm90_rg::FenceOperands(acc);
     if (g.relu) {  // uniform branch; 128 FMNMX per thread
 #pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = fmaxf(acc[i], 0.f);
+      for (int i = 0; i < 128; ++i) acc[i] = ActivateT<static_cast<int>(Activation::kRelu)>(acc[i]);
     }
     if (tid == 0) {
       if constexpr (kCluster == 1) {
