@@ -87,7 +87,8 @@ def tf32_k_major(b, trans_b, *, dtype, allow_tf32):
     return b, trans_b
 
 
-# Codes of the row-gather epilogue's `activation` attribute (cuda/common/matmul_params.h).
+# Codes of the `activation` attribute of the row-gather and grouped targets
+# (cuda/common/matmul_params.h's Activation; the grouped one takes only none and relu).
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4, "swish": 4}
 
 
