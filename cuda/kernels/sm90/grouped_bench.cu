@@ -194,7 +194,7 @@ __global__ void CountDiff(const uint16_t* x, const uint16_t* y, int64_t n, unsig
 }
 
 // ------------------------------- cases -------------------------------
-enum Routing { kUniform, kSkew, kOneExpert, kAllDropped, kSomeEmpty };
+enum Routing { kUniform, kSkew, kOneExpert, kAllDropped, kSomeEmpty, kZipf };
 
 struct Case {
   std::string name;
@@ -272,6 +272,7 @@ void MakeIndex(const Case& cs, int entry, std::mt19937_64& rng, int32_t* lists, 
   double acc = 0;
   for (int e = 0; e < E; ++e) {
     double w = cs.routing == kSkew ? 1.0 / (e + 1) : 1.0;
+    if (cs.routing == kZipf) w = 1.0 / std::pow(double((e * 37 + 11) % E) + 1.0, 1.2);  // s = 1.2; ranks permuted (E coprime to 37)
     if (cs.routing == kSomeEmpty && (e % 3 == 1 || e == E - 1)) w = 0;
     acc += w;
     cdf[e] = acc;
@@ -939,6 +940,13 @@ int main(int argc, char** argv) {
         c.time = true, c.weight_bound = true;
         add(c);
       }
+    for (int64_t T : {1024, 4096}) {
+      char name[64];
+      snprintf(name, sizeof name, "fig8 T%lld E64 zipf bf16", (long long)T);
+      c = mk(name, DType::kBF16, T, 1, 768, 3072, 64);
+      c.time = true, c.weight_bound = true, c.routing = kZipf;
+      add(c);
+    }
     c = mk("fig8 T4096 E128 bf16 trans_w", DType::kBF16, 4096, 1, 768, 3072, 128);
     c.time = true, c.weight_bound = true, c.trans_w = true;
     add(c);
