@@ -99,6 +99,50 @@ def time_op(
     return out
 
 
+def device_time(fn: Callable, arg_sets: Sequence[tuple], *, calls: int = 10) -> dict | None:
+    """Device time of one `fn(*args)`: the summed durations of its GPU kernels, from a
+    profiler trace of `calls` back-to-back dispatches of the same rotated jitted function
+    that `time_op` times. Unlike the wall time it leaves out the gaps between dispatches
+    (host work per jitted call). None when the trace holds no GPU kernels.
+    """
+    import glob
+    import gzip
+    import shutil
+    import tempfile
+
+    k = len(arg_sets)
+    flat = [a for args in arg_sets for a in args]
+    n_args = len(arg_sets[0])
+
+    @jax.jit
+    def many(*flat_args):
+        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
+
+    jax.block_until_ready(many(*flat))
+    jax.block_until_ready(many(*flat))
+    d = tempfile.mkdtemp()
+    try:
+        with jax.profiler.trace(d):
+            out = None
+            for _ in range(calls):
+                out = many(*flat)
+            jax.block_until_ready(out)
+        files = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
+        if not files:
+            return None
+        with gzip.open(files[0]) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    gpu = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "gpu" in e["args"]["name"].lower()}
+    kernels = [e["dur"] for e in events if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+    if not kernels:
+        return None
+    ops = calls * k
+    return {"device_ms": sum(kernels) / ops * 1e-3, "kernels_per_op": len(kernels) / ops}
+
+
 class TooSlow(RuntimeError):
     """A bounded baseline's single call went over its time budget."""
 
