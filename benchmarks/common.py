@@ -46,6 +46,18 @@ def rotations(bytes_per_set: int, max_sets: int = 16) -> int:
     return int(max(2, min(max_sets, -(-4 * L2_BYTES // max(1, bytes_per_set)))))
 
 
+def _rotated(fn: Callable, arg_sets: Sequence[tuple]):
+    """One jitted function applying `fn` to every input set, and its flat arguments."""
+    k, n_args = len(arg_sets), len(arg_sets[0])
+    flat = [a for args in arg_sets for a in args]
+
+    @jax.jit
+    def many(*flat_args):
+        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
+
+    return many, flat
+
+
 def time_op(
     fn: Callable,
     arg_sets: Sequence[tuple],
@@ -63,13 +75,7 @@ def time_op(
     gets fewer repeats (at least 3).
     """
     k = len(arg_sets)
-    flat = [a for args in arg_sets for a in args]
-    n_args = len(arg_sets[0])
-
-    @jax.jit
-    def many(*flat_args):
-        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
-
+    many, flat = _rotated(fn, arg_sets)
     first = jax.block_until_ready(many(*flat))  # compile + warm up
     first = first[0] if keep_output else None
     t0 = time.perf_counter()
@@ -111,13 +117,7 @@ def device_time(fn: Callable, arg_sets: Sequence[tuple], *, calls: int = 10) -> 
     import tempfile
 
     k = len(arg_sets)
-    flat = [a for args in arg_sets for a in args]
-    n_args = len(arg_sets[0])
-
-    @jax.jit
-    def many(*flat_args):
-        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
-
+    many, flat = _rotated(fn, arg_sets)
     jax.block_until_ready(many(*flat))
     jax.block_until_ready(many(*flat))
     d = tempfile.mkdtemp()
