@@ -46,18 +46,6 @@ def rotations(bytes_per_set: int, max_sets: int = 16) -> int:
     return int(max(2, min(max_sets, -(-4 * L2_BYTES // max(1, bytes_per_set)))))
 
 
-def _rotated(fn: Callable, arg_sets: Sequence[tuple]):
-    """One jitted function applying `fn` to every input set, and its flat arguments."""
-    k, n_args = len(arg_sets), len(arg_sets[0])
-    flat = [a for args in arg_sets for a in args]
-
-    @jax.jit
-    def many(*flat_args):
-        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
-
-    return many, flat
-
-
 def time_op(
     fn: Callable,
     arg_sets: Sequence[tuple],
@@ -66,16 +54,25 @@ def time_op(
     target_s: float = 0.02,
     keep_output: bool = False,
     budget_s: float | None = None,
+    device_calls: int = 0,
 ) -> dict:
     """Median milliseconds of one `fn(*args)` over the rotated `arg_sets`.
 
     With `keep_output`, the result also holds "output": what `fn` returned for
     `arg_sets[0]` on the warm-up call (for a correctness check at no extra compile).
     With `budget_s`, an op so slow that `reps` repeats would take longer than that
-    gets fewer repeats (at least 3).
+    gets fewer repeats (at least 3). With `device_calls`, the same compiled function is
+    then traced over that many calls and the result also holds the device time
+    ("device_ms", "kernels_per_op"; see `_traced_kernels`) when the trace has GPU kernels.
     """
     k = len(arg_sets)
-    many, flat = _rotated(fn, arg_sets)
+    flat = [a for args in arg_sets for a in args]
+    n_args = len(arg_sets[0])
+
+    @jax.jit
+    def many(*flat_args):
+        return [fn(*flat_args[i * n_args : (i + 1) * n_args]) for i in range(k)]
+
     first = jax.block_until_ready(many(*flat))  # compile + warm up
     first = first[0] if keep_output else None
     t0 = time.perf_counter()
@@ -102,24 +99,22 @@ def time_op(
     }
     if keep_output:
         out["output"] = first
+    if device_calls:
+        out.update(_traced_kernels(many, flat, device_calls, k) or {})
     return out
 
 
-def device_time(fn: Callable, arg_sets: Sequence[tuple], *, calls: int = 10) -> dict | None:
-    """Device time of one `fn(*args)`: the summed durations of its GPU kernels, from a
-    profiler trace of `calls` back-to-back dispatches of the same rotated jitted function
-    that `time_op` times. Unlike the wall time it leaves out the gaps between dispatches
-    (host work per jitted call). None when the trace holds no GPU kernels.
+def _traced_kernels(many: Callable, flat: Sequence, calls: int, ops_per_call: int) -> dict | None:
+    """Device time per op of an already warm `many`: the summed durations of its GPU
+    kernels in a profiler trace of `calls` back-to-back dispatches. Unlike the wall time
+    it leaves out the gaps between dispatches (host work per jitted call). None when the
+    trace holds no GPU kernels.
     """
     import glob
     import gzip
     import shutil
     import tempfile
 
-    k = len(arg_sets)
-    many, flat = _rotated(fn, arg_sets)
-    jax.block_until_ready(many(*flat))
-    jax.block_until_ready(many(*flat))
     d = tempfile.mkdtemp()
     try:
         with jax.profiler.trace(d):
@@ -139,7 +134,7 @@ def device_time(fn: Callable, arg_sets: Sequence[tuple], *, calls: int = 10) -> 
     kernels = [e["dur"] for e in events if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
     if not kernels:
         return None
-    ops = calls * k
+    ops = calls * ops_per_call
     return {"device_ms": sum(kernels) / ops * 1e-3, "kernels_per_op": len(kernels) / ops}
 
 

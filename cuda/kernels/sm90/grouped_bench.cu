@@ -272,7 +272,8 @@ void MakeIndex(const Case& cs, int entry, std::mt19937_64& rng, int32_t* lists, 
   double acc = 0;
   for (int e = 0; e < E; ++e) {
     double w = cs.routing == kSkew ? 1.0 / (e + 1) : 1.0;
-    if (cs.routing == kZipf) w = 1.0 / std::pow(double((e * 37 + 11) % E) + 1.0, 1.2);  // s = 1.2; ranks permuted (E coprime to 37)
+    // Zipf s = 1.2 over ranks permuted by e -> (37 e + 11) mod E (a permutation when E is coprime to 37).
+    if (cs.routing == kZipf) w = 1.0 / std::pow(double((e * 37 + 11) % E) + 1.0, 1.2);
     if (cs.routing == kSomeEmpty && (e % 3 == 1 || e == E - 1)) w = 0;
     acc += w;
     cdf[e] = acc;
