@@ -127,6 +127,33 @@ def test_capacity_not_exceeded_is_exact(platform):
     check_index(idx, x, (1, 32), f"seed={seed}")
 
 
+# Wide one-row tiles: the CUDA kernel reads each tile's first 16 bytes first and skips the
+# rest of a tile found live there, so a live tile whose only non-zero lies anywhere else
+# (the last element included) must still be found by the full read.
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32, jnp.float16, jnp.bool_], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("micro_tile,shape", [("row", (300, 1024)), ("row", (64, 4104)), ((1, 64), (40, 640)),
+                                              ("row", (50, 1001))], ids=str)
+def test_wide_tiles_live_by_one_element_anywhere(platform, dtype, micro_tile, shape):
+    rng, seed = fresh_rng()
+    rows, cols = shape
+    w = cols if micro_tile == "row" else micro_tile[1]
+    tc = -(-cols // w)
+    kind = rng.integers(0, 4, (rows, tc))  # 0 dead (+-0), 1 dense, 2 one non-zero, 3 one at the tile's end
+    x = np.where(rng.random(shape) < 0.5, -0.0, 0.0).astype(np.float32)
+    for r, c in zip(*np.nonzero(kind)):
+        lo, hi = c * w, min(cols, (c + 1) * w)
+        if kind[r, c] == 1:
+            x[r, lo:hi] = rng.standard_normal(hi - lo) + 3.0
+        else:
+            x[r, hi - 1 if kind[r, c] == 3 else rng.integers(lo, hi)] = rng.choice([-1.5, 2.0])
+    x = x != 0 if dtype == jnp.bool_ else np.asarray(jnp.asarray(x, dtype))
+    tile = resolve(micro_tile, shape)
+    idx = jax.jit(lambda a: pit_jax.index(a, micro_tile))(put(platform, x))
+    check_index(idx, x, tile, f"seed={seed}")
+    assert int(idx.count) == int(np.count_nonzero(kind))
+
+
 def test_negative_zero_is_zero_and_nan_is_live():
     x = np.zeros((4, 8), np.float32)
     x[0, 3] = -0.0
@@ -258,3 +285,6 @@ def test_big_tile_grids_are_refused():
     with pytest.raises(ValueError, match=r"at most 2147483647 are supported"):
         jax.eval_shape(lambda a: pit_jax.index(a, (1, 1)), x)
     assert math.prod(jax.eval_shape(lambda a: pit_jax.index(a, (1, 4)).tiles, x).shape) == 2**30
+    # The kernels find rows and columns with 32-bit arithmetic.
+    with pytest.raises(ValueError, match=r"below 2\^31, got \(2147483648, 1\)"):
+        jax.eval_shape(lambda a: pit_jax.index(a, (2, 1)), jax.ShapeDtypeStruct((2**31, 1), jnp.bool_))

@@ -324,6 +324,8 @@ cudaError_t LaunchIndex(const IndexParams& p, cudaStream_t stream) {
   // One small launch replaces up to six memsets.
   const int64_t largest = std::max({p.batch * p.capacity, p.row_tiles || p.col_tiles ? p.batch * p.tile_rows * p.tile_cols : 0,
                                     p.batch * std::max(p.tile_rows, p.tile_cols)});
+  // Row and column offsets inside an item are 32-bit (pit_jax.index refuses larger x).
+  if (p.rows >= (int64_t{1} << 31) || p.cols >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   const int init_blocks = static_cast<int>(std::clamp<int64_t>((largest + 1023) / 1024, 1, 1024));
   InitKernel<<<init_blocks, 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();

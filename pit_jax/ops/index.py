@@ -48,6 +48,8 @@ def index(
     if x.dtype not in [jnp.dtype(d) for d in INDEX_DTYPES]:
         raise TypeError(f"pit_jax.index: x must be float32, bfloat16, float16 or bool, got {x.dtype}")
     rows, cols = x.shape[-2:]
+    if rows > _MAX_TILES or cols > _MAX_TILES:
+        raise ValueError(f"pit_jax.index: x's last two dimensions must be below 2^31, got {(rows, cols)}")
     tile_h, tile_w = normalize_micro_tile(micro_tile, (rows, cols))
     tile_rows, tile_cols = math.ceil(rows / tile_h), math.ceil(cols / tile_w)
     num_tiles = tile_rows * tile_cols
