@@ -157,6 +157,24 @@ def test_moe_ffn_matches_reference(platform, dtype, case):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("t,d,f", [(53, 16, 24), (700, 136, 264)], ids=["small", "large_tiles"])
+def test_moe_ffn_fused_relu_keeps_nan(platform, t, d, f):
+    """A NaN in one token stays NaN through the ReLU fused into the first product, as
+    through jax.nn.relu (the device's fmaxf used to turn it into 0); other tokens are exact."""
+    rng, seed = fresh_rng()
+    ids, x, gates, w_in, w_out, _ = make(rng, t, d, f, 8, 2, jnp.bfloat16)
+    bad = int(rng.integers(t))
+    x = x.at[bad, int(rng.integers(d))].set(jnp.nan)
+    args = put(platform, jnp.asarray(ids), x, gates, w_in, w_out)
+    y = jax.jit(lambda ids, x, g, wi, wo: pit_jax.moe_ffn(x, g, pit_jax.moe_index(ids, 8), wi, wo))(*args)
+    y = np.asarray(jnp.asarray(y, jnp.float32))
+    assert np.isnan(y[bad]).all(), f"seed {seed}: token {bad} lost its NaN"
+    keep = np.arange(t) != bad
+    want = pit_jax.reference.moe_ffn(*[jax.device_get(a) for a in (x, gates, jnp.asarray(ids), w_in, w_out)])
+    assert rel_err(y[keep], np.asarray(want, np.float32)[keep]) < TOL[jnp.bfloat16], f"seed {seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("activation", ["gelu", "silu", jnp.tanh])
 def test_moe_ffn_gated_and_activations(platform, activation):
     rng, seed = fresh_rng()

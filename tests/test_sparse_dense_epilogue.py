@@ -69,6 +69,30 @@ def test_m_axis_fused_matches_float64(platform, dtype, name, density, with_bias)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("m,k,n", [(75, 40, 72), (1500, 768, 3072)], ids=["small", "hopper"])
+def test_fused_relu_keeps_nan(platform, dtype, m, k, n):
+    """A NaN in a live row gives a NaN row through the fused ReLU, as jax.nn.relu does
+    (the device's fmaxf used to give 0 there); the other rows are exact."""
+    if platform == "cpu" and m > 100:
+        pytest.skip("the sm_90 kernel's shapes: GPU only")
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (), m, k, n, 0.5, dtype)
+    live = np.flatnonzero(mask[:, 0])
+    bad = int(live[rng.integers(len(live))])
+    x = np.array(x)
+    x[bad, rng.integers(k)] = np.nan
+    prec = "tensorfloat32" if dtype == jnp.float32 and m > 100 else None
+    f = jax.jit(lambda x, w, b: pit_jax.sparse_dense(x, w, bias=b, activation="relu", precision=prec))
+    y = np.asarray(jnp.asarray(f(*put(platform, x, w, b)), jnp.float32), np.float64)
+    assert np.isnan(y[bad]).all(), f"seed={seed}: row {bad} lost its NaN"
+    keep = np.arange(m) != bad
+    want = ref(x, w, b, mask, "relu")[keep]
+    tol = 3e-3 if prec else TOL[jnp.dtype(dtype).name]
+    assert rel_err(y[keep], want) < tol, f"seed={seed}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 def test_dead_rows_hold_activation_of_bias(platform):
     """No live row at all: every row is act(bias), written without a product."""
     rng, seed = fresh_rng()

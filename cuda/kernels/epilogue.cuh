@@ -20,7 +20,10 @@ namespace pit {
 template <int kAct>
 __device__ __forceinline__ float ActivateT(float v) {
   if constexpr (kAct == static_cast<int>(Activation::kRelu)) {
-    return fmaxf(v, 0.0f);
+    // max.NaN (sm_80+): NaN stays NaN, as in jax.nn.relu; fmaxf(NaN, 0) would give 0.
+    float r;
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(v));
+    return r;
   } else if constexpr (kAct == static_cast<int>(Activation::kGeluTanh)) {
     return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
   } else if constexpr (kAct == static_cast<int>(Activation::kGeluErf)) {

@@ -239,7 +239,7 @@ inline void Poison(void* data, size_t bytes) {
 // The epilogues' activations (the formulas of cuda/kernels/epilogue.cuh, on the host).
 inline float Activate(float v, Activation act) {
   switch (act) {
-    case Activation::kRelu: return std::max(v, 0.0f);
+    case Activation::kRelu: return v < 0.0f ? 0.0f : v;  // NaN stays NaN, as on the device
     case Activation::kGeluTanh: return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
     case Activation::kGeluErf: return 0.5f * v * (1.0f + std::erf(v * 0.7071067811865476f));
     case Activation::kSilu: return v / (1.0f + std::exp(-v));
