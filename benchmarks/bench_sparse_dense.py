@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_sparse_dense [--out DIR] [--small] [--only m,m_bwd,k,w]
                                             [--stand-in] [--deadline-s S] [--verbose]
+    python -m benchmarks.bench_sparse_dense --rescore RESULTS.json   # targets only, no device
 
 Workloads (full sizes; `--small` shrinks every dim to 256-512 for a CPU smoke run):
   m      M axis, random live rows of x, 16384 x 4096 x 4096, 10/30/50 % live rows,
@@ -31,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
+import json
 import math
 import sys
 import time
@@ -635,6 +638,58 @@ TARGETS = (
     ("m_bwd", "M axis backward (dx, dw): <= 1.25x the oracle backward", 1.25),
 )
 
+# Why a target is missed: what the profiler and the harnesses showed (H100, bf16, the
+# notes named). The results file carries this next to the margins (issue 4 asks for both);
+# the numbers it quotes are from those notes, not from the run that writes the file.
+WHY_MISSED = {
+    "m_bf16_f16": (
+        "Two costs the oracle does not pay. (1) The product itself (measured_precomputed_index) "
+        "also writes the dead rows' zeros, 90 % of a 128 MB output at 10 % live (~25 us of the "
+        "sm_90 kernel in a harness diagnostic), and runs whole rounds of 128 x 256 tiles on 132 "
+        "SMs (10 %: 2 rounds where the oracle's work fills 1.6). (2) An index built from x inside "
+        "the jit reads all of x: 128 MB, 44 us at the copy rate; the index kernel takes 62 us "
+        "(index_ms_inside_jit). At 10 % live, one read of x and w plus one write of the whole "
+        "output is 302 MB, 103 us at 2.93 TB/s, 1.16x the oracle: nothing that builds its index "
+        "from x and returns the full output reaches 1.10x there. docs/notes/sm90_row_gather.md, "
+        "docs/notes/index_kernel.md."
+    ),
+    "m_f32_tf32": (
+        "As for bf16 at twice the bytes: the product with a precomputed index pays the dead rows' "
+        "zeros and whole rounds of tiles, and an index from f32 x reads 268 MB. At 10 % live one "
+        "read of x and w plus one write of the output is 604 MB, 206 us at 2.93 TB/s, 1.16x the "
+        "oracle. docs/notes/sm90_row_gather.md."
+    ),
+    "kw_oracle": (
+        "The oracle multiplies [M, K_live] by [K_live, N] with one K set for all rows. PIT's 32x1 "
+        "strips (and 32x64 / 1x64 weight blocks) give every 32-row group (64-column block) its own "
+        "K set, so the sm_90 STile kernel re-reads each group's live operand rows: 9.1 GB x density "
+        "(K axis) and 4.8 GB x density (weight blocks) of L2 -> SM traffic against 0.13 GB x density "
+        "for the oracle's operands. Nsight Compute at sparsity 0.5: L2 at 33-54 % and DRAM at 7-35 % "
+        "of peak; the cp.async gather's per-warp issue is the limit. An index built from the operand "
+        "adds 20-30 us (index_ms_inside_jit). docs/notes/sm90_stile.md."
+    ),
+    "kw_vs_dense": (
+        "At sparsity 0.5 the per-group re-reads (1.2 GB for weight blocks, 2.3 GB for 32x1 strips at "
+        "4096^3) exceed what a dense product with 128 x 256 tiles moves from L2 (1.1-1.6 GB by count, "
+        "with or without B multicast), so the gathered product is slower than dense there. From "
+        "sparsity 0.9 on it is at least as fast as dense on every pattern. docs/notes/sm90_stile.md."
+    ),
+    "index_share": (
+        "From a row mask the index is 3.6-3.9 us of kernel time + ~1 us of init against a 124 us "
+        "product, 4 % (profiler, 2026-11-23); these shares are wall-clock upper bounds (~30 us of "
+        "dispatch per call). Built from values the index must read its operand once: x at 10 % live "
+        "rows (128 MB, 44 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
+        "axes (32 MB, 11 us, 8-15 % of products of 0.07-0.14 ms): 5 % is below one read of the "
+        "input. docs/benchmarks.md, docs/notes/index_kernel.md."
+    ),
+    "m_bwd": (
+        "dx runs the row-gather product on dy (as fast as the forward); dw = x_live^T dy_live runs "
+        "the grouped weight-gradient kernel, which gathers both operands by cp.async and is bound by "
+        "the SM's gather rate (~34 GB/s per SM; ~1.8x cuBLAS on the same rows). Not done: compacting "
+        "the rows first and reading them by TMA. docs/notes/sm90_grouped.md, runs 7-8."
+    ),
+}
+
 
 def _case_label(r):
     if r["workload"] in ("m", "m_bwd"):
@@ -671,6 +726,8 @@ def targets(rows, meta) -> list:
                 e = {"case": _case_label(next(iter(by.values()))), "impl": variant, "measured": measured, "limit": limit}
                 if measured_pre is not None:
                     e["measured_precomputed_index"] = measured_pre
+                    if pit.get("median_ms") is not None and pre.get("median_ms") is not None:
+                        e["index_ms_inside_jit"] = pit["median_ms"] - pre["median_ms"]
                 if measured is None:
                     e["met"] = None
                 elif lower_is_better:
@@ -690,8 +747,22 @@ def targets(rows, meta) -> list:
             "unit": "% of the product" if tid == "index_share" else ("speed-up over dense" if tid == "kw_vs_dense" else "x oracle"),
             "met": met, "cases_met": sum(1 for e in known if e["met"]), "cases": len(entries),
             "worst": worst, "meaningful": meaningful, "entries": entries,
+            "why": WHY_MISSED[tid] if met is False and meaningful else None,  # H100 findings
         })
     return out
+
+
+def rescore(path: str) -> list:
+    """Rewrites the `targets` of an existing results file with this module's definitions
+    (limits, margins, the reasons for a miss); the measurements are not touched."""
+    with open(path) as f:
+        data = json.load(f)
+    data["targets"] = targets(data["results"], data["meta"])
+    data["meta"].setdefault("rescored", []).append(
+        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=str)  # as common.write_results
+    return data["targets"]
 
 
 def _cell(r: Optional[dict]) -> str:
@@ -811,7 +882,12 @@ def main(argv=None):
         help="start no new case after this many seconds (default: 480 at full size, none with --small); "
         "cases not run are listed in the JSON (meta.not_run_deadline); 0 = no deadline",
     )
+    ap.add_argument("--rescore", default=None, metavar="JSON",
+                    help="only rewrite the targets of an existing results file (no timing, no device)")
     args = ap.parse_args(argv)
+    if args.rescore:
+        print(targets_text(rescore(args.rescore)))
+        return
     if args.deadline_s is None:
         args.deadline_s = 0 if args.small else 480
     only = WORKLOADS
