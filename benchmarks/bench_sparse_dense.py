@@ -644,11 +644,11 @@ TARGETS = (
 WHY_MISSED = {
     "m_bf16_f16": (
         "Two costs the oracle does not pay. (1) The product itself (measured_precomputed_index) "
-        "also writes the dead rows' zeros, 90 % of a 128 MB output at 10 % live (~25 us of the "
+        "also writes the dead rows' zeros, 90 % of a 134 MB output at 10 % live (~25 us of the "
         "sm_90 kernel in a harness diagnostic), and runs whole rounds of 128 x 256 tiles on 132 "
-        "SMs (10 %: 2 rounds where the oracle's work fills 1.6). (2) An index built from x inside "
-        "the jit reads all of x: 128 MB, 44 us at the copy rate; the index kernel takes 62 us "
-        "(index_ms_inside_jit). At 10 % live, one read of x and w plus one write of the whole "
+        "SMs (10 %: 2 rounds where the work fills 1.7). (2) An index built from x inside the jit "
+        "reads all of x: 134 MB, 46 us at the copy rate; the index kernel takes 62 us of device "
+        "time (index_ms_inside_jit: 42-77 us). At 10 % live, one read of x and w plus one write of the whole "
         "output is 302 MB, 103 us at 2.93 TB/s, 1.16x the oracle: nothing that builds its index "
         "from x and returns the full output reaches 1.10x there. docs/notes/sm90_row_gather.md, "
         "docs/notes/index_kernel.md."
@@ -665,20 +665,22 @@ WHY_MISSED = {
         "K set, so the sm_90 STile kernel re-reads each group's live operand rows: 9.1 GB x density "
         "(K axis) and 4.8 GB x density (weight blocks) of L2 -> SM traffic against 0.13 GB x density "
         "for the oracle's operands. Nsight Compute at sparsity 0.5: L2 at 33-54 % and DRAM at 7-35 % "
-        "of peak; the cp.async gather's per-warp issue is the limit. An index built from the operand "
-        "adds 20-30 us (index_ms_inside_jit). docs/notes/sm90_stile.md."
+        "of peak; the cp.async gather's per-warp issue is the limit (for 32x64 blocks also the "
+        "L2 -> SM fabric). An index built from the operand adds 21-48 us (index_ms_inside_jit). "
+        "docs/notes/sm90_stile.md."
     ),
     "kw_vs_dense": (
         "At sparsity 0.5 the per-group re-reads (1.2 GB for weight blocks, 2.3 GB for 32x1 strips at "
         "4096^3) exceed what a dense product with 128 x 256 tiles moves from L2 (1.1-1.6 GB by count, "
         "with or without B multicast), so the gathered product is slower than dense there. From "
-        "sparsity 0.9 on it is at least as fast as dense on every pattern. docs/notes/sm90_stile.md."
+        "sparsity 0.9 on it is at least as fast as dense on every pattern (1.00x for random 32x1 "
+        "strips at 0.9). docs/notes/sm90_stile.md."
     ),
     "index_share": (
         "From a row mask the index is 3.6-3.9 us of kernel time + ~1 us of init against a 124 us "
         "product, 4 % (profiler, 2026-11-23); these shares are wall-clock upper bounds (~30 us of "
         "dispatch per call). Built from values the index must read its operand once: x at 10 % live "
-        "rows (128 MB, 44 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
+        "rows (134 MB, 46 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
         "axes (32 MB, 11 us, 8-15 % of products of 0.07-0.14 ms): 5 % is below one read of the "
         "input. docs/benchmarks.md, docs/notes/index_kernel.md."
     ),
