@@ -3,7 +3,8 @@
 # scripts/build_gpu.sh built and the device tool carried into pit_jax/.
 #   scripts/gpu_test.sh [pytest args]              all tests, CPU and GPU cases
 #   scripts/gpu_test.sh --sanitize TOOL [args]     the GPU cases under compute-sanitizer
-#                                                  (TOOL: memcheck, racecheck, ...)
+#                                                  (TOOL: memcheck, racecheck, ...; a -k EXPR
+#                                                  selects among them: gpu and (EXPR))
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -14,11 +15,19 @@ if [ "${1:-}" = "--sanitize" ]; then
   # XLA must not grab most of the GPU up front under the sanitizer; check our kernels
   # only (their names are in namespace pit), the library ones are not ours to fix.
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
-  paths=()
-  for a in "$@"; do case $a in tests*) ;; *) continue ;; esac; paths+=(x); done
-  [ ${#paths[@]} -eq 0 ] && set -- tests "$@"
+  # A -k EXPR of the caller narrows the GPU cases (pytest keeps only the last -k).
+  args=() paths=() expr=gpu
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -k) expr="gpu and ($2)"; shift 2; continue ;;
+      tests*) paths+=(x) ;;
+    esac
+    args+=("$1")
+    shift
+  done
+  [ ${#paths[@]} -eq 0 ] && args=(tests "${args[@]}")
   exec compute-sanitizer --tool "$tool" --kernel-name kns=pit --error-exitcode 9 \
-    "$PY" -m pytest -q -p no:cacheprovider -k gpu "$@"
+    "$PY" -m pytest -q -p no:cacheprovider -k "$expr" "${args[@]}"
 fi
 paths=()
 for a in "$@"; do case $a in tests*) paths+=(x) ;; esac; done
