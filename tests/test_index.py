@@ -127,9 +127,10 @@ def test_capacity_not_exceeded_is_exact(platform):
     check_index(idx, x, (1, 32), f"seed={seed}")
 
 
-# Wide one-row tiles: the CUDA kernel reads each tile's first 16 bytes first and skips the
-# rest of a tile found live there, so a live tile whose only non-zero lies anywhere else
-# (the last element included) must still be found by the full read.
+# Wide one-row tiles live by a single element anywhere in the tile (the last one included):
+# tiled_sparse always keeps a live tile's first element, so a kernel that looked only at
+# the start of a tile (docs/notes/index_kernel.md tried a probe of the first 16 bytes)
+# would pass the other tests.
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32, jnp.float16, jnp.bool_], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("micro_tile,shape", [("row", (300, 1024)), ("row", (64, 4104)), ((1, 64), (40, 640)),
