@@ -762,8 +762,7 @@ def rescore(path: str) -> list:
     data["targets"] = targets(data["results"], data["meta"])
     data["meta"].setdefault("rescored", []).append(
         datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=str)  # as common.write_results
+    common.dump_json(path, data)
     return data["targets"]
 
 

@@ -204,9 +204,14 @@ def write_results(suite: str, payload: dict, out_dir: str | None = None) -> str:
     dev = payload["meta"]["device"].replace(" ", "_")
     day = payload["meta"]["date"][:10]
     path = os.path.join(out_dir, f"{suite}_{dev}_{day}.json")
+    dump_json(path, payload)
+    return path
+
+
+def dump_json(path: str, payload: dict) -> None:
+    """Writes a results file the one way every suite does (also when it is rewritten)."""
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=str)
-    return path
 
 
 def table(rows: Sequence[dict], columns: Sequence[str]) -> str:
