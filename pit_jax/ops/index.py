@@ -13,6 +13,7 @@ from pit_jax.pit_index import GROUPS, INDEX_DTYPES, MicroTileSpec, PitIndex, _st
 from pit_jax.primitives.index import pit_index_p
 
 _MAX_TILES = 2**31 - 1
+_MAX_DIM = 2**31 - 1  # the CUDA kernel's row / column offsets inside an item are 32-bit
 
 
 def index(
@@ -48,7 +49,7 @@ def index(
     if x.dtype not in [jnp.dtype(d) for d in INDEX_DTYPES]:
         raise TypeError(f"pit_jax.index: x must be float32, bfloat16, float16 or bool, got {x.dtype}")
     rows, cols = x.shape[-2:]
-    if rows > _MAX_TILES or cols > _MAX_TILES:
+    if rows > _MAX_DIM or cols > _MAX_DIM:
         raise ValueError(f"pit_jax.index: x's last two dimensions must be below 2^31, got {(rows, cols)}")
     tile_h, tile_w = normalize_micro_tile(micro_tile, (rows, cols))
     tile_rows, tile_cols = math.ceil(rows / tile_h), math.ceil(cols / tile_w)
