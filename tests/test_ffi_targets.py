@@ -168,6 +168,45 @@ def test_sread(platform, dtype, tile, shape, density):
         assert (got[b][int(count[b]) :] == 0).all(), f"{msg}: slots past the count must be zero"
 
 
+PACKED_ROW_PAD = 64  # kPackedRowPad (cuda/common/moe_params.h)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)
+def test_sread_live(platform, dtype, tile, shape, density):
+    """pit_sread_live: the listed slots as pit_sread writes them, zeros in the slots whose
+    rows lie below the next multiple of 64 rows, and (on the GPU) the other slots past the
+    count left unwritten: still the NaN poison."""
+    rng, seed = fresh_rng()
+    tile = resolve(tile, shape)
+    lead = (2,) if seed % 2 else (2, 2)
+    shape = (*lead, *shape)
+    x = randn(rng, shape, dtype)
+    mask, live, index = build_index(rng, shape, tile, density)
+
+    def f(m, x):
+        idx = index(m)
+        packed = ffi("pit_sread_live", (*lead, idx.capacity, *tile), dtype, x, idx.tiles, idx.count,
+                     tile_h=tile[0], tile_w=tile[1])
+        return packed, idx.tiles, idx.count
+
+    packed, tiles, count = run(platform, f, mask, x)
+    msg = f"seed={seed} lead={lead}"
+    got, want = f64(packed), pack_reference(x, tiles, count, tile)
+    cap = got.shape[-3]
+    for b in np.ndindex(*lead):
+        n = min(int(count[b]), cap)
+        np.testing.assert_array_equal(got[b][:n], want[b][:n], err_msg=f"{msg}: live slots")
+        # Slots whose first row lies below the row count rounded up to 64 are zeros.
+        pad_rows = -(-(n * tile[0]) // PACKED_ROW_PAD) * PACKED_ROW_PAD
+        pad_slots = [s for s in range(n, cap) if s * tile[0] < pad_rows]
+        assert (got[b][pad_slots] == 0).all(), f"{msg}: padding slots must be zero"
+        rest = [s for s in range(n, cap) if s not in pad_slots]
+        if platform == "gpu" and rest:
+            assert np.isnan(got[b][rest]).all(), f"{msg}: slots past the padding must be left unwritten"
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)

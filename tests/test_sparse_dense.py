@@ -235,6 +235,53 @@ def test_m_axis_weight_grad_lowers_to_grouped_wgrad_on_cuda():
 
 
 @requires_gpu
+@pytest.mark.parametrize(
+    "lead,rows,k,n,h,density,capacity,force",
+    [((), 1000, 136, 264, 1, 0.3, None, True),  # rows and the live count not multiples of 64
+     ((2, 3), 200, 72, 520, 4, 0.5, None, True),  # batch summed into one dW, row blocks of 4
+     ((), 300, 64, 64, 1, 0.0, None, True),  # nothing live: zeros
+     ((), 333, 64, 128, 1, 1.0, None, True),  # every row live: the last stage reads past the end
+     ((3,), 777, 128, 64, 1, 0.1, 50, True),  # capacity below the live count
+     ((), 4096, 2048, 2048, 1, 0.27, None, False)],  # packed by default (K * N at the threshold)
+)
+def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density, capacity, force):
+    """The M axis's weight gradient through packed rows: pit_sread_live packs the live rows
+    of x and dy (zeros up to a multiple of 64 rows), then the Hopper kernel reads whole
+    stages of them by TMA. Forced on small shapes too (PACKED_WGRAD_MIN_KN = 0); checked
+    against float64, for determinism with one index, and for the targets it lowers to."""
+    from pit_jax.primitives import _lowering, stile_matmul as sm
+
+    if not _lowering.cuda_is_sm90():
+        pytest.skip("the packed weight gradient is for sm_90 devices")
+    if force:
+        monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
+    rng, seed = fresh_rng()
+    x, live = tiled_sparse(rng, (*lead, rows, k), (h, k), density, jnp.bfloat16)
+    if capacity is not None:  # at most `capacity` live blocks per entry, so nothing overflows
+        flat = live.reshape(-1, live.shape[-2] * live.shape[-1]).copy()
+        for row in flat:
+            row[np.flatnonzero(row)[capacity:]] = False
+        live = flat.reshape(live.shape)
+        x = np.where(np.repeat(live, h, -2)[..., :rows, :], x, 0).astype(x.dtype)
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, rows, n)), jnp.bfloat16))
+    w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
+    dw_fn = jax.jit(jax.grad(lambda a, b, gg, i: jnp.sum(
+        pit_jax.sparse_dense(a, b, i, axis="m").astype(jnp.float32) * gg.astype(jnp.float32)), argnums=1))
+    args = put("gpu", x, w, g)
+    idx = jax.jit(lambda a: pit_jax.index(a, (h, None), capacity=capacity))(args[0])
+    hlo = dw_fn.lower(*args, idx).as_text()
+    assert hlo.count("@pit_grouped_wgrad_packed(") == 1 and hlo.count("@pit_sread_live(") == 2, "packed route"
+    dw, dw2 = dw_fn(*args, idx), dw_fn(*args, idx)
+    mask = np.repeat(live, h, -2)[..., :rows, :].astype(np.float64)
+    rw = (np.swapaxes(f64(x) * mask, -1, -2) @ f64(g)).reshape(-1, k, n).sum(0)
+    assert dw.shape == w.shape and not np.isnan(np.asarray(dw, np.float32)).any(), f"seed={seed}"
+    assert rel_err(dw, rw) < 2 * TOL[jnp.bfloat16] or np.abs(rw).max() == 0, f"seed={seed}"
+    if np.abs(rw).max() == 0:
+        assert (np.asarray(dw, np.float32) == 0).all(), f"seed={seed}: nothing live must give zeros"
+    assert np.array_equal(np.asarray(dw), np.asarray(dw2)), "deterministic"
+
+
+@requires_gpu
 @pytest.mark.parametrize("rows,k,n", [(4096, 768, 768), (4096, 3072, 768), (2048, 256, 1024)])
 def test_m_axis_weight_grad_few_tiles_gpu(rows, k, n):
     """BERT-like sizes (about a quarter of the rows live, few 128 x 256 tiles of dW): the

@@ -9,6 +9,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     pybind11::dict targets;
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCpu);
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCpu);
+    targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCpu);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCpu);
@@ -16,6 +17,8 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_moe_index"] = pit::HandlerCapsule(PitMoeIndexCpu);
     targets["pit_grouped_matmul"] = pit::HandlerCapsule(PitGroupedMatmulCpu);
     targets["pit_grouped_wgrad"] = pit::HandlerCapsule(PitGroupedWgradCpu);
+    // Packed rows with identity lists: the same sums through the same loop.
+    targets["pit_grouped_wgrad_packed"] = pit::HandlerCapsule(PitGroupedWgradCpu);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

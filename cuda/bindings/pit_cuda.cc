@@ -12,6 +12,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
     pybind11::dict targets;
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCuda);
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCuda);
+    targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCuda);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCuda);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCuda);
@@ -19,6 +20,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_moe_index"] = pit::HandlerCapsule(PitMoeIndexCuda);
     targets["pit_grouped_matmul"] = pit::HandlerCapsule(PitGroupedMatmulCuda);
     targets["pit_grouped_wgrad"] = pit::HandlerCapsule(PitGroupedWgradCuda);
+    targets["pit_grouped_wgrad_packed"] = pit::HandlerCapsule(PitGroupedWgradPackedCuda);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

@@ -55,6 +55,9 @@ struct GroupedMatmulParams {
   void* y = nullptr;  // [batch, A, F]
 };
 
+// Row padding of packed weight-gradient operands (pit_sread_live zeroes up to it).
+constexpr int64_t kPackedRowPad = 64;
+
 struct GroupedWgradParams {
   DType dtype = DType::kF32;  // of src, dy and dW
   bool allow_tf32 = false;
@@ -66,6 +69,11 @@ struct GroupedWgradParams {
   RoutingIndex index;
   void* dw = nullptr;  // [dw_batch, E, D, F]
   int64_t dw_batch = 1;
+  // Rows packed by pit_sread_live: the lists are the identity on their first count entries
+  // (row j of src and dy is list entry j) and rows count .. (the next multiple of
+  // kPackedRowPad, or the end) are zeros, so a kernel may read whole blocks of rows
+  // without the lists (the sm_90a kernel: by TMA). Needs row_div 1.
+  bool packed = false;
 };
 
 }  // namespace pit

@@ -35,12 +35,12 @@ inline ffi::Error CheckTileOperands(const std::string& target, S32Buffer tiles, 
 
 // pit_sread: x [..., R, C] -> packed [..., capacity, tile_h, tile_w].
 inline ffi::ErrorOr<PackParams> DecodeSread(ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count,
-                                            ffi::Result<ffi::AnyBuffer>& packed, int64_t tile_h, int64_t tile_w) {
-  const std::string target = "pit_sread";
+                                            ffi::Result<ffi::AnyBuffer>& packed, int64_t tile_h, int64_t tile_w,
+                                            const std::string& target = "pit_sread") {
   auto dtype = DecodeDType(x.element_type(), target + ": x");
   if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
   if (packed->element_type() != x.element_type()) return InvalidArg(target + ": packed must have x's dtype");
-  auto m = AsBatchedMatrix(x.dimensions(), "pit_sread: x");
+  auto m = AsBatchedMatrix(x.dimensions(), (target + ": x").c_str());
   if (m.has_error()) return ffi::Unexpected<ffi::Error>(m.error());
   if (tile_h < 1 || tile_w < 1 || tile_h > m->rows || tile_w > m->cols)
     return InvalidArg(target + ": micro-tile must be positive and fit in x");

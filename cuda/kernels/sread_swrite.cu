@@ -36,6 +36,8 @@ struct PackArgs {
   int log_lanes;       // lanes per tile row = 1 << log_lanes
   int spb;             // slots per block iteration
   bool accumulate;
+  bool live_only;  // sread: slots past the count are skipped (origin -2), not zeroed, ...
+  int64_t pad_rows;  // ... unless their rows lie below round_up(count * tile_h, pad_rows)
 };
 
 // One vector: V words, or a single word in the unaligned case.
@@ -114,6 +116,9 @@ __global__ void __launch_bounds__(kThreads, 4) PackKernel(const PackArgs a) {
             h = static_cast<int>(a.rows - r0 < a.tile_h ? a.rows - r0 : a.tile_h);
             w = static_cast<int>(a.cols - c0 < a.tile_w ? a.cols - c0 : a.tile_w);
           }
+        } else if (a.live_only) {
+          const int64_t padded = (static_cast<int64_t>(n) * a.tile_h + a.pad_rows - 1) / a.pad_rows * a.pad_rows;
+          if (s * a.tile_h >= padded) origin = -2;
         }
       }
       s_origin[ls] = origin;
@@ -129,6 +134,7 @@ __global__ void __launch_bounds__(kThreads, 4) PackKernel(const PackArgs a) {
       const int64_t origin = s_origin[ls];
       const bool live_row = origin >= 0 && i < s_h[ls];
       if (kWrite && !live_row) continue;
+      if (!kWrite && origin == -2) continue;
       const int w = s_w[ls];
       const int64_t packed_row = (gs * a.tile_h + i) * a.tile_w;
       const int64_t x_row = origin + static_cast<int64_t>(i) * a.cols;
@@ -181,6 +187,8 @@ cudaError_t LaunchTyped(const PackLaunch& p, cudaStream_t stream) {
   // (tile_h alone when spb is 1, otherwise at most kVectorsPerBlock).
   a.spb = static_cast<int>(std::clamp<int64_t>(kVectorsPerBlock / per_slot, 1, kMaxSlotsPerBlock));
   a.accumulate = p.accumulate;
+  a.live_only = p.live_only;
+  a.pad_rows = p.live_pad_rows < 1 ? 1 : p.live_pad_rows;
   const int64_t iters = (a.slots + a.spb - 1) / a.spb;
   const int grid = static_cast<int>(std::min<int64_t>(iters, int64_t{DeviceSmCount()} * 16));
   if (vec) {

@@ -23,10 +23,14 @@ struct PackLaunch {
   const void* src = nullptr;       // x (sread) or packed (swrite)
   void* dst = nullptr;             // packed (sread) or out (swrite, already holding base)
   bool accumulate = false;         // swrite: out[tile] += packed[slot] (float32, one rounding)
+  bool live_only = false;          // sread: leave the slots past the count unwritten, except
+  int64_t live_pad_rows = 1;       // ... those whose rows lie below the next multiple of this: zeros
 };
 
 // packed[b, s] = tile tiles[b, s] of x for s < min(count[b], capacity), zeros in
-// partial-tile padding and in every other slot.
+// partial-tile padding and in every other slot (with live_only: only the slots past the
+// count whose rows lie below round_up(count * tile_h, live_pad_rows) are zeroed, the
+// rest are not written, so the pass moves only the live bytes).
 cudaError_t LaunchSread(const PackLaunch& p, cudaStream_t stream);
 
 // out[tile tiles[b, s]] = packed[b, s] (or += with accumulate) for s < min(count[b],

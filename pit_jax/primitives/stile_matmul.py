@@ -246,22 +246,43 @@ def _rows_wgrad_applies(a, b, idx, p: Plan, *, sparse, tile, trans_a, trans_b, t
     )
 
 
+# Packing the live rows first pays once the product is large: it moves the live rows of
+# both operands once more (read + write) but lets the kernel read whole stages by TMA
+# instead of gathering rows (docs/notes/sm90_grouped.md, run 11). K * N at least this.
+PACKED_WGRAD_MIN_KN = 2048 * 2048
+
+
 def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
     """pit_grouped_wgrad with E = 1: the listed row blocks expanded to row ids (its list
     entries are rows of both operands), -1 past the count; the empty group 1 is the
-    "dropped" group of the MoE contract."""
+    "dropped" group of the MoE contract. For large products the live rows of both
+    operands are packed first (pit_sread_live) and pit_grouped_wgrad_packed reads them
+    in order (its lists are the identity)."""
     tiles, count = idx[0], idx[1]
     h, rows = tile[0], a.shape[-2]
     cap = tiles.shape[-1]
     count = jnp.minimum(count, cap)
-    ids = (tiles[..., :, None] * h + jnp.arange(h, dtype=jnp.int32)).reshape(*tiles.shape[:-1], cap * h)
+    lead = tuple(tiles.shape[:-1])
+    packed = a.shape[-1] * b.shape[-1] >= PACKED_WGRAD_MIN_KN and _lowering.cuda_is_sm90()
+    if packed:
+        a, b = (
+            jax.ffi.ffi_call("pit_sread_live", jax.ShapeDtypeStruct(lead + (cap, h, m.shape[-1]), m.dtype))(
+                m, tiles, count, tile_h=np.int64(h), tile_w=np.int64(m.shape[-1])
+            ).reshape(*lead, cap * h, m.shape[-1])
+            for m in (a, b)
+        )
+        ids = jnp.broadcast_to(jnp.arange(cap * h, dtype=jnp.int32), lead + (cap * h,))
+        length = cap * h
+    else:
+        ids = (tiles[..., :, None] * h + jnp.arange(h, dtype=jnp.int32)).reshape(*lead, cap * h)
+        length = rows
     ids = jnp.where(jnp.arange(cap * h) < (count * h)[..., None], ids, -1)
-    ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, rows - cap * h)], constant_values=-1)
+    ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, length - cap * h)], constant_values=-1)
     lists = jnp.stack([ids, jnp.full_like(ids, -1)], axis=-2).astype(jnp.int32)
     counts = jnp.stack([count * h, jnp.zeros_like(count)], axis=-1).astype(jnp.int32)
     batch = tuple(a.shape[:-2])[:out_batch]
     out = jax.ShapeDtypeStruct(batch + (1, a.shape[-1], b.shape[-1]), a.dtype)
-    return jax.ffi.ffi_call("pit_grouped_wgrad", out)(
+    return jax.ffi.ffi_call("pit_grouped_wgrad_packed" if packed else "pit_grouped_wgrad", out)(
         a, b, lists, counts, row_div=np.int64(1), allow_tf32=bool(allow_tf32)
     )
 
@@ -335,5 +356,7 @@ ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p)
 ad.primitive_transposes[stile_matmul_p] = _transpose
 batching.primitive_batchers[stile_matmul_p] = _batch
 _lowering.register_traced_lowering(
-    stile_matmul_p, _native, ("pit_stile_matmul", "pit_row_gather_matmul", "pit_grouped_wgrad"), cuda_fn=functools.partial(_native, cuda=True)
+    stile_matmul_p, _native,
+    ("pit_stile_matmul", "pit_row_gather_matmul", "pit_grouped_wgrad", "pit_grouped_wgrad_packed", "pit_sread_live"),
+    cuda_fn=functools.partial(_native, cuda=True)
 )

@@ -33,19 +33,40 @@ void Sread(const PackParams& p) {
   }
 }
 
-ffi::Error SreadCpu(ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> packed,
-                    int64_t tile_h, int64_t tile_w) {
-  auto p = DecodeSread(x, tiles, count, packed, tile_h, tile_w);
+ffi::Error SreadImpl(const char* target, ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count,
+                     ffi::Result<ffi::AnyBuffer> packed, int64_t tile_h, int64_t tile_w) {
+  auto p = DecodeSread(x, tiles, count, packed, tile_h, tile_w, target);
   if (p.has_error()) return p.error();
   cpu::Poison(packed->untyped_data(), packed->size_bytes());
   Sread(*p);
   return ffi::Error::Success();
 }
 
+ffi::Error SreadCpu(ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> packed,
+                    int64_t tile_h, int64_t tile_w) {
+  return SreadImpl("pit_sread", x, tiles, count, packed, tile_h, tile_w);
+}
+
+// pit_sread_live leaves the slots past the count undefined; zeroing them here is one
+// way of doing that (the CPU pass is not what the live-only contract is for).
+ffi::Error SreadLiveCpu(ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> packed,
+                        int64_t tile_h, int64_t tile_w) {
+  return SreadImpl("pit_sread_live", x, tiles, count, packed, tile_h, tile_w);
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadCpu, pit::SreadCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()              // x
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Ret<xla::ffi::AnyBuffer>()              // packed
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<int64_t>("tile_w"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadLiveCpu, pit::SreadLiveCpu,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::AnyBuffer>()              // x
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles

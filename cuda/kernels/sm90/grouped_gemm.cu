@@ -15,6 +15,8 @@
 namespace pit {
 namespace {
 
+static_assert(kPackedRowPad % sm90_grouped::kW3Tok == 0, "packed rows are zero-padded to whole stages");
+
 using sm90_grouped::Args;
 using sm90_grouped::Layout;
 using sm90::ClusterLaunch;
@@ -171,7 +173,7 @@ int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
     ClusterLaunch launch(split, sm90_grouped::kW3Threads, sm90_grouped::kW3SmemBytes, stream,
                          static_cast<unsigned>(split * (sms / split)));
     int n = -1;
-    if (cudaOccupancyMaxActiveClusters(&n, sm90_grouped::GroupedWgradWsKernel<sm90_grouped::kBf16, false>,
+    if (cudaOccupancyMaxActiveClusters(&n, sm90_grouped::GroupedWgradWsKernel<sm90_grouped::kBf16>,
                                        &launch.cfg) !=
             cudaSuccess ||
         n <= 0)
@@ -183,8 +185,9 @@ int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
 }
 
 // The v3 split S (CTAs of a cluster sharing one tile's token reduction): only when the tiles
-// leave SMs idle. Cost in units of one stage (32 tokens) per wave: ceil(kb / S) + the launch /
-// fill / epilogue overhead (fitted to run 7: ~12 stages, ~20 with the DSMEM reduction), kb
+// leave SMs idle. Cost in units of one stage (kW3Tok tokens) per wave: ceil(kb / S) + the
+// launch / fill / epilogue overhead (fitted to run 7 in 32-token stages: ~12, ~20 with the
+// DSMEM reduction; scaled to the stage size), kb
 // estimated from the average tokens per expert (the counts stay on the device). S in
 // {1, 2, 4, 8}: clusters of 6 measured slow (run 7), 3, 5, 7 not measured.
 int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int dev, int sms, cudaStream_t stream) {
@@ -196,14 +199,13 @@ int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int dev, int sms, c
     const int per_wave = WgradClustersPerWave(dev, s, sms, stream);
     if (per_wave <= 0) continue;
     const int64_t waves = (tiles + per_wave - 1) / per_wave;
-    const double cost = static_cast<double>(waves) * ((kb + s - 1) / s + (s > 1 ? 20 : 12));
+    const double cost = static_cast<double>(waves) * ((kb + s - 1) / s + (s > 1 ? 20.0 : 12.0) * 32 / sm90_grouped::kW3Tok);
     if (s == 1 || cost < best_cost) best = s, best_cost = cost;
   }
   return best;
 }
 
-// version: 0 = the launcher's choice, 2 = v2 (classic multistage), 3 = v3 (warp-specialized),
-// 4 = v3 with the consumers gathering src (kConsA);
+// version: 0 = the launcher's choice, 2 = v2 (classic multistage), 3 = v3 (warp-specialized);
 // split: 0 = the launcher's choice, else the v3 cluster size (1..8). always: skip the size gate.
 cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bool always, int version, int split) {
   constexpr cudaError_t kNo = cudaErrorNotSupported;
@@ -253,6 +255,28 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   g.m_tiles = static_cast<int>(m_tiles);
   g.n_tiles = static_cast<int>(n_tiles);
   const int which = p.dtype == DType::kBF16 ? 0 : 1;
+  // Packed rows: 3-D maps (columns, rows, batch) of src and dy, boxes of 64 columns x 32
+  // rows with the 128B swizzle, zero fill past the columns. Unused (zeros) otherwise.
+  CUtensorMap map_src{}, map_dy{};
+  if (p.packed) {
+    if (p.row_div != 1) return kNo;
+    auto encode = GetEncodeTiled();
+    if (!encode) return kNo;
+    const CUtensorMapDataType dt =
+        which == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    auto make = [&](CUtensorMap* map, const void* data, int64_t cols, int64_t batch) {
+      cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(p.A),
+                            static_cast<cuuint64_t>(batch)};
+      cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols * 2), static_cast<cuuint64_t>(p.A * cols * 2)};
+      cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kW3Tok), 1};
+      cuuint32_t estrides[3] = {1, 1, 1};
+      return encode(map, dt, 3, const_cast<void*>(data), dims, strides, box, estrides,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    };
+    if (!make(&map_src, p.src.data, p.D, p.src.batch) || !make(&map_dy, p.dy.data, p.F, p.dy.batch)) return kNo;
+    g.packed = 1;
+  }
 
 #ifdef PIT_GG_EXPERIMENTS
   if (version == 2) {
@@ -268,18 +292,13 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   }
 #endif
   if (version == 0) version = kWgradDefaultVersion;
-  if (version != 3 && version != 4) return kNo;
+  if (version != 3) return kNo;
 
-  // v3 / v4.
+  // v3.
   static bool attr3_set[kMaxDevices] = {};
   if (!attr3_set[devi]) {
     cudaError_t e = cudaSuccess;
-    for (auto k : {GroupedWgradWsKernel<kBf16, false>, GroupedWgradWsKernel<kF16, false>
-#ifdef PIT_GG_EXPERIMENTS
-                   ,
-                   GroupedWgradWsKernel<kBf16, true>, GroupedWgradWsKernel<kF16, true>
-#endif
-         })
+    for (auto k : {GroupedWgradWsKernel<kBf16>, GroupedWgradWsKernel<kF16>})
       if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
     if (e != cudaSuccess) return e;
     attr3_set[devi] = true;
@@ -289,13 +308,8 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   if (s < 1 || s > 8) return kNo;
   ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
-  auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16, false> : GroupedWgradWsKernel<kF16, false>;
-#ifdef PIT_GG_EXPERIMENTS
-  if (version == 4) kernel = which == 0 ? GroupedWgradWsKernel<kBf16, true> : GroupedWgradWsKernel<kF16, true>;
-#else
-  if (version == 4) return kNo;
-#endif
-  cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args);
+  auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
+  cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args, map_src, map_dy);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

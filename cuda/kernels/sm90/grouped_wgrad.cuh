@@ -12,9 +12,10 @@
 // warpgroup w computes rows 64w.. with m64n256k16 wgmma, both operands transposed; the
 // gather of k-block i + 2 is issued while the wgmma of k-block i runs.
 // That is v2 (GroupedWgradKernel, bench only now). The launcher's kernel is v3
-// (GroupedWgradWsKernel below: warp-specialized, 8 stages of 32 tokens, optional
-// deterministic split of the reduction over a cluster); v4 = v3 with the consumers gathering
-// src (bench only). Measurements: docs/notes/sm90_grouped.md, runs 7-8.
+// (GroupedWgradWsKernel below: warp-specialized, 4 stages of 64 tokens (8 of 32 until run
+// 11), optional deterministic split of the reduction over a cluster, packed rows by TMA).
+// v4 (consumers gathering src) measured slower and was removed in run 11.
+// Measurements: docs/notes/sm90_grouped.md, runs 7-8 and 11.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@ struct WgradArgs {
   int per_c = 1;  // batch entries per dw entry
   int src_div = 1, dy_div = 1, idx_div = 1;
   int m_tiles = 0, n_tiles = 0;
+  int packed = 0;  // v3: rows packed and zero-padded (GroupedWgradParams::packed): every stage by TMA
 };
 
 // The reduction's position: batch entry b (of this dw entry), first token j0 of the group.
@@ -225,9 +227,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
 
 // ---------------------------------------------------------------------------------
 // v3: warp-specialized (docs/notes/sm90_grouped.md, run 7). 384 threads: warpgroup 0
-// gathers (4 producer warps, cp.async into 8 stages of 32 tokens, each stage's full barrier
-// completed by cp.async.mbarrier.arrive.noinc), warpgroups 1 and 2 compute D rows 0-63 /
-// 64-127 of the 128 x 256 tile with m64n256k16 wgmma (2 per stage, one wgmma group kept in
+// gathers (4 producer warps, cp.async into 4 stages of 64 tokens, each stage's full barrier
+// completed by cp.async.mbarrier.arrive.noinc; or TMA for packed rows), warpgroups 1 and 2
+// compute D rows 0-63 / 64-127 of the 128 x 256 tile with m64n256k16 wgmma (4 per stage: 64
+// tokens measured 7-11 % faster than 32, run 11; one wgmma group kept in
 // flight behind the current one) and release each stage once its wgmma has completed.
 // Optional split of the token reduction over the S CTAs of a cluster (S from the launcher):
 // CTA rank r takes k-blocks r, r + S, ... of the tile's sequence; the partial sums meet in
@@ -237,8 +240,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
 // set: all of src's columns and a few dy column slabs of one expert).
 // ---------------------------------------------------------------------------------
 constexpr int kW3Threads = 384;
-constexpr int kW3Tok = 32;                          // tokens (K) per stage
-constexpr int kW3Stages = 8;
+constexpr int kW3Tok = 64;                          // tokens (K) per stage
+constexpr int kW3Stages = 4;
 constexpr int kW3Block = kW3Tok * 128;              // one 64-column block: 32 K rows x 128 B
 constexpr int kW3StageA = 2 * kW3Block;             // 128 src columns: 8 KB
 constexpr int kW3StageB = 4 * kW3Block;             // 256 dy columns: 16 KB
@@ -298,38 +301,15 @@ struct W3Cursor {
   }
 };
 
-// kConsA (v4): each consumer warpgroup gathers its own 64 src columns (A block wg) itself,
-// 2 cp.async per thread per stage, issued into the stage its previous wgmma just freed (no
-// other warpgroup reads that block); the producers then gather only dy (B).
-// Each consumer thread copies chunk q % 8 of tokens q / 8 and q / 8 + 16 (q = thread in WG).
-struct W3ALoader {
-  W3Cursor cur;
-  int a0, a1;  // list entries of the next stage's two tokens (-1: none)
-  const char* sb;
-  __device__ __forceinline__ void Fetch(int q) {
-    a0 = a1 = -1;
-    sb = cur.src_b;
-    if (cur.Done()) return;
-    const int k0 = cur.j0 + (q >> 3);
-    if (k0 < cur.count) a0 = __ldg(cur.list + k0);
-    if (k0 + 16 < cur.count) a1 = __ldg(cur.list + k0 + 16);
-  }
-  __device__ __forceinline__ void Issue(const WgradArgs& g, int e, int S, uint32_t stage_a, uint32_t full, int col,
-                                        int q) {
-    const int k0 = q >> 3, ch = q & 7;
-    const bool ok0 = a0 >= 0 && a0 < g.A && col < g.D, ok1 = a1 >= 0 && a1 < g.A && col < g.D;
-    const char* p0 = ok0 ? sb + static_cast<int64_t>(a0 / g.row_div) * g.src_row_bytes + col * 2 : g.src;
-    const char* p1 = ok1 ? sb + static_cast<int64_t>(a1 / g.row_div) * g.src_row_bytes + col * 2 : g.src;
-    sm90_rg::CpAsync16(stage_a + k0 * 128 + ((ch ^ (k0 & 7)) << 4), p0, ok0 ? 16u : 0u);
-    sm90_rg::CpAsync16(stage_a + (k0 + 16) * 128 + ((ch ^ (k0 & 7)) << 4), p1, ok1 ? 16u : 0u);
-    sm90_rg::CpAsyncArriveNoinc(full);
-    cur.Advance(g, e, S);
-    Fetch(q);
-  }
-};
-
-template <int kKind, bool kConsA>
-__global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const WgradArgs g) {
+// With g.packed, every stage is 6 TMA boxes of 64 columns x kW3Tok rows (2 of src, 4 of
+// dy; the 128B swizzle is the layout the gathers write), issued by thread 0 with the
+// stage's byte count while the other producer threads arrive plainly. The last stage of a
+// batch entry reads the rows up to the next multiple of kW3Tok, which the packing pass
+// zeroed (or TMA fills with zeros past the end).
+template <int kKind>
+__global__ void __launch_bounds__(kW3Threads, 1)
+    GroupedWgradWsKernel(const WgradArgs g, const __grid_constant__ CUtensorMap map_src,
+                         const __grid_constant__ CUtensorMap map_dy) {
   static_assert(kKind == sm90_rg::kBf16 || kKind == sm90_rg::kF16, "bf16 / f16 only");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
@@ -353,7 +333,7 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
 
   if (tid == 0) {
     for (int s = 0; s < kW3Stages; ++s) {
-      sm90_rg::MbarInit(base + kW3Full + s * 8, kConsA ? 384 : 128);  // every gathering thread (cp.async noinc)
+      sm90_rg::MbarInit(base + kW3Full + s * 8, 128);  // every gathering thread (cp.async noinc)
       sm90_rg::MbarInit(base + kW3Empty + s * 8, 8);   // lane 0 of every consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -363,12 +343,15 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
   float acc[128];
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kW3ProducerRegs));
-    // Producer warp w: tokens 8w .. 8w+7 of each stage. Lane l holds token 8w + l % 8's
-    // source row pointers (null: no row), fetched one stage early.
+    // Producer warp w: tokens 8w .. 8w+7 of each 32-token pass of a stage. Lane l holds
+    // the source row pointers (null: no row) of one of them, fetched one stage early.
     W3Cursor cur{c * g.per_c, (c + 1) * g.per_c, 0, 0, nullptr, nullptr, nullptr};
     cur.Load(g, e);
     cur.Advance(g, e, rank);
-    const int tk = 8 * warp + (lane & 7);
+    // Lanes 8p .. 8p + 7 hold the tokens of pass p (32 tokens per pass over the 4 warps).
+    static_assert(kW3Tok % 32 == 0 && kW3Tok <= 128, "passes of 32 tokens, lanes 8p..8p+7");
+    constexpr int kPasses = kW3Tok / 32;
+    const int tk = 8 * warp + (lane & 7) + 32 * ((lane >> 3) % kPasses);
     auto fetch = [&](int& a, const char*& sb, const char*& db) {
       a = -1;
       if (!cur.Done() && cur.j0 + tk < cur.count) a = __ldg(cur.list + cur.j0 + tk);
@@ -380,6 +363,9 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
     int stage = 0;
     uint32_t phase = 0;
     for (int i = 0; i < mine; ++i) {
+      // This stage: batch entry cur.b, tokens cur.j0 .. cur.j0 + kW3Tok - 1 (before Advance).
+      const bool bulk = g.packed;
+      const int bulk_row = cur.j0, bulk_b = cur.b;
       const bool ok_row = a_id >= 0 && a_id < g.A;
       const char* srow = ok_row ? a_sb + static_cast<int64_t>(a_id / g.row_div) * g.src_row_bytes : nullptr;
       const char* drow = ok_row ? a_db + static_cast<int64_t>(a_id) * g.dy_row_bytes : nullptr;
@@ -387,19 +373,37 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
       fetch(a_id, a_sb, a_db);  // the next stage's list entries, in flight during this one
       sm90_rg::MbarWait(base + kW3Empty + stage * 8, phase ^ 1);
       const uint32_t ss = base + stage * kW3StageBytes;
+      if (bulk) {
+        const uint32_t full = base + kW3Full + stage * 8;
+        if (tid == 0) {
+          sm90_rg::MbarArriveExpectTx(full, kW3StageBytes);
+          const int sb = bulk_b / g.src_div, db = bulk_b / g.dy_div;
 #pragma unroll
-      for (int r = 0; r < (kConsA ? 0 : 4); ++r) {  // A: 2 tokens x 16 chunks per instruction
-        const int tt = (lane >> 4) + 2 * r, ch = lane & 15, k = 8 * warp + tt;
-        const char* p = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), tt));
+          for (int h = 0; h < 2; ++h) sm90_rg::TmaLoad3d(ss + h * kW3Block, &map_src, d0 + 64 * h, bulk_row, sb, full);
+#pragma unroll
+          for (int h = 0; h < 4; ++h)
+            sm90_rg::TmaLoad3d(ss + kW3StageA + h * kW3Block, &map_dy, f0 + 64 * h, bulk_row, db, full);
+        } else {
+          sm90_rg::MbarArrive(full);
+        }
+        if (++stage == kW3Stages) stage = 0, phase ^= 1;
+        continue;
+      }
+#pragma unroll
+      for (int r = 0; r < 4 * kPasses; ++r) {  // A: 2 tokens x 16 chunks per instruction
+        const int pass = r / 4, tt = (lane >> 4) + 2 * (r % 4), ch = lane & 15, k = 8 * warp + 32 * pass + tt;
+        const char* p =
+            reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), tt + 8 * pass));
         const int col = d0 + ch * 8;
         const bool ok = p != nullptr && col < g.D;
         sm90_rg::CpAsync16(ss + (ch >> 3) * kW3Block + k * 128 + (((ch & 7) ^ (k & 7)) << 4),
                            ok ? p + col * 2 : g.src, ok ? 16u : 0u);
       }
 #pragma unroll
-      for (int r = 0; r < 8; ++r) {  // B: one token x 32 chunks per instruction
-        const int k = 8 * warp + r;
-        const char* p = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(drow), r));
+      for (int r = 0; r < 8 * kPasses; ++r) {  // B: one token x 32 chunks per instruction
+        const int pass = r / 8, k = 8 * warp + 32 * pass + r % 8;
+        const char* p =
+            reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(drow), r % 8 + 8 * pass));
         const int col = f0 + lane * 8;
         const bool ok = p != nullptr && col < g.F;
         sm90_rg::CpAsync16(ss + kW3StageA + (lane >> 3) * kW3Block + k * 128 + (((lane & 7) ^ (k & 7)) << 4),
@@ -416,16 +420,6 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int stage = 0, prev = -1;
     uint32_t phase = 0;
-    const int q = tid & 127, a_col = d0 + wg * 64 + (q & 7) * 8;
-    W3ALoader al;
-    if constexpr (kConsA) {
-      al.cur = W3Cursor{c * g.per_c, (c + 1) * g.per_c, 0, 0, nullptr, nullptr, nullptr};
-      al.cur.Load(g, e);
-      al.cur.Advance(g, e, rank);
-      al.Fetch(q);
-      for (int s = 0; s < kW3Stages && s < mine; ++s)  // the first 8 stages' A blocks
-        al.Issue(g, e, S, base + s * kW3StageBytes + wg * kW3Block, base + kW3Full + s * 8, a_col, q);
-    }
     for (int i = 0; i < mine; ++i) {
       sm90_rg::MbarWait(base + kW3Full + stage * 8, phase);
       sm90_rg::FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
@@ -445,16 +439,11 @@ __global__ void __launch_bounds__(kW3Threads, 1) GroupedWgradWsKernel(const Wgra
       sm90_rg::WgmmaCommit();
       sm90_rg::WgmmaWait<1>();  // the previous stage's wgmma is done: release it
       if (prev >= 0 && lane == 0) sm90_rg::MbarArrive(base + kW3Empty + prev * 8);
-      if constexpr (kConsA) {  // this warpgroup's A block of the stage just freed: k-block i + 7
-        if (prev >= 0 && i + kW3Stages - 1 < mine)
-          al.Issue(g, e, S, base + prev * kW3StageBytes + wg * kW3Block, base + kW3Full + prev * 8, a_col, q);
-      }
       prev = stage;
       if (++stage == kW3Stages) stage = 0, phase ^= 1;
     }
     sm90_rg::WgmmaWait<0>();
     sm90_rg::FenceOperands(acc);
-    if constexpr (kConsA) sm90_rg::CpAsyncWaitAll();
     // Every consumer's wgmma is done (the producers' copies all landed before): the stages
     // are free for the epilogue.
     asm volatile("bar.sync 1, 256;" ::: "memory");
