@@ -9,7 +9,7 @@
 // cuBLAS (the oracle: one dense product of the same token count) is loaded at run time
 // with dlopen. Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 // --no-time (skip timing), --case=TEXT (just the cases whose name contains TEXT), --only=v1,v2 (just these
-// variants, see kVariants; for the weight gradient: auto, v2, v3, v4.s1, v4.s2, v4.s4, v4.s8, see RunWgrad).
+// variants, see kVariants; for the weight gradient: auto, v2, v3, v3.s1, v3.s2, v3.s4, v3.s8, see RunWgrad).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -210,6 +210,7 @@ struct Case {
   bool wgrad = false;         // the weight gradient (LaunchGroupedWgradSm90) instead
   int dw_batch = 1, dy_batch = 1;
   int64_t listed = -1;  // >= 0: exactly this many assignments (at random) in group 0, the rest dropped
+  bool packed = false;  // with listed: group 0 lists rows 0 .. listed-1 in order (GroupedWgradParams::packed)
 };
 
 static int g_fail = 0;
@@ -282,7 +283,7 @@ void MakeIndex(const Case& cs, int entry, std::mt19937_64& rng, int32_t* lists, 
   if (cs.listed >= 0) {  // an "M-axis" gradient: `listed` random assignments in group 0, the rest dropped
     std::vector<int32_t> all(A);
     std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), rng);
+    if (!cs.packed) std::shuffle(all.begin(), all.end(), rng);
     const int64_t n = std::min<int64_t>(cs.listed, A);
     for (int64_t s = 0; s < A; ++s) groups[s < n ? 0 : E].push_back(all[s]);
   }
@@ -597,6 +598,14 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
   CK(cudaMemcpy(dCounts, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
   if (R * D) FillRandom<<<1024, 256, 0, stream>>>(dSrc, cs.src_batch * R * D, g_seed++);
   if (A * F) FillRandom<<<1024, 256, 0, stream>>>(dDy, cs.dy_batch * A * F, g_seed++);
+  if (cs.packed) {  // pit_sread_live's padding: rows listed .. round_up(listed, kPackedRowPad) are zeros
+    const int64_t pad = std::min<int64_t>(A, (cs.listed + pit::kPackedRowPad - 1) / pit::kPackedRowPad *
+                                                 pit::kPackedRowPad);
+    for (int b = 0; b < cs.src_batch && pad > cs.listed; ++b)
+      CK(cudaMemsetAsync(dSrc + (b * R + cs.listed) * D, 0, (pad - cs.listed) * D * es, stream));
+    for (int b = 0; b < cs.dy_batch && pad > cs.listed; ++b)
+      CK(cudaMemsetAsync(dDy + (b * A + cs.listed) * F, 0, (pad - cs.listed) * F * es, stream));
+  }
   const int per_c = cs.batch / cs.dw_batch;
   {
     dim3 grid((F + 255) / 256, (D + 7) / 8, cs.dw_batch * E);
@@ -616,6 +625,7 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
   p.index.batch = cs.idx_batch;
   p.dw = dDw;
   p.dw_batch = cs.dw_batch;
+  p.packed = cs.packed;
   Stats* dSt;
   CK(cudaMalloc(&dSt, sizeof(Stats)));
   const double tol = cs.dtype == DType::kBF16 ? 8e-3 : 2e-3;
@@ -632,8 +642,8 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
     const char* name;
     int version, split;
   };
-  static const WV kWV[] = {{"auto", 0, 0},  {"v2", 2, 0},    {"v3", 3, 0},    {"v4.s1", 4, 1},
-                           {"v4.s2", 4, 2}, {"v4.s4", 4, 4}, {"v4.s8", 4, 8}};
+  static const WV kWV[] = {{"auto", 0, 0}, {"v2", 2, 0}, {"v3", 3, 0}, {"v3.s1", 3, 1},
+                           {"v3.s2", 3, 2}, {"v3.s4", 3, 4}, {"v3.s8", 3, 8}};
   std::vector<WV> wv;
   for (const WV& v : kWV) {
     const Variant sel{v.name, 0, 0, 0};
@@ -916,6 +926,23 @@ int main(int argc, char** argv) {
     c = mk("wgrad maxis small f16", DType::kF16, 1000, 1, 200, 264, 1);
     c.wgrad = true, c.listed = 333;
     add(c);
+    // Packed rows (full stages by TMA, the partial one gathered): counts around the
+    // 32-token stage, none, all rows; a batch summed into one dw.
+    for (int64_t listed : {0, 20, 32, 320, 333, 1000}) {
+      char name[64];
+      snprintf(name, sizeof name, "wgrad packed L%lld bf16", (long long)listed);
+      c = mk(name, DType::kBF16, 1000, 1, 200, 264, 1);
+      c.wgrad = true, c.listed = listed, c.packed = true;
+      add(c);
+    }
+    c = mk("wgrad packed batch2 summed f16", DType::kF16, 700, 1, 136, 520, 1);
+    c.wgrad = true, c.listed = 411, c.packed = true;
+    c.batch = 2, c.src_batch = 2, c.dy_batch = 2, c.idx_batch = 2, c.dw_batch = 1;
+    add(c);
+    c = mk("wgrad packed batch2 split f16", DType::kF16, 700, 1, 136, 520, 1);
+    c.wgrad = true, c.listed = 411, c.packed = true;
+    c.batch = 2, c.src_batch = 2, c.dy_batch = 2, c.idx_batch = 2, c.dw_batch = 2;
+    add(c);
   }
   if (!small) {
     // Target 1: T=16384, D=2048, F=8192, E=8, top-1, skewed routing (share ~ 1/(e+1)).
@@ -969,6 +996,17 @@ int main(int argc, char** argv) {
                  (long long)df.first, (long long)df.second);
         c = mk(name, DType::kBF16, A, 1, df.first, df.second, 1);
         c.wgrad = true, c.time = true, c.listed = listed;
+        add(c);
+      }
+    // Issue 4's backward shape: 16384 x 4096 x 4096 at 10 / 30 / 50 % live rows, gathered
+    // (random rows) and packed (rows 0 .. L-1, as pit_sread_live leaves them).
+    for (int64_t listed : {1638, 1664, 4915, 4928, 8192})
+      for (bool packed : {false, true}) {
+        char name[64];
+        snprintf(name, sizeof name, "wgrad %s A16384 L%lld 4096x4096 bf16", packed ? "packed" : "maxis",
+                 (long long)listed);
+        c = mk(name, DType::kBF16, 16384, 1, 4096, 4096, 1);
+        c.wgrad = true, c.time = true, c.listed = listed, c.packed = packed;
         add(c);
       }
   }
