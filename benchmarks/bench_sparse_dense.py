@@ -685,10 +685,14 @@ WHY_MISSED = {
         "input. docs/benchmarks.md, docs/notes/index_kernel.md."
     ),
     "m_bwd": (
-        "dx runs the row-gather product on dy (as fast as the forward); dw = x_live^T dy_live runs "
-        "the grouped weight-gradient kernel, which gathers both operands by cp.async and is bound by "
-        "the SM's gather rate (~34 GB/s per SM; ~1.8x cuBLAS on the same rows). Not done: compacting "
-        "the rows first and reading them by TMA. docs/notes/sm90_grouped.md, runs 7-8."
+        "dx runs the row-gather product on dy (about the forward's speed) and writes the dead rows' "
+        "zeros. dw = x_live^T dy_live: for K * N >= 2048^2 the live rows of x and dy are packed first "
+        "(pit_sread_live: one more read + write of the live bytes, ~20 / 55 / 90 us at 10 / 30 / 50 % "
+        "by bytes at the copy rate) and the grouped weight-gradient kernel reads them by TMA in stages "
+        "of 64 tokens: 0.11-0.12 / 0.28 / 0.45-0.49 ms against cuBLAS's 0.09-0.10 / 0.22-0.24 / 0.35-0.37 ms on the "
+        "same rows (harness, 2026-11-25), the consumer warpgroups' wgmma issue being the limit now. "
+        "The index built inside the jit reads all of x (pit_jax minus pit_jax_pre: 65-75 us). "
+        "docs/notes/sm90_grouped.md, run 11."
     ),
 }
 
