@@ -997,6 +997,10 @@ int main(int argc, char** argv) {
         c = mk(name, DType::kBF16, A, 1, df.first, df.second, 1);
         c.wgrad = true, c.time = true, c.listed = listed;
         add(c);
+        snprintf(name, sizeof name, "wgrad packed A%lld L%lld %lldx%lld bf16", (long long)A, (long long)listed,
+                 (long long)df.first, (long long)df.second);
+        c.name = name, c.packed = true;
+        add(c);
       }
     // Issue 4's backward shape: 16384 x 4096 x 4096 at 10 / 30 / 50 % live rows, gathered
     // (random rows) and packed (rows 0 .. L-1, as pit_sread_live leaves them).
