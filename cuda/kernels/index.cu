@@ -12,7 +12,9 @@
 //  - register mode, when a 16-byte vector covers whole tiles (tile_w divides it, e.g.
 //    32x1 or 1x8): each thread ORs its column vector over the tile's rows and reads
 //    its tiles' liveness straight from the bits;
-//  - shared mode otherwise (wide or unaligned tiles, e.g. rows): flags in shared memory.
+//  - rows mode when tiles span whole 16-byte aligned rows (the M axis's token rows): a
+//    warp per few tiles, no shared memory;
+//  - shared mode otherwise (wide or unaligned tiles): flags in shared memory.
 #include <algorithm>
 #include <cstdint>
 
@@ -266,6 +268,74 @@ __global__ void __launch_bounds__(kThreads) IndexSharedKernel(IndexParams p, Pla
   }
 }
 
+// Rows mode: tiles span whole rows (tile_cols == 1; e.g. the M axis's token rows), rows
+// 16-byte aligned. A warp decides kWarpTiles consecutive tiles of one batch entry with
+// kRowLoads independent 16-byte loads in flight per lane, no shared memory and no block
+// barrier (the shared mode's per-item barrier and scan left its loads idle; see
+// docs/notes/index_kernel.md), then numbers its live tiles with one atomicAdd per list.
+constexpr int kWarpTiles = 4;
+constexpr int kRowLoads = 16;
+
+template <typename Word>
+__global__ void __launch_bounds__(kThreads) IndexRowsKernel(IndexParams p, int64_t groups_per_entry) {
+  constexpr int V = 16 / sizeof(Word);
+  const Word* x = static_cast<const Word*>(p.x);
+  const int lane = threadIdx.x & 31;
+  const int64_t nwarps = (int64_t{gridDim.x} * kThreads) >> 5;
+  const int64_t groups = p.batch * groups_per_entry;
+  const int nvec = static_cast<int>(p.cols / V);
+  const bool record_dead = p.full_capacity();
+  for (int64_t gi = (blockIdx.x * int64_t{kThreads} + threadIdx.x) >> 5; gi < groups; gi += nwarps) {
+    const int64_t b = gi / groups_per_entry;
+    const int64_t tr0 = (gi - b * groups_per_entry) * kWarpTiles;
+    const int ntr = static_cast<int>(std::min<int64_t>(kWarpTiles, p.tile_rows - tr0));
+    uint32_t live = 0;
+    for (int t = 0; t < ntr; ++t) {
+      const int64_t r0 = (tr0 + t) * p.tile_h;
+      const int nrows = static_cast<int>(std::min<int64_t>(p.tile_h, p.rows - r0));
+      uint32_t acc = 0;
+      for (int i = 0; i < nrows; ++i) {
+        const Word* row = x + (b * p.rows + r0 + i) * p.cols;
+        for (int j0 = lane; j0 < nvec; j0 += 32 * kRowLoads) {
+          uint4 v[kRowLoads];
+#pragma unroll
+          for (int k = 0; k < kRowLoads; ++k)
+            v[k] = j0 + 32 * k < nvec ? LoadMasked(row + (j0 + 32 * k) * V) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int k = 0; k < kRowLoads; ++k) acc |= v[k].x | v[k].y | v[k].z | v[k].w;
+        }
+      }
+      if (__any_sync(0xffffffffu, acc != 0)) live |= 1u << t;
+    }
+    const int n_live = __popc(live), n_dead = record_dead ? ntr - n_live : 0;
+    int base_live = 0, base_dead = 0, base_col = 0;
+    if (lane == 0) {
+      if (n_live) base_live = atomicAdd(p.count + b, n_live);
+      if (n_dead) base_dead = atomicAdd(p.dead + b, n_dead);
+      if (p.col_tiles && n_live) base_col = atomicAdd(p.col_count + b, n_live);  // the one tile column
+    }
+    base_live = __shfl_sync(0xffffffffu, base_live, 0);
+    base_dead = __shfl_sync(0xffffffffu, base_dead, 0);
+    base_col = __shfl_sync(0xffffffffu, base_col, 0);
+    if (lane < ntr) {
+      const int32_t id = static_cast<int32_t>(tr0 + lane);  // tile_cols == 1: the tile row
+      const int below = __popc(live & ((1u << lane) - 1));
+      if ((live >> lane) & 1) {
+        const int64_t slot = base_live + below;
+        if (slot < p.capacity) p.tiles[b * p.capacity + slot] = id;
+        if (p.row_tiles) {  // each tile row holds its one tile
+          const int64_t g = b * p.tile_rows + tr0 + lane;
+          p.row_tiles[g] = 0;
+          p.row_count[g] = 1;
+        }
+        if (p.col_tiles) p.col_tiles[b * p.tile_rows + base_col + below] = id;
+      } else if (record_dead) {
+        p.tiles[b * p.capacity + p.capacity - 1 - (base_dead + lane - below)] = -1 - id;
+      }
+    }
+  }
+}
+
 int64_t Gcd(int64_t a, int64_t b) { return b == 0 ? a : Gcd(b, a % b); }
 
 template <typename Word>
@@ -287,6 +357,13 @@ cudaError_t LaunchTyped(const IndexParams& p, cudaStream_t stream) {
     plan.row_groups = p.tile_rows;
     plan.items = p.batch * p.tile_rows * plan.num_chunks;
     IndexRegKernel<Word><<<static_cast<int>(std::min<int64_t>(plan.items, blocks)), kThreads, 0, stream>>>(p, plan);
+    return cudaGetLastError();
+  }
+  if (vec && p.tile_cols == 1) {
+    const int64_t groups_per_entry = (p.tile_rows + kWarpTiles - 1) / kWarpTiles;
+    const int64_t warps = p.batch * groups_per_entry;
+    const int grid = static_cast<int>(std::clamp<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 1, blocks));
+    IndexRowsKernel<Word><<<grid, kThreads, 0, stream>>>(p, groups_per_entry);
     return cudaGetLastError();
   }
   // Shared mode. Chunk width: about `target` elements per tile row, a multiple of V
