@@ -647,8 +647,9 @@ WHY_MISSED = {
         "also writes the dead rows' zeros, 90 % of a 134 MB output at 10 % live (~25 us of the "
         "sm_90 kernel in a harness diagnostic), and runs whole rounds of 128 x 256 tiles on 132 "
         "SMs (10 %: 2 rounds where the work fills 1.7). (2) An index built from x inside the jit "
-        "reads all of x: 134 MB, 46 us at the copy rate; the index kernel takes 62 us of device "
-        "time (index_ms_inside_jit: 42-77 us). At 10 % live, one read of x and w plus one write of the whole "
+        "reads all of x: 134 MB, 46 us at the copy rate; the index kernel's rows mode takes 48 us of "
+        "device time (62-65 us before 2026-11-25; index_ms_inside_jit: 39-60 us). At 10 % live, one read "
+        "of x and w plus one write of the whole "
         "output is 302 MB, 103 us at 2.93 TB/s, 1.16x the oracle: nothing that builds its index "
         "from x and returns the full output reaches 1.10x there. docs/notes/sm90_row_gather.md, "
         "docs/notes/index_kernel.md."
@@ -691,7 +692,7 @@ WHY_MISSED = {
         "by bytes at the copy rate) and the grouped weight-gradient kernel reads them by TMA in stages "
         "of 64 tokens: 0.11-0.12 / 0.28 / 0.45-0.49 ms against cuBLAS's 0.09-0.10 / 0.22-0.24 / 0.35-0.37 ms on the "
         "same rows (harness, 2026-11-25), the consumer warpgroups' wgmma issue being the limit now. "
-        "The index built inside the jit reads all of x (pit_jax minus pit_jax_pre: 65-75 us). "
+        "The index built inside the jit reads all of x (pit_jax minus pit_jax_pre: 43-63 us). "
         "docs/notes/sm90_grouped.md, run 11."
     ),
 }
