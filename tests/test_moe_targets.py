@@ -334,6 +334,51 @@ def test_grouped_wgrad_large_tiles(platform, dtype):
     grouped_wgrad_case(platform, 32, 2, "uniform", dtype, True, "single", False, t=600, dims=(136, 264))
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("lead", ["single", "sum", "batched"])
+def test_grouped_wgrad_packed(platform, dtype, lead):
+    """pit_grouped_wgrad_packed: rows packed by pit_sread_live (row j is list entry j, zeros
+    from the count up to the next multiple of 64 rows). The rows after that padding are NaN
+    here: no kernel may read them (the sm_90a one reads whole 64-row stages by TMA)."""
+    rng, seed = fresh_rng()
+    a, d, f = 300, 136, 264
+    _, _, idx_lead, dw_lead = WG_LEADS[lead]
+    src_lead = dy_lead = idx_lead
+    n = int(np.prod(idx_lead, dtype=np.int64))
+    counts = rng.integers(0, a + 1, size=n)
+    counts[0] = int(rng.choice([0, 64, 250, a]))  # none, whole stages, a partial one, every row
+    src = np.asarray(randn(rng, (*src_lead, a, d), dtype), np.float32)
+    dy = np.asarray(randn(rng, (*dy_lead, a, f), dtype), np.float32)
+    for arr in (src, dy):  # every case here has one operand entry per index entry
+        flat = arr.reshape(n, a, arr.shape[-1])
+        for i in range(n):
+            c = int(counts[i])
+            pad = min(a, -(-c // 64) * 64)
+            flat[i, c:pad] = 0
+            flat[i, pad:] = np.nan
+    src, dy = jnp.asarray(src, dtype), jnp.asarray(dy, dtype)
+    j = np.arange(a)
+    lists = np.full((*idx_lead, 2, a), -1, np.int32)
+    lists.reshape(n, 2, a)[:, 0] = np.where(j[None] < counts[:, None], j[None], -1)
+    cnt = np.stack([counts, np.zeros_like(counts)], -1).astype(np.int32).reshape(*idx_lead, 2)
+
+    def fn(src, dy, lists, cnt):
+        return ffi("pit_grouped_wgrad_packed", (*dw_lead, 1, d, f), dtype, src, dy, lists, cnt, row_div=1,
+                   allow_tf32=False)
+
+    dw = np.asarray(run(platform, fn, src, dy, jnp.asarray(lists), jnp.asarray(cnt)), np.float64)
+    s64 = np.nan_to_num(np.asarray(src, np.float64)).reshape(n, a, d)
+    g64 = np.nan_to_num(np.asarray(dy, np.float64)).reshape(n, a, f)
+    ref = np.stack([s64[i, : counts[i]].T @ g64[i, : counts[i]] for i in range(n)])
+    ref = ref.reshape(*idx_lead, 1, d, f)
+    if len(dw_lead) < len(idx_lead):
+        ref = ref.reshape(-1, 1, d, f).sum(0)
+    msg = f"seed={seed} counts={counts.tolist()}"
+    assert not np.isnan(dw).any(), f"{msg}: NaN rows past the padding were read"
+    check_close(dw, ref, dtype, msg, False, exact=bool((counts == 0).all()))
+
+
 # -- degenerate shapes -------------------------------------------------------------------
 
 
