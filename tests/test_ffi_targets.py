@@ -141,10 +141,9 @@ def build_index(rng, shape, tile, density, capacity=None):
     return mask, live, lambda m: pit_jax.index(m, tile, capacity=capacity, group_by="both")
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)
-def test_sread(platform, dtype, tile, shape, density):
+def sread_case(target, platform, dtype, tile, shape, density):
+    """Runs `target` (pit_sread or pit_sread_live) on random x with an index built in the
+    same jit; returns (x, tile, lead, live, packed, tiles, count, msg)."""
     rng, seed = fresh_rng()
     tile = resolve(tile, shape)
     lead = (2,) if seed % 2 else (2, 2)
@@ -154,12 +153,19 @@ def test_sread(platform, dtype, tile, shape, density):
 
     def f(m, x):
         idx = index(m)
-        packed = ffi("pit_sread", (*lead, idx.capacity, *tile), dtype, x, idx.tiles, idx.count,
+        packed = ffi(target, (*lead, idx.capacity, *tile), dtype, x, idx.tiles, idx.count,
                      tile_h=tile[0], tile_w=tile[1])
         return packed, idx.tiles, idx.count
 
     packed, tiles, count = run(platform, f, mask, x)
-    msg = f"seed={seed} lead={lead}"
+    return x, tile, lead, live, packed, tiles, count, f"seed={seed} lead={lead}"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)
+def test_sread(platform, dtype, tile, shape, density):
+    x, tile, lead, live, packed, tiles, count, msg = sread_case("pit_sread", platform, dtype, tile, shape, density)
     np.testing.assert_array_equal(flat_listed(tiles, count, *live.shape[-2:]), live, err_msg=f"{msg}: index")
     got = f64(packed)
     assert not np.isnan(got).any(), f"{msg}: NaN in packed (an element was not written)"
@@ -178,21 +184,7 @@ def test_sread_live(platform, dtype, tile, shape, density):
     """pit_sread_live: the listed slots as pit_sread writes them, zeros in the slots whose
     rows lie below the next multiple of 64 rows, and (on the GPU) the other slots past the
     count left unwritten: still the NaN poison."""
-    rng, seed = fresh_rng()
-    tile = resolve(tile, shape)
-    lead = (2,) if seed % 2 else (2, 2)
-    shape = (*lead, *shape)
-    x = randn(rng, shape, dtype)
-    mask, live, index = build_index(rng, shape, tile, density)
-
-    def f(m, x):
-        idx = index(m)
-        packed = ffi("pit_sread_live", (*lead, idx.capacity, *tile), dtype, x, idx.tiles, idx.count,
-                     tile_h=tile[0], tile_w=tile[1])
-        return packed, idx.tiles, idx.count
-
-    packed, tiles, count = run(platform, f, mask, x)
-    msg = f"seed={seed} lead={lead}"
+    x, tile, lead, _, packed, tiles, count, msg = sread_case("pit_sread_live", platform, dtype, tile, shape, density)
     got, want = f64(packed), pack_reference(x, tiles, count, tile)
     cap = got.shape[-3]
     for b in np.ndindex(*lead):

@@ -926,8 +926,8 @@ int main(int argc, char** argv) {
     c = mk("wgrad maxis small f16", DType::kF16, 1000, 1, 200, 264, 1);
     c.wgrad = true, c.listed = 333;
     add(c);
-    // Packed rows (full stages by TMA, the partial one gathered): counts around the
-    // 32-token stage, none, all rows; a batch summed into one dw.
+    // Packed rows (every stage by TMA; rows past the count zero up to a multiple of 64):
+    // counts around a stage, none, all rows; a batch summed into one dw and kept.
     for (int64_t listed : {0, 20, 32, 320, 333, 1000}) {
       char name[64];
       snprintf(name, sizeof name, "wgrad packed L%lld bf16", (long long)listed);

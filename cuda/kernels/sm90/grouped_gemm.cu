@@ -255,8 +255,8 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   g.m_tiles = static_cast<int>(m_tiles);
   g.n_tiles = static_cast<int>(n_tiles);
   const int which = p.dtype == DType::kBF16 ? 0 : 1;
-  // Packed rows: 3-D maps (columns, rows, batch) of src and dy, boxes of 64 columns x 32
-  // rows with the 128B swizzle, zero fill past the columns. Unused (zeros) otherwise.
+  // Packed rows: 3-D maps (columns, rows, batch) of src and dy, boxes of 64 columns x
+  // kW3Tok rows with the 128B swizzle, zero fill past the columns. Unused (zeros) otherwise.
   CUtensorMap map_src{}, map_dy{};
   if (p.packed) {
     if (p.row_div != 1) return kNo;
