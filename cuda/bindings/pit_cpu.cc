@@ -10,6 +10,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCpu);
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCpu);
     targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCpu);
+    targets["pit_row_layer_norm"] = pit::HandlerCapsule(PitRowLayerNormCpu);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCpu);

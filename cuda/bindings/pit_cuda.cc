@@ -13,6 +13,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCuda);
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCuda);
     targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCuda);
+    targets["pit_row_layer_norm"] = pit::HandlerCapsule(PitRowLayerNormCuda);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCuda);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCuda);

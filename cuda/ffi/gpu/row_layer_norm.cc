@@ -1,0 +1,40 @@
+// pit_row_layer_norm on the GPU: decode and validate (shared with the CPU handler), then
+// launch on XLA's stream (no host sync, no allocation: command-buffer compatible).
+#include <cuda_runtime.h>
+
+#include "cuda/ffi/gpu/gpu_common.h"
+#include "cuda/ffi/gpu/handlers.h"
+#include "cuda/ffi/row_layer_norm_args.h"
+#include "cuda/kernels/row_layer_norm.h"
+
+namespace pit {
+namespace {
+
+ffi::Error RowLayerNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias,
+                            ffi::AnyBuffer scale, ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count,
+                            ffi::Result<ffi::AnyBuffer> y, int64_t tile_h, float epsilon) {
+  ++HandlerCalls();
+  auto p = DecodeRowLayerNorm(x, residual, bias, scale, offset, tiles, count, y, tile_h, epsilon);
+  if (p.has_error()) return p.error();
+  cudaError_t status = gpu::Poison(y->untyped_data(), y->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchRowLayerNorm(*p, stream);
+  return gpu::LaunchStatus("pit_row_layer_norm", status);
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormCuda, pit::RowLayerNormCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()              // x
+                                  .Arg<xla::ffi::AnyBuffer>()              // residual (or [0])
+                                  .Arg<xla::ffi::AnyBuffer>()              // bias (or [0])
+                                  .Arg<xla::ffi::AnyBuffer>()              // scale
+                                  .Arg<xla::ffi::AnyBuffer>()              // offset
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
+                                  .Ret<xla::ffi::AnyBuffer>()              // y
+                                  .Attr<int64_t>("tile_h")
+                                  .Attr<float>("epsilon"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
