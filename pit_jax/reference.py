@@ -119,6 +119,23 @@ def _untiled(t, tile, shape):
     return t[..., :rows, :cols]
 
 
+# -- layer norm on live rows -----------------------------------------------------------------
+
+
+def layer_norm_rows(x, scale, offset, rows, *, residual=None, bias=None, epsilon=1e-6):
+    """LN(x + residual + bias) * scale + offset where `rows` [..., M] is True, 0 elsewhere
+    (float32 math, Flax's default variance E[h^2] - E[h]^2; one rounding to x's dtype)."""
+    h = x.astype(jnp.float32)
+    if residual is not None:
+        h = h + residual.astype(jnp.float32)
+    if bias is not None:
+        h = h + bias.astype(jnp.float32)
+    mean = jnp.mean(h, axis=-1, keepdims=True)
+    var = jnp.maximum(jnp.mean(h * h, axis=-1, keepdims=True) - mean * mean, 0.0)
+    y = (h - mean) * (jax.lax.rsqrt(var + epsilon) * scale.astype(jnp.float32)) + offset.astype(jnp.float32)
+    return jnp.where(rows[..., None], y, 0.0).astype(x.dtype)
+
+
 # -- sread / swrite ------------------------------------------------------------------------
 
 

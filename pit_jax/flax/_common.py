@@ -39,6 +39,24 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     return jnp.reshape(y, (*lead, kernel.shape[-1]))
 
 
+def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=None, epsilon, dtype, param_dtype):
+    """`pit_jax.layer_norm` of x [..., H] with the Flax LayerNorm's dtype rule (the result
+    in `dtype`, else in x's dtype promoted with the parameters'); scale / offset None =
+    ones / zeros. Without an index every row is normalized (leading dims folded into rows)."""
+    x = jnp.asarray(x)
+    out = jnp.dtype(dtype) if dtype is not None else jnp.result_type(x.dtype, param_dtype)
+    features = x.shape[-1]
+    scale = jnp.ones((features,), jnp.float32) if scale is None else scale
+    offset = jnp.zeros((features,), jnp.float32) if offset is None else offset
+    x = x.astype(out)
+    residual = None if residual is None else jnp.asarray(residual).astype(out)
+    if index is not None:
+        return pit_jax.layer_norm(x, scale, offset, index, residual=residual, bias=bias, epsilon=epsilon)
+    flat = lambda a: None if a is None else jnp.reshape(a, (-1, features))
+    y = pit_jax.layer_norm(flat(x), scale, offset, residual=flat(residual), bias=bias, epsilon=epsilon)
+    return jnp.reshape(y, x.shape)
+
+
 def _fit(micro_tile, axis, shape):
     """Defaults (and plan tiles) clipped to small inputs, so a layer works on any batch size."""
     if isinstance(micro_tile, str):

@@ -1,4 +1,5 @@
-"""`SparseDense` for flax.linen: `nn.Dense` whose product skips dead micro-tiles."""
+"""flax.linen layers: `SparseDense` (`nn.Dense` whose product skips dead micro-tiles) and
+`LayerNorm` (`nn.LayerNorm` on the live rows of a padded batch)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
-from pit_jax.flax._common import plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax._common import layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
@@ -65,3 +66,31 @@ class SparseDense(nn.Module):
             plan=self.plan, bias=bias, activation=self.activation,
         )
         return y
+
+
+class LayerNorm(nn.Module):
+    """A drop-in for `flax.linen.LayerNorm` over the last axis (same parameters "scale"
+    and "bias", initializers and dtypes) that normalizes only the rows an M-axis index
+    lists, by `pit_jax.layer_norm`; the other rows are zeros.
+
+    `LayerNorm()(x, index, residual=r, bias=b)` is `nn.LayerNorm()(x + r + b)` on the
+    live rows: a padded model's residual add, the preceding product's bias and the norm
+    run in one pass over the valid tokens (XLA would run them over every row).
+    `index=None` normalizes every row.
+    """
+
+    epsilon: float = 1e-6
+    dtype: Optional[Any] = None
+    param_dtype: Any = jnp.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: Any = nn.initializers.zeros_init()
+    scale_init: Any = nn.initializers.ones_init()
+
+    @nn.compact
+    def __call__(self, x, index=None, *, residual=None, bias=None):
+        features = jnp.shape(x)[-1]
+        scale = self.param("scale", self.scale_init, (features,), self.param_dtype) if self.use_scale else None
+        offset = self.param("bias", self.bias_init, (features,), self.param_dtype) if self.use_bias else None
+        return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
+                                   dtype=self.dtype, param_dtype=self.param_dtype)

@@ -1,4 +1,5 @@
-"""`SparseDense` for flax.nnx: `nnx.Linear` whose product skips dead micro-tiles."""
+"""flax.nnx layers: `SparseDense` (`nnx.Linear` whose product skips dead micro-tiles) and
+`LayerNorm` (`nnx.LayerNorm` on the live rows of a padded batch)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 
-from pit_jax.flax._common import plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax._common import layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
 from pit_jax.flax.nnx_moe import MoE
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
@@ -71,6 +72,39 @@ class SparseDense(nnx.Module):
         return y
 
 
+class LayerNorm(nnx.Module):
+    """A drop-in for `flax.nnx.LayerNorm` over the last axis (parameters `scale` and
+    `bias`) that normalizes only the rows an M-axis index lists (`pit_jax.layer_norm`;
+    zeros elsewhere): `LayerNorm(n, rngs=r)(x, index, residual=res, bias=b)` is
+    `nnx.LayerNorm(n)(x + res + b)` on the live rows. `index=None`: every row."""
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Optional[Any] = None,
+        param_dtype: Any = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: Any = initializers.zeros_init(),
+        scale_init: Any = initializers.ones_init(),
+        rngs: nnx.Rngs,
+    ):
+        self.num_features = num_features
+        self.epsilon = epsilon
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.scale = nnx.Param(scale_init(rngs.params(), (num_features,), param_dtype)) if use_scale else None
+        self.bias = nnx.Param(bias_init(rngs.params(), (num_features,), param_dtype)) if use_bias else None
+
+    def __call__(self, x, index=None, *, residual=None, bias=None):
+        scale = self.scale[...] if self.scale is not None else None
+        offset = self.bias[...] if self.bias is not None else None
+        return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
+                                   dtype=self.dtype, param_dtype=self.param_dtype)
+
+
 SparseLinear = SparseDense
 
-__all__ = ["MoE", "SparseDense", "SparseLinear"]
+__all__ = ["LayerNorm", "MoE", "SparseDense", "SparseLinear"]

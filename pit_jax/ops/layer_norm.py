@@ -1,0 +1,100 @@
+"""`pit_jax.layer_norm`: a layer norm (with its residual add) on the live rows only.
+
+    y = pit_jax.layer_norm(x, scale, offset, index, residual=r, bias=b)
+      = LN(x + r + b) * scale + offset  on the rows the index lists, 0 on the others
+
+The padded-model companion of `sparse_dense(axis="m")`: with one row index of the valid
+tokens, the products skip the padding, and so do the residual adds and layer norms
+between them (XLA would run those over every row). `index=None` normalizes every row.
+Statistics in float32 with Flax's default variance (E[h^2] - E[h]^2), one rounding to
+x's dtype; `flax.linen.LayerNorm(epsilon=...)` gives the same value on live rows.
+Differentiable (the gradient runs the jnp expression over all rows) and vmap-able.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from pit_jax import config
+from pit_jax.pit_index import PitIndex
+from pit_jax.primitives import _products
+from pit_jax.primitives.row_layer_norm import reference as _reference
+from pit_jax.primitives.row_layer_norm import row_layer_norm as _row_layer_norm
+
+
+def _vector(v, h, name):
+    v = jnp.asarray(v)
+    if v.shape != (h,):
+        raise ValueError(f"layer_norm: {name} must be [H] = [{h}] (x's last dim), got {tuple(v.shape)}")
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+        raise TypeError(f"layer_norm: {name} must be a float array, got {v.dtype}")
+    return v.astype(jnp.float32)
+
+
+def layer_norm(
+    x: jax.Array,
+    scale: jax.Array,
+    offset: jax.Array,
+    index: Optional[PitIndex] = None,
+    *,
+    residual: Optional[jax.Array] = None,
+    bias: Optional[jax.Array] = None,
+    epsilon: float = 1e-6,
+) -> jax.Array:
+    """Layer norm of `x + residual + bias` over the last axis, on the index's live rows.
+
+    Args:
+      x: [..., M, H] float32, bfloat16 or float16.
+      scale, offset: [H] (any float dtype; used in float32).
+      index: an M-axis `PitIndex` of x's rows (micro-tile (h, H), or a row mask's index
+        built from [M, 1]), with x's batch dims or none; None = every row.
+      residual: None or x's shape (cast to x's dtype).
+      bias: None or [H], added before the statistics (e.g. the preceding product's bias).
+      epsilon: added to the variance.
+
+    Returns:
+      [..., M, H] in x's dtype: normalized live rows, zeros on the other rows.
+    """
+    x = jnp.asarray(x)
+    if x.dtype not in _products.FLOATS:
+        raise TypeError(f"layer_norm: x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.ndim < 2:
+        raise ValueError(f"layer_norm: x must be [..., M, H], got shape {tuple(x.shape)}")
+    m, h = x.shape[-2:]
+    scale, offset = _vector(scale, h, "scale"), _vector(offset, h, "offset")
+    bias = None if bias is None else _vector(bias, h, "bias")
+    if residual is not None:
+        residual = jnp.asarray(residual)
+        if tuple(residual.shape) != tuple(x.shape):
+            raise ValueError(f"layer_norm: residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        residual = residual.astype(x.dtype)
+    epsilon = float(epsilon)
+    if not epsilon >= 0.0:
+        raise ValueError(f"layer_norm: epsilon must be >= 0, got {epsilon}")
+    batch = tuple(x.shape[:-2])
+    if index is None:
+        # Every row live: each row its own listed block (a warp per row in the kernel).
+        tiles = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), (*batch, m))
+        count = jnp.full(batch, m, jnp.int32)
+        tile_h = 1
+    else:
+        if not isinstance(index, PitIndex):
+            raise TypeError(f"layer_norm: index must be a pit_jax.PitIndex, got {type(index).__name__}")
+        if index.shape[0] != m or index.tile_cols != 1:
+            raise ValueError(f"layer_norm: the index must list row blocks of x's {m} rows (micro-tile (h, {h}) of x, "
+                             f"or 'row' of an [M, 1] mask), got shape {index.shape}, micro_tile {index.micro_tile}")
+        if index.batch_shape not in ((), batch):
+            raise ValueError(f"layer_norm: the index has batch dims {index.batch_shape}, x has {batch}")
+        tiles, count = index.tiles, index.count
+        if index.batch_shape != batch:
+            tiles = jnp.broadcast_to(tiles, (*batch, *tiles.shape))
+            count = jnp.broadcast_to(count, batch)
+        tile_h = index.micro_tile[0]
+    args = (x, residual if residual is not None else jnp.zeros((0,), x.dtype),
+            bias if bias is not None else jnp.zeros((0,), jnp.float32), scale, offset, tiles, count)
+    if config.reference_enabled():
+        return _reference(*args, tile_h=tile_h, epsilon=epsilon)
+    return _row_layer_norm(*args, tile_h=tile_h, epsilon=epsilon)

@@ -1,0 +1,268 @@
+"""pit_jax.layer_norm: a residual add + layer norm on the live rows of a padded batch."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+from pit_testing import PLATFORMS, check_close, f64, fresh_rng, put, randn
+
+import pit_jax
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+# (M, H, tile_h): H a multiple of 8 (16-byte vectors) or not, M not a multiple of tile_h.
+SHAPES = [(1, 8, 1), (37, 96, 1), (50, 100, 4), (130, 768, 1), (33, 64, 32)]
+
+pytestmark = pytest.mark.usefixtures("poison_outputs")
+
+
+def ln64(x, scale, offset, live_rows, residual=None, bias=None, eps=1e-6):
+    """float64 reference: LN(x + residual + bias) on the live rows, zeros elsewhere."""
+    h = f64(x)
+    if residual is not None:
+        h = h + f64(residual)
+    if bias is not None:
+        h = h + f64(bias)
+    mean = h.mean(-1, keepdims=True)
+    var = (h * h).mean(-1, keepdims=True) - mean * mean
+    y = (h - mean) / np.sqrt(np.maximum(var, 0) + eps) * f64(scale) + f64(offset)
+    return np.where(live_rows[..., None], y, 0.0)
+
+
+def row_mask(rng, lead, m, tile_h, density):
+    """bool [*lead, M]: whole row blocks of tile_h rows live with probability `density`."""
+    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
+    return np.repeat(blocks, tile_h, -1)[..., :m]
+
+
+def operands(rng, lead, m, h, dtype):
+    x = randn(rng, (*lead, m, h), dtype)
+    res = randn(rng, (*lead, m, h), dtype)
+    scale = (1 + 0.3 * rng.standard_normal(h)).astype(np.float32)
+    offset = (0.2 * rng.standard_normal(h)).astype(np.float32)
+    bias = (0.5 * rng.standard_normal(h)).astype(np.float32)
+    return x, res, scale, offset, bias
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("density", [0.0, 0.4, 1.0])
+@pytest.mark.parametrize("m,h,tile_h", SHAPES)
+def test_matches_reference(platform, dtype, density, m, h, tile_h):
+    rng, seed = fresh_rng()
+    lead = (2,)
+    x, res, scale, offset, bias = operands(rng, lead, m, h, dtype)
+    live = row_mask(rng, lead, m, tile_h, density)
+
+    def f(x, res, mask, scale, offset, bias):
+        idx = pit_jax.index(mask[..., None], (tile_h, 1))  # a padding mask's index
+        return (pit_jax.layer_norm(x, scale, offset, idx, residual=res, bias=bias),
+                pit_jax.layer_norm(x, scale, offset, idx))
+
+    y, y_plain = jax.jit(f)(*put(platform, x, res, live, scale, offset, bias))
+    check_close(y, ln64(x, scale, offset, live, res, bias), dtype, f"seed={seed} residual+bias")
+    check_close(y_plain, ln64(x, scale, offset, live), dtype, f"seed={seed} plain")
+    assert not f64(y)[~live].any(), f"seed={seed}: dead rows must be zero"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_index_of_x_rows_and_batch_dims(platform):
+    """An index built from x itself (micro-tile (h, H)), over two batch dims; a shared
+    (unbatched) index broadcasts."""
+    rng, seed = fresh_rng()
+    m, h = 45, 64
+    x, res, scale, offset, _ = operands(rng, (2, 3), m, h, jnp.bfloat16)
+    live = row_mask(rng, (2, 3), m, 2, 0.5)
+    x = np.where(live[..., None], x, np.zeros_like(x))  # dead rows all zero: the index finds them
+    idx = pit_jax.index(put(platform, x), (2, h))
+    y = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, idx, residual=r))(*put(platform, x, res))
+    check_close(y, ln64(x, scale, offset, live, res), jnp.bfloat16, f"seed={seed}")
+    shared = pit_jax.index(put(platform, live[0, 0][:, None]), "row")
+    y = jax.jit(lambda a: pit_jax.layer_norm(a, scale, offset, shared))(put(platform, x))
+    check_close(y, ln64(x, scale, offset, np.broadcast_to(live[0, 0], live.shape)), jnp.bfloat16, f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("capacity", [1, 3, 10])
+def test_capacity_below_the_row_blocks(platform, capacity):
+    """A list too short for every block (no dead tail): rows past the capacity are zeros."""
+    rng, seed = fresh_rng()
+    m, h = 40, 32
+    x, res, scale, offset, _ = operands(rng, (), m, h, jnp.float32)
+    live = row_mask(rng, (), m, 1, 0.5)
+    idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
+    y = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, idx, residual=r))(*put(platform, x, res))
+    listed = np.zeros(m, bool)
+    tiles, n = np.asarray(idx.tiles), min(int(idx.count), capacity)
+    listed[tiles[:n]] = True
+    assert (listed <= live).all()
+    check_close(y, ln64(x, scale, offset, listed, res), jnp.float32, f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_matches_flax_layer_norm_and_index_none(platform):
+    rng, seed = fresh_rng()
+    m, h = 24, 48
+    x, res, scale, offset, _ = operands(rng, (), m, h, jnp.float32)
+    live = row_mask(rng, (), m, 1, 0.6)
+    ln = nn.LayerNorm(epsilon=1e-12)
+    params = {"params": {"scale": jnp.asarray(scale), "bias": jnp.asarray(offset)}}
+    want = np.asarray(ln.apply(params, jnp.asarray(x) + jnp.asarray(res)))
+    idx = pit_jax.index(put(platform, live[:, None]), "row")
+    got = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, idx, residual=r, epsilon=1e-12))(
+        *put(platform, x, res))
+    np.testing.assert_allclose(np.asarray(got)[live], want[live], rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
+    every = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, residual=r, epsilon=1e-12))(
+        *put(platform, x, res))
+    np.testing.assert_allclose(np.asarray(every), want, rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_transforms(platform):
+    rng, seed = fresh_rng()
+    b, m, h = 3, 20, 16
+    x, res, scale, offset, bias = operands(rng, (b,), m, h, jnp.float32)
+    live = row_mask(rng, (b,), m, 1, 0.5)
+    live[0, 0] = True
+    x, res, scale, offset, bias, mask = put(platform, x, res, scale, offset, bias, live)
+    idx = pit_jax.index(mask[..., None], "row")
+
+    def f(x, r, s, o, c):
+        return pit_jax.layer_norm(x, s, o, idx, residual=r, bias=c)
+
+    def ref(x, r, s, o, c):
+        return pit_jax.reference.layer_norm_rows(x, s, o, mask, residual=r, bias=c)
+
+    args = (x, res, scale, offset, bias)
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(*args)), np.asarray(ref(*args)), rtol=1e-5, atol=1e-5)
+    check_grads(f, args, order=1, modes=("fwd", "rev"), atol=1e-2, rtol=1e-2)
+    # grad against the reference's grad (dead rows get no gradient)
+    loss = lambda fn: (lambda *a: jnp.sum(jnp.sin(fn(*a))))
+    g, g_ref = jax.grad(loss(f), argnums=range(5))(*args), jax.grad(loss(ref), argnums=range(5))(*args)
+    for i, (u, v) in enumerate(zip(g, g_ref)):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed} arg {i}")
+    assert not np.asarray(g[0])[~np.asarray(live)].any()
+    # vmap: data and index together, a shared index, and a mapped scale (the jnp path)
+    v = jax.vmap(lambda a, r, i: pit_jax.layer_norm(a, scale, offset, i, residual=r, bias=bias))(x, res, idx)
+    np.testing.assert_allclose(np.asarray(v), np.asarray(f(*args)), rtol=1e-6, atol=1e-6)
+    one = pit_jax.index(mask[0][:, None], "row")
+    v = jax.vmap(lambda a: pit_jax.layer_norm(a, scale, offset, one))(x)
+    want = pit_jax.reference.layer_norm_rows(x, scale, offset, jnp.broadcast_to(mask[0], mask.shape))
+    np.testing.assert_allclose(np.asarray(v), np.asarray(want), rtol=1e-5, atol=1e-5)
+    scales = jnp.stack([scale, 2 * scale, 3 * scale])
+    v = jax.jit(jax.vmap(lambda a, s, i: pit_jax.layer_norm(a, s, offset, i)))(x, scales, idx)
+    want = jax.vmap(lambda a, s, mk: pit_jax.reference.layer_norm_rows(a, s, offset, mk))(x, scales, mask)
+    np.testing.assert_allclose(np.asarray(v), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # vmap(grad)
+    vg = jax.vmap(jax.grad(lambda a, i: jnp.sum(pit_jax.layer_norm(a, scale, offset, i) ** 2)))(x, idx)
+    vg_ref = jax.vmap(jax.grad(lambda a, mk: jnp.sum(pit_jax.reference.layer_norm_rows(a, scale, offset, mk) ** 2)))(
+        x, mask)
+    np.testing.assert_allclose(np.asarray(vg), np.asarray(vg_ref), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
+
+
+def test_errors():
+    x = jnp.ones((6, 8), jnp.bfloat16)
+    s = jnp.ones((8,))
+    idx = pit_jax.index(jnp.ones((6, 1), bool), "row")
+    with pytest.raises(ValueError, match=r"layer_norm: scale must be \[H\] = \[8\]"):
+        pit_jax.layer_norm(x, jnp.ones((7,)), s, idx)
+    with pytest.raises(ValueError, match=r"layer_norm: bias must be \[H\] = \[8\]"):
+        pit_jax.layer_norm(x, s, s, idx, bias=jnp.ones((2, 8)))
+    with pytest.raises(ValueError, match=r"layer_norm: residual must have x's shape \(6, 8\), got \(6, 4\)"):
+        pit_jax.layer_norm(x, s, s, idx, residual=jnp.ones((6, 4)))
+    with pytest.raises(ValueError, match=r"layer_norm: the index must list row blocks of x's 6 rows"):
+        pit_jax.layer_norm(x, s, s, pit_jax.index(jnp.ones((5, 1), bool), "row"))
+    with pytest.raises(ValueError, match=r"layer_norm: the index must list row blocks"):
+        pit_jax.layer_norm(x, s, s, pit_jax.index(jnp.ones((6, 8)), (2, 4)))
+    with pytest.raises(ValueError, match=r"layer_norm: the index has batch dims \(3,\), x has \(\)"):
+        pit_jax.layer_norm(x, s, s, pit_jax.index(jnp.ones((3, 6, 1), bool), "row"))
+    with pytest.raises(TypeError, match=r"layer_norm: x must be float32, bfloat16 or float16, got int32"):
+        pit_jax.layer_norm(jnp.ones((6, 8), jnp.int32), s, s, idx)
+    with pytest.raises(TypeError, match=r"layer_norm: index must be a pit_jax.PitIndex"):
+        pit_jax.layer_norm(x, s, s, jnp.ones((6,), bool))
+    with pytest.raises(ValueError, match=r"layer_norm: epsilon must be >= 0"):
+        pit_jax.layer_norm(x, s, s, idx, epsilon=-1.0)
+    with pytest.raises(ValueError, match=r"layer_norm: x must be \[\.\.\., M, H\]"):
+        pit_jax.layer_norm(jnp.ones((8,)), s, s)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_flax_layers_are_drop_ins(platform):
+    """pit_jax.flax.LayerNorm (linen) and pit_jax.flax.nnx.LayerNorm: the parameters of
+    nn.LayerNorm / nnx.LayerNorm, their values on live rows, and their dtype rule."""
+    from flax import nnx
+
+    from pit_jax.flax import LayerNorm
+    from pit_jax.flax.nnx import LayerNorm as NnxLayerNorm
+
+    rng, seed = fresh_rng()
+    m, h = 30, 40
+    x, res, _, _, _ = operands(rng, (), m, h, jnp.bfloat16)
+    live = row_mask(rng, (), m, 1, 0.5)
+    x, res, mask = put(platform, x, res, live)
+    idx = pit_jax.index(mask[:, None], "row")
+    ref_mod = nn.LayerNorm(epsilon=1e-5)
+    params = ref_mod.init(jax.random.PRNGKey(0), x)
+    params = jax.tree_util.tree_map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
+    pit_mod = LayerNorm(epsilon=1e-5)
+    assert jax.tree_util.tree_structure(pit_mod.init(jax.random.PRNGKey(0), x, idx)) == jax.tree_util.tree_structure(
+        params)
+    want = np.asarray(ref_mod.apply(params, x + res), np.float32)
+    got = jax.jit(lambda p, a, r: pit_mod.apply(p, a, idx, residual=r))(params, x, res)
+    assert got.dtype == want.dtype == np.float32  # bf16 input, float32 params: promoted, as nn.LayerNorm
+    np.testing.assert_allclose(np.asarray(got)[live], want[live], rtol=2e-2, atol=2e-2, err_msg=f"seed={seed}")
+    assert not np.asarray(got)[~live].any()
+    every = LayerNorm(epsilon=1e-5, dtype=jnp.bfloat16).apply(params, x[None], residual=res[None])[0]
+    assert every.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(every, np.float32), want, rtol=3e-2, atol=3e-2, err_msg=f"seed={seed}")
+
+    ref_nnx = nnx.LayerNorm(h, epsilon=1e-5, rngs=nnx.Rngs(0))
+    pit_nnx = NnxLayerNorm(h, epsilon=1e-5, rngs=nnx.Rngs(0))
+    paths = lambda mod: {k for k, _ in nnx.to_flat_state(nnx.state(mod))}
+    assert paths(ref_nnx) == paths(pit_nnx)
+    pit_nnx.scale[...] = ref_nnx.scale[...] * 1.5
+    ref_nnx.scale[...] = ref_nnx.scale[...] * 1.5
+    got = pit_nnx(x, idx, residual=res)
+    want = np.asarray(ref_nnx(x + res), np.float32)
+    np.testing.assert_allclose(np.asarray(got)[live], want[live], rtol=2e-2, atol=2e-2, err_msg=f"seed={seed}")
+
+
+def _raw(shape, dtype, *args, tile_h=1, epsilon=1e-6):
+    call = jax.ffi.ffi_call("pit_row_layer_norm", jax.ShapeDtypeStruct(shape, dtype))
+    return call(*args, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon))
+
+
+_F = lambda *s: jnp.ones(s, jnp.float32)  # noqa: E731
+_I = lambda *s: jnp.zeros(s, jnp.int32)  # noqa: E731
+RAW_BAD = {
+    "scale must be \\[8\\] \\(x's last dim\\)": lambda: _raw((4, 8), jnp.float32, _F(4, 8), _F(0), _F(0), _F(7),
+                                                            _F(8), _I(4), _I()),
+    "bias must be \\[8\\] \\(x's last dim\\) or \\[0\\]": lambda: _raw((4, 8), jnp.float32, _F(4, 8), _F(0), _F(3),
+                                                                      _F(8), _F(8), _I(4), _I()),
+    "offset must be float32": lambda: _raw((4, 8), jnp.float32, _F(4, 8), _F(0), _F(0), _F(8),
+                                            jnp.ones((8,), jnp.bfloat16), _I(4), _I()),
+    "residual must have x's shape": lambda: _raw((4, 8), jnp.float32, _F(4, 8), _F(4, 4), _F(0), _F(8), _F(8),
+                                                 _I(4), _I()),
+    "tile_h must be in \\[1, M\\]": lambda: _raw((4, 8), jnp.float32, _F(4, 8), _F(0), _F(0), _F(8), _F(8), _I(4),
+                                                _I(), tile_h=5),
+    "epsilon must be finite and >= 0": lambda: _raw((4, 8), jnp.float32, _F(4, 8), _F(0), _F(0), _F(8), _F(8),
+                                                    _I(4), _I(), epsilon=-1.0),
+    "y must have x's shape and dtype": lambda: _raw((4, 8), jnp.bfloat16, _F(4, 8), _F(0), _F(0), _F(8), _F(8),
+                                                    _I(4), _I()),
+    "tiles must be \\[\\.\\.\\., capacity\\] and count": lambda: _raw((2, 4, 8), jnp.float32, _F(2, 4, 8), _F(0), _F(0),
+                                                                   _F(8), _F(8), _I(3, 4), _I(3)),
+}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", list(RAW_BAD))
+def test_raw_target_refuses_bad_input(platform, case):
+    """The handlers validate on their own (CPU and CUDA): an error naming the target."""
+    with jax.default_device(jax.devices(platform)[0]):
+        with pytest.raises(Exception, match="pit_row_layer_norm: .*" + case):
+            jax.block_until_ready(jax.jit(RAW_BAD[case])())
