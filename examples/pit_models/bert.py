@@ -4,7 +4,9 @@ Hidden states stay in the padded layout, flattened to [B*S, H]. Every linear of 
 layer shares ONE row index of the valid tokens, built once per batch from the padding
 mask (`pit_jax.index(mask[:, None], "row")`), so padding rows cost nothing in the
 products (M axis), nor in the FFN's bias and GELU, which run in that product's epilogue
-on live rows only; the other biases, layer norms and residual adds still touch them. With
+on live rows only, nor in the residual adds and layer norms: attn_out and ffn_out leave
+out their bias, which `pit_jax.flax.LayerNorm` adds with the residual on the valid rows
+(padding rows come out zero). The q/k/v split and qkv's bias still touch every row. With
 `weight_index` (sparse training), the named linears multiply by block-pruned kernels
 instead (W axis). `mode="dense"` is the nn.Dense twin: identical parameter tree, so
 the same params run both.
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 import pit_jax
-from pit_jax.flax import SparseDense
+from pit_jax.flax import LayerNorm, SparseDense
 from pit_models import common
 
 MODES = ("pit", "dense")
@@ -73,10 +75,29 @@ def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, acti
     return SparseDense(features, dtype=dtype, axis="m", activation=activation, name=name)(x, index=rows)
 
 
+class Product(nn.Module):
+    """nn.Dense's parameters ("kernel", "bias"), its product without the bias on the M axis
+    (or the W axis with a weight index), and the bias for the layer norm that follows:
+    returns (x @ kernel in `dtype`, bias in float32)."""
+
+    features: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, rows, weight_index=None):
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+        x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+        if weight_index is not None:
+            return pit_jax.sparse_dense(x, kernel, weight_index, axis="w"), bias
+        return pit_jax.sparse_dense(x, kernel, rows, axis="m"), bias
+
+
 class EncoderLayer(nn.Module):
     cfg: BertConfig
     mode: str = "pit"
     attention: str = "xla"
+    live_norm: bool = True  # pit with a row index: residual adds and layer norms on valid rows only
 
     @nn.compact
     def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
@@ -86,7 +107,16 @@ class EncoderLayer(nn.Module):
         qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
         att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths,
                                implementation=self.attention)
-        att = lin(cfg.hidden, "attn_out", att.reshape(batch * seq, cfg.hidden))
+        att = att.reshape(batch * seq, cfg.hidden)
+        if self.mode == "pit" and rows is not None and self.live_norm:
+            # Residual add, output bias and layer norm in one pass over the valid rows.
+            norm = lambda n: LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name=n)
+            att, b = Product(cfg.hidden, cfg.dtype, name="attn_out")(att, rows, wi.get("attn_out"))
+            x = norm("ln_attn")(x, rows, residual=att, bias=b)
+            h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
+            h, b = Product(cfg.hidden, cfg.dtype, name="ffn_out")(h, rows, wi.get("ffn_out"))
+            return norm("ln_ffn")(x, rows, residual=h, bias=b)
+        att = lin(cfg.hidden, "attn_out", att)
         x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x + att)
         h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
         h = lin(cfg.hidden, "ffn_out", h)
@@ -107,6 +137,7 @@ class BertClassifier(nn.Module):
     mode: str = "pit"
     attention: str = "xla"  # "xla", "cudnn" or "auto" (cuDNN where it works for the shapes)
     skip_padding: bool = True  # pit mode: False = no row index (for sparse training on full batches)
+    live_norm: bool = True  # pit mode with skip_padding: residual adds and layer norms on valid rows only
 
     @nn.compact
     def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
@@ -121,7 +152,11 @@ class BertClassifier(nn.Module):
         rows = row_index(mask) if self.mode == "pit" and self.skip_padding else None
         emb = nn.Embed(cfg.vocab, cfg.hidden, name="word_emb")(tokens)
         emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
-        x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb).reshape(batch * seq, cfg.hidden)
+        emb = emb.reshape(batch * seq, cfg.hidden)
+        if rows is not None and self.live_norm:
+            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb, rows)
+        else:
+            x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb)
         wi = weight_index or {}
         for i in range(cfg.layers):
             name = f"layer_{i}"
@@ -129,7 +164,7 @@ class BertClassifier(nn.Module):
             if self.mode == "pit" and rows is None and set(layer_wi) != set(LINEARS):
                 raise ValueError(f"BertClassifier: skip_padding=False needs a weight index for every linear "
                                  f"of {name} ({LINEARS}), got {sorted(layer_wi)}")
-            x = EncoderLayer(cfg, self.mode, impl, name=name)(x, lengths, batch, seq, rows, layer_wi)
+            x = EncoderLayer(cfg, self.mode, impl, self.live_norm, name=name)(x, lengths, batch, seq, rows, layer_wi)
         cls = x.reshape(batch, seq, cfg.hidden)[:, 0]
         pooled = jnp.tanh(nn.Dense(cfg.hidden, dtype=cfg.dtype, name="pooler")(cls))
         logits = nn.Dense(cfg.num_labels, dtype=cfg.dtype, name="classifier")(pooled)
