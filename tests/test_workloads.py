@@ -48,9 +48,10 @@ def test_bert_same_params_both_modes(bert_setup):
     assert all(a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(pit_params), jax.tree_util.tree_leaves(params)))
 
 
-def test_bert_outputs_and_gradients_match_dense(bert_setup):
+@pytest.mark.parametrize("live_norm", [True, False], ids=["live_norm", "xla_norm"])
+def test_bert_outputs_and_gradients_match_dense(bert_setup, live_norm):
     cfg, params, (tokens, lengths, labels) = bert_setup
-    pit, dense = bert.BertClassifier(cfg, "pit"), bert.BertClassifier(cfg, "dense")
+    pit, dense = bert.BertClassifier(cfg, "pit", live_norm=live_norm), bert.BertClassifier(cfg, "dense")
     lp, hp = jax.jit(pit.apply)(params, tokens, lengths)
     ld, hd = jax.jit(dense.apply)(params, tokens, lengths)
     valid = np.asarray(common.right_padding_mask(lengths, tokens.shape[1])).reshape(-1)
@@ -75,6 +76,8 @@ def test_bert_padding_does_not_leak(bert_setup):
     b = jax.jit(pit.apply)(params, noisy, lengths)
     assert _rel(a[0], b[0]) < F32_TOL
     assert _rel(a[1], b[1], np.asarray(valid).reshape(-1)) < F32_TOL
+    # The live-row layer norms leave padding rows at exactly zero.
+    assert not np.asarray(a[1])[~np.asarray(valid).reshape(-1)].any()
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
