@@ -25,7 +25,9 @@ Variants (`impl`):
   dense_cudnn   nn.Dense + cuDNN attention with sequence lengths (bert: the best JAX
                 alternative) / dense_masked: nn.Dense on w * mask, mask recomputed (prune)
   pit           the PIT model (examples/pit_models): M-axis linears with one row index
-                per batch (+ K-axis fc2 for opt; W-axis linears for prune)
+                per batch (+ K-axis fc2 for opt; W-axis linears for prune); bert: layer
+                norms on the valid rows in inference, XLA's in training (live_norm=False)
+  pit_live_norm (bert, training) the PIT model with live-row layer norms (the inference model)
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
   ragged        (moe) sort by expert + jax.lax.ragged_dot + unsort: the best JAX alternative;
                 for moe, `dense` is every expert on every token (E x the FLOPs, same outputs)
