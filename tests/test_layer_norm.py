@@ -266,3 +266,16 @@ def test_raw_target_refuses_bad_input(platform, case):
     with jax.default_device(jax.devices(platform)[0]):
         with pytest.raises(Exception, match="pit_row_layer_norm: .*" + case):
             jax.block_until_ready(jax.jit(RAW_BAD[case])())
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_empty_shapes(platform):
+    """No rows, no batch entries, no features: an empty result, no error."""
+    for shape in ((0, 8), (2, 0, 8), (4, 0)):
+        h = shape[-1]
+        x = put(platform, jnp.ones(shape, jnp.bfloat16))
+        y = jax.jit(lambda a: pit_jax.layer_norm(a, jnp.ones(h), jnp.zeros(h)))(x)
+        assert y.shape == shape and y.dtype == jnp.bfloat16
+    idx = pit_jax.index(put(platform, jnp.zeros((5, 1), bool)), "row")  # no live row
+    y = jax.jit(lambda a: pit_jax.layer_norm(a, jnp.ones(8), jnp.zeros(8), idx))(put(platform, jnp.ones((5, 8))))
+    assert not np.asarray(y).any()
