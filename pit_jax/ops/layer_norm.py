@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pit_jax import config
+from pit_jax.ops.sread_swrite import flat_index
 from pit_jax.pit_index import PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_layer_norm import reference as _reference
@@ -81,17 +82,10 @@ def layer_norm(
         count = jnp.full(batch, m, jnp.int32)
         tile_h = 1
     else:
-        if not isinstance(index, PitIndex):
-            raise TypeError(f"layer_norm: index must be a pit_jax.PitIndex, got {type(index).__name__}")
+        tiles, count = flat_index(index, batch, "layer_norm", "x")
         if index.shape[0] != m or index.tile_cols != 1:
             raise ValueError(f"layer_norm: the index must list row blocks of x's {m} rows (micro-tile (h, {h}) of x, "
                              f"or 'row' of an [M, 1] mask), got shape {index.shape}, micro_tile {index.micro_tile}")
-        if index.batch_shape not in ((), batch):
-            raise ValueError(f"layer_norm: the index has batch dims {index.batch_shape}, x has {batch}")
-        tiles, count = index.tiles, index.count
-        if index.batch_shape != batch:
-            tiles = jnp.broadcast_to(tiles, (*batch, *tiles.shape))
-            count = jnp.broadcast_to(count, batch)
         tile_h = index.micro_tile[0]
     args = (x, residual if residual is not None else jnp.zeros((0,), x.dtype),
             bias if bias is not None else jnp.zeros((0,), jnp.float32), scale, offset, tiles, count)

@@ -22,13 +22,15 @@ from pit_jax.primitives.sread import sread as _sread
 from pit_jax.primitives.swrite import swrite as _swrite
 
 
-def _flat_index(index: PitIndex, batch, what: str):
+def flat_index(index: PitIndex, batch, what: str, data: str = "the data"):
+    """The index's flat list (tiles, count) for data with leading dims `batch`: an index
+    without batch dims is broadcast; other batch dims are an error naming `what`."""
     if not isinstance(index, PitIndex):
         raise TypeError(f"{what}: index must be a pit_jax.PitIndex, got {type(index).__name__}")
     tiles, count = index.tiles, index.count
     if index.batch_shape != tuple(batch):
         if index.batch_shape:
-            raise ValueError(f"{what}: the index has batch dims {index.batch_shape}, the data {tuple(batch)}")
+            raise ValueError(f"{what}: the index has batch dims {index.batch_shape}, {data} has {tuple(batch)}")
         tiles = jnp.broadcast_to(tiles, (*batch, *tiles.shape))
         count = jnp.broadcast_to(count, tuple(batch))
     return tiles, count
@@ -45,7 +47,7 @@ def sread(x: jax.Array, index: PitIndex) -> jax.Array:
     _check_float(x, "sread", "x")
     if x.ndim < 2 or tuple(x.shape[-2:]) != tuple(getattr(index, "shape", ())):
         raise ValueError(f"sread: the index was built for {getattr(index, 'shape', None)}, x is {tuple(x.shape)}")
-    tiles, count = _flat_index(index, x.shape[:-2], "sread")
+    tiles, count = flat_index(index, x.shape[:-2], "sread", "x")
     if config.reference_enabled():
         return reference.sread(x, tiles, count, tile=index.micro_tile)
     return _sread(x, tiles, count, tile=index.micro_tile)
@@ -73,7 +75,7 @@ def swrite(packed: jax.Array, index: PitIndex, out: Optional[jax.Array] = None, 
         out = jnp.asarray(out)
         if tuple(out.shape) != (*batch, *index.shape) or out.dtype != packed.dtype:
             raise ValueError(f"swrite: out must be {(*batch, *index.shape)} {packed.dtype}, got {out.shape} {out.dtype}")
-    tiles, count = _flat_index(index, batch, "swrite")
+    tiles, count = flat_index(index, batch, "swrite", "packed")
     if config.reference_enabled():
         return reference.swrite(packed, tiles, count, out, accumulate=accumulate)
     return _swrite(packed, tiles, count, out, accumulate=accumulate)

@@ -27,17 +27,15 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax import reference as _ref
-from pit_jax.primitives import _lowering
+from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives.swrite import swrite
 
 row_layer_norm_p = Primitive("pit_row_layer_norm")
 
-_FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
 
 def _check(x, residual, bias, scale, offset, tiles, count, *, tile_h):
     where = "row_layer_norm"
-    if jnp.dtype(x.dtype) not in _FLOATS:
+    if jnp.dtype(x.dtype) not in _products.FLOATS:
         raise TypeError(f"{where}: x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.ndim < 2:
         raise ValueError(f"{where}: x must be [..., M, H], got shape {tuple(x.shape)}")
