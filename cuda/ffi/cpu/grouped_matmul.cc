@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/moe_args.h"
@@ -69,13 +70,4 @@ ffi::Error GroupedMatmulCpu(ffi::AnyBuffer src, ffi::AnyBuffer w, ffi::AnyBuffer
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedMatmulCpu, pit::GroupedMatmulCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // src [..., R, D]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [..., E, D, F] ([..., E, F, D] with trans_w)
-                                  .Arg<xla::ffi::AnyBuffer>()  // lists [..., E+1, A] (s32)
-                                  .Arg<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // y [..., A, F]
-                                  .Attr<int64_t>("row_div")
-                                  .Attr<bool>("trans_w")
-                                  .Attr<bool>("allow_tf32")
-                                  .Attr<int64_t>("activation"));  // 0 none, 1 relu
+                              pit::bind::GroupedMatmul(xla::ffi::Ffi::Bind()));

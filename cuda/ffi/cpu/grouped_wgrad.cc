@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/moe_args.h"
@@ -50,11 +51,4 @@ ffi::Error GroupedWgradCpu(ffi::AnyBuffer src, ffi::AnyBuffer dy, ffi::AnyBuffer
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedWgradCpu, pit::GroupedWgradCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // src [..., R, D]
-                                  .Arg<xla::ffi::AnyBuffer>()  // dy [..., A, F]
-                                  .Arg<xla::ffi::AnyBuffer>()  // lists [..., E+1, A] (s32)
-                                  .Arg<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // dw [..., E, D, F]
-                                  .Attr<int64_t>("row_div")
-                                  .Attr<bool>("allow_tf32"));
+                              pit::bind::GroupedWgrad(xla::ffi::Ffi::Bind()));

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/index_args.h"
 
@@ -82,16 +83,4 @@ ffi::Error IndexCpu(ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Resul
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCpu, pit::IndexCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()                       // x
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // tiles
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // count
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_tiles
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_count
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_tiles
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_count
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // scratch
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w")
-                                  .Attr<bool>("group_rows")
-                                  .Attr<bool>("group_cols"));
+                              pit::bind::Index(xla::ffi::Ffi::Bind()));

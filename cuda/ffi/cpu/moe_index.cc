@@ -3,6 +3,7 @@
 // too) go to group E, the dropped ones.
 #include <algorithm>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/moe_args.h"
 
@@ -37,8 +38,4 @@ ffi::Error MoeIndexCpu(ffi::AnyBuffer expert_ids, ffi::Result<ffi::AnyBuffer> li
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitMoeIndexCpu, pit::MoeIndexCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // expert_ids [..., T, k] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // lists [..., E+1, T*k] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Attr<int64_t>("num_experts"));
+                              pit::bind::MoeIndex(xla::ffi::Ffi::Bind()));

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
@@ -71,15 +72,4 @@ ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tile
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCpu, pit::RowGatherMatmulCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // a
-                                  .Arg<xla::ffi::AnyBuffer>()              // b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Arg<xla::ffi::AnyBuffer>()              // bias: [N] or empty
-                                  .Arg<xla::ffi::AnyBuffer>()              // dead_row: [N] or empty
-                                  .Ret<xla::ffi::AnyBuffer>()              // c
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("allow_tf32")
-                                  .Attr<int64_t>("activation"));
+                              pit::bind::RowGatherMatmul(xla::ffi::Ffi::Bind()));

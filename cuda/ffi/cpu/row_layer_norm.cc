@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/row_layer_norm_args.h"
@@ -55,14 +56,4 @@ ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBu
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormCpu, pit::RowLayerNormCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // x
-                                  .Arg<xla::ffi::AnyBuffer>()              // residual (or [0])
-                                  .Arg<xla::ffi::AnyBuffer>()              // bias (or [0])
-                                  .Arg<xla::ffi::AnyBuffer>()              // scale
-                                  .Arg<xla::ffi::AnyBuffer>()              // offset
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // y
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<float>("epsilon"));
+                              pit::bind::RowLayerNorm(xla::ffi::Ffi::Bind()));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
@@ -83,14 +84,4 @@ ffi::Error SddMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSddMatmulCpu, pit::SddMatmulCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // a
-                                  .Arg<xla::ffi::AnyBuffer>()              // b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // c
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w")
-                                  .Attr<bool>("trans_a")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("allow_tf32"));
+                              pit::bind::SddMatmul(xla::ffi::Ffi::Bind()));

@@ -2,6 +2,7 @@
 // dtype in and out, so elements move as raw bytes (no conversion).
 #include <cstring>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/sread_swrite_args.h"
@@ -58,19 +59,7 @@ ffi::Error SreadLiveCpu(ffi::AnyBuffer x, S32Buffer tiles, S32Buffer count, ffi:
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadCpu, pit::SreadCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // packed
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w"));
+                              pit::bind::Sread(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadLiveCpu, pit::SreadLiveCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // packed
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w"));
+                              pit::bind::Sread(xla::ffi::Ffi::Bind()));

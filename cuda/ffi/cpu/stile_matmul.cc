@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
@@ -78,16 +79,4 @@ ffi::Error StileMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer lists, S
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitStileMatmulCpu, pit::StileMatmulCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // a
-                                  .Arg<xla::ffi::AnyBuffer>()              // b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // lists
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // counts
-                                  .Ret<xla::ffi::AnyBuffer>()              // c
-                                  .Attr<bool>("sparse_b")
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w")
-                                  .Attr<bool>("trans_a")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("trans_c")
-                                  .Attr<bool>("allow_tf32"));
+                              pit::bind::StileMatmul(xla::ffi::Ffi::Bind()));

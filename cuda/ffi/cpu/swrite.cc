@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/cpu/cpu_common.h"
 #include "cuda/ffi/cpu/handlers.h"
 #include "cuda/ffi/sread_swrite_args.h"
@@ -58,10 +59,4 @@ ffi::Error SwriteCpu(ffi::AnyBuffer packed, S32Buffer tiles, S32Buffer count, ff
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSwriteCpu, pit::SwriteCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()              // packed
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Arg<xla::ffi::AnyBuffer>()              // base
-                                  .Ret<xla::ffi::AnyBuffer>()              // out (aliases base)
-                                  .Attr<bool>("accumulate"));
+                              pit::bind::Swrite(xla::ffi::Ffi::Bind()));

@@ -20,6 +20,10 @@ inline cudaError_t Poison(void* data, size_t bytes, cudaStream_t stream) {
   return cudaMemsetAsync(data, 0xff, bytes, stream);
 }
 
+// The CUDA handlers' binding: XLA's stream first, then the target's operands
+// (cuda/ffi/bindings.h, shared with the CPU handlers).
+inline auto Binding() { return ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(); }
+
 // A launch failure as the handler's result, naming the target.
 inline ffi::Error LaunchStatus(const char* target, cudaError_t err) {
   if (err == cudaSuccess) return ffi::Error::Success();

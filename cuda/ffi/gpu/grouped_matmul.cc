@@ -2,6 +2,7 @@
 // on XLA's stream (no host sync, no allocation: command-buffer compatible).
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/moe_args.h"
@@ -27,15 +28,5 @@ ffi::Error GroupedMatmulCuda(cudaStream_t stream, ffi::AnyBuffer src, ffi::AnyBu
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedMatmulCuda, pit::GroupedMatmulCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // src [..., R, D]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [..., E, D, F] ([..., E, F, D] with trans_w)
-                                  .Arg<xla::ffi::AnyBuffer>()  // lists [..., E+1, A] (s32)
-                                  .Arg<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // y [..., A, F]
-                                  .Attr<int64_t>("row_div")
-                                  .Attr<bool>("trans_w")
-                                  .Attr<bool>("allow_tf32")
-                                  .Attr<int64_t>("activation"),  // 0 none, 1 relu
+                              pit::bind::GroupedMatmul(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/moe_args.h"
@@ -45,25 +46,9 @@ ffi::Error GroupedWgradPackedCuda(cudaStream_t stream, ffi::AnyBuffer src, ffi::
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedWgradCuda, pit::GroupedWgradCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // src [..., R, D]
-                                  .Arg<xla::ffi::AnyBuffer>()  // dy [..., A, F]
-                                  .Arg<xla::ffi::AnyBuffer>()  // lists [..., E+1, A] (s32)
-                                  .Arg<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // dw [..., E, D, F]
-                                  .Attr<int64_t>("row_div")
-                                  .Attr<bool>("allow_tf32"),
+                              pit::bind::GroupedWgrad(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitGroupedWgradPackedCuda, pit::GroupedWgradPackedCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // src [..., R, D]
-                                  .Arg<xla::ffi::AnyBuffer>()  // dy [..., A, F]
-                                  .Arg<xla::ffi::AnyBuffer>()  // lists [..., E+1, A] (s32)
-                                  .Arg<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // dw [..., E, D, F]
-                                  .Attr<int64_t>("row_div")
-                                  .Attr<bool>("allow_tf32"),
+                              pit::bind::GroupedWgrad(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

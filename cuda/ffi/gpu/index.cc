@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
+#include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/index_args.h"
 #include "cuda/kernels/index.h"
@@ -27,18 +29,5 @@ ffi::Error IndexCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Result tiles, S32
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCuda, pit::IndexCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()                       // x
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // tiles
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // count
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_tiles
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // row_count
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_tiles
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // col_count
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()           // scratch
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w")
-                                  .Attr<bool>("group_rows")
-                                  .Attr<bool>("group_cols"),
+                              pit::bind::Index(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

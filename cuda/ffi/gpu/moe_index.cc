@@ -2,6 +2,7 @@
 // XLA's stream (no host sync, no allocation: command-buffer compatible).
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/moe_args.h"
@@ -27,10 +28,5 @@ ffi::Error MoeIndexCuda(cudaStream_t stream, ffi::AnyBuffer expert_ids, ffi::Res
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitMoeIndexCuda, pit::MoeIndexCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // expert_ids [..., T, k] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // lists [..., E+1, T*k] (s32)
-                                  .Ret<xla::ffi::AnyBuffer>()  // counts [..., E+1] (s32)
-                                  .Attr<int64_t>("num_experts"),
+                              pit::bind::MoeIndex(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
@@ -29,17 +30,5 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCuda, pit::RowGatherMatmulCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // a
-                                  .Arg<xla::ffi::AnyBuffer>()              // b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Arg<xla::ffi::AnyBuffer>()              // bias: [N] or empty
-                                  .Arg<xla::ffi::AnyBuffer>()              // dead_row: [N] or empty
-                                  .Ret<xla::ffi::AnyBuffer>()              // c
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("allow_tf32")
-                                  .Attr<int64_t>("activation"),
+                              pit::bind::RowGatherMatmul(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

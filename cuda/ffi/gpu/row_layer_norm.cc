@@ -2,6 +2,7 @@
 // launch on XLA's stream (no host sync, no allocation: command-buffer compatible).
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/row_layer_norm_args.h"
@@ -25,16 +26,5 @@ ffi::Error RowLayerNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormCuda, pit::RowLayerNormCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // x
-                                  .Arg<xla::ffi::AnyBuffer>()              // residual (or [0])
-                                  .Arg<xla::ffi::AnyBuffer>()              // bias (or [0])
-                                  .Arg<xla::ffi::AnyBuffer>()              // scale
-                                  .Arg<xla::ffi::AnyBuffer>()              // offset
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // y
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<float>("epsilon"),
+                              pit::bind::RowLayerNorm(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

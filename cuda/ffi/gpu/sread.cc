@@ -2,10 +2,11 @@
 // on XLA's stream (no host sync, no allocation: command-buffer compatible).
 #include <cuda_runtime.h>
 
+#include "cuda/common/moe_params.h"
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/sread_swrite_args.h"
-#include "cuda/common/moe_params.h"
 #include "cuda/kernels/sread_swrite.h"
 
 namespace pit {
@@ -42,23 +43,9 @@ ffi::Error SreadLiveCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Buffer tiles,
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadCuda, pit::SreadCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // packed
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w"),
+                              pit::bind::Sread(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSreadLiveCuda, pit::SreadLiveCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Ret<xla::ffi::AnyBuffer>()              // packed
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w"),
+                              pit::bind::Sread(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/matmul_args.h"
@@ -29,18 +30,5 @@ ffi::Error StileMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitStileMatmulCuda, pit::StileMatmulCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // a
-                                  .Arg<xla::ffi::AnyBuffer>()              // b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // lists
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // counts
-                                  .Ret<xla::ffi::AnyBuffer>()              // c
-                                  .Attr<bool>("sparse_b")
-                                  .Attr<int64_t>("tile_h")
-                                  .Attr<int64_t>("tile_w")
-                                  .Attr<bool>("trans_a")
-                                  .Attr<bool>("trans_b")
-                                  .Attr<bool>("trans_c")
-                                  .Attr<bool>("allow_tf32"),
+                              pit::bind::StileMatmul(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -2,6 +2,7 @@
 // on XLA's stream (no host sync, no allocation: command-buffer compatible).
 #include <cuda_runtime.h>
 
+#include "cuda/ffi/bindings.h"
 #include "cuda/ffi/gpu/gpu_common.h"
 #include "cuda/ffi/gpu/handlers.h"
 #include "cuda/ffi/sread_swrite_args.h"
@@ -29,12 +30,5 @@ ffi::Error SwriteCuda(cudaStream_t stream, ffi::AnyBuffer packed, S32Buffer tile
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitSwriteCuda, pit::SwriteCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // packed
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // tiles
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // count
-                                  .Arg<xla::ffi::AnyBuffer>()              // base
-                                  .Ret<xla::ffi::AnyBuffer>()              // out (aliases base)
-                                  .Attr<bool>("accumulate"),
+                              pit::bind::Swrite(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,146 @@
+// Each target's operands, results and attributes, in docs/kernels.md's order, written
+// once for its CPU and CUDA handlers: `b` is xla::ffi::Ffi::Bind() on the CPU and
+// Ffi::Bind().Ctx<PlatformStream<cudaStream_t>>() on the GPU (the stream comes first;
+// pit::gpu::Binding()). A binding's methods take it as an rvalue.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace pit {
+namespace bind {
+
+using ::xla::ffi::AnyBuffer;
+using S32 = ::xla::ffi::Buffer<::xla::ffi::S32>;
+
+template <class B>
+auto GroupedMatmul(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // src [..., R, D]
+      .template Arg<AnyBuffer>()  // w [..., E, D, F] ([..., E, F, D] with trans_w)
+      .template Arg<AnyBuffer>()  // lists [..., E+1, A] (s32)
+      .template Arg<AnyBuffer>()  // counts [..., E+1] (s32)
+      .template Ret<AnyBuffer>()  // y [..., A, F]
+      .template Attr<int64_t>("row_div")
+      .template Attr<bool>("trans_w")
+      .template Attr<bool>("allow_tf32")
+      .template Attr<int64_t>("activation");  // 0 none, 1 relu
+}
+
+template <class B>
+auto GroupedWgrad(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // src [..., R, D]
+      .template Arg<AnyBuffer>()  // dy [..., A, F]
+      .template Arg<AnyBuffer>()  // lists [..., E+1, A] (s32)
+      .template Arg<AnyBuffer>()  // counts [..., E+1] (s32)
+      .template Ret<AnyBuffer>()  // dw [..., E, D, F]
+      .template Attr<int64_t>("row_div")
+      .template Attr<bool>("allow_tf32");
+}
+
+template <class B>
+auto Index(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x
+      .template Ret<S32>()  // tiles
+      .template Ret<S32>()  // count
+      .template Ret<S32>()  // row_tiles
+      .template Ret<S32>()  // row_count
+      .template Ret<S32>()  // col_tiles
+      .template Ret<S32>()  // col_count
+      .template Ret<S32>()  // scratch
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w")
+      .template Attr<bool>("group_rows")
+      .template Attr<bool>("group_cols");
+}
+
+template <class B>
+auto MoeIndex(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // expert_ids [..., T, k] (s32)
+      .template Ret<AnyBuffer>()  // lists [..., E+1, T*k] (s32)
+      .template Ret<AnyBuffer>()  // counts [..., E+1] (s32)
+      .template Attr<int64_t>("num_experts");
+}
+
+template <class B>
+auto RowGatherMatmul(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // a
+      .template Arg<AnyBuffer>()  // b
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Arg<AnyBuffer>()  // bias: [N] or empty
+      .template Arg<AnyBuffer>()  // dead_row: [N] or empty
+      .template Ret<AnyBuffer>()  // c
+      .template Attr<int64_t>("tile_h")
+      .template Attr<bool>("trans_b")
+      .template Attr<bool>("allow_tf32")
+      .template Attr<int64_t>("activation");
+}
+
+template <class B>
+auto RowLayerNorm(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x
+      .template Arg<AnyBuffer>()  // residual (or [0])
+      .template Arg<AnyBuffer>()  // bias (or [0])
+      .template Arg<AnyBuffer>()  // scale
+      .template Arg<AnyBuffer>()  // offset
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Ret<AnyBuffer>()  // y
+      .template Attr<int64_t>("tile_h")
+      .template Attr<float>("epsilon");
+}
+
+template <class B>
+auto SddMatmul(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // a
+      .template Arg<AnyBuffer>()  // b
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Ret<AnyBuffer>()  // c
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w")
+      .template Attr<bool>("trans_a")
+      .template Attr<bool>("trans_b")
+      .template Attr<bool>("allow_tf32");
+}
+
+template <class B>
+auto Sread(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Ret<AnyBuffer>()  // packed
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w");
+}
+
+template <class B>
+auto StileMatmul(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // a
+      .template Arg<AnyBuffer>()  // b
+      .template Arg<S32>()  // lists
+      .template Arg<S32>()  // counts
+      .template Ret<AnyBuffer>()  // c
+      .template Attr<bool>("sparse_b")
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w")
+      .template Attr<bool>("trans_a")
+      .template Attr<bool>("trans_b")
+      .template Attr<bool>("trans_c")
+      .template Attr<bool>("allow_tf32");
+}
+
+template <class B>
+auto Swrite(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // packed
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Arg<AnyBuffer>()  // base
+      .template Ret<AnyBuffer>()  // out (aliases base)
+      .template Attr<bool>("accumulate");
+}
+
+}  // namespace bind
+}  // namespace pit
