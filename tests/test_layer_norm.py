@@ -16,7 +16,10 @@ import pit_jax
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 # (M, H, tile_h): H a multiple of 8 (16-byte vectors) or not, M not a multiple of tile_h.
-SHAPES = [(1, 8, 1), (37, 96, 1), (50, 100, 4), (130, 768, 1), (33, 64, 32)]
+# H: one to four 16-byte vectors per lane (the GPU kernel keeps such rows in registers:
+# 96, 320, 768, 1024 for 16-bit types), more (the two-pass loop: 768 and 1024 float32),
+# and not a multiple of 8 (scalar loads: 100).
+SHAPES = [(1, 8, 1), (37, 96, 1), (50, 100, 4), (130, 768, 1), (33, 64, 32), (20, 320, 1), (9, 1024, 2)]
 
 pytestmark = pytest.mark.usefixtures("poison_outputs")
 

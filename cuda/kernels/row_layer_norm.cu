@@ -1,5 +1,6 @@
 // pit_row_layer_norm on the GPU: one warp per list slot. A live slot normalizes its
-// block's rows (two passes over each row: the second read hits L1), a dead slot (the
+// block's rows (held in registers up to 4 vectors per lane; longer rows take two passes,
+// the second read hitting L1), a dead slot (the
 // list's tail at full capacity) writes its rows' zeros, so every row is written once
 // and only live rows are read.
 #include "cuda/kernels/row_layer_norm.h"
@@ -91,6 +92,73 @@ __device__ void NormalizeRow(const RowLayerNormParams& p, int64_t row, int lane)
   }
 }
 
+// NormalizeRow for rows of at most 32 * V * kChunks elements: the row stays in
+// registers, and every load of a lane (x, residual and the float32 vectors) is issued
+// before the first use, so a row costs one memory latency rather than one per chunk and
+// pass (the two-pass loop above was latency-bound: ~10 us per BERT-sized call).
+template <typename T, int V, int kChunks>
+__device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row, int lane) {
+  static_assert(V % 4 == 0, "float32 vectors of 4");
+  const T* x = static_cast<const T*>(p.x) + row * p.cols;
+  const T* r = p.residual ? static_cast<const T*>(p.residual) + row * p.cols : nullptr;
+  T* y = static_cast<T*>(p.y) + row * p.cols;
+  float h[kChunks][V];
+  float t[kChunks][V];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+    if (c < p.cols) {
+      LoadF<T, V>(x + c, h[j]);
+      if (r) LoadF<T, V>(r + c, t[j]);
+    }
+  }
+  float s = 0.f, s2 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+    if (c < p.cols) {
+      if (r) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) h[j][i] += t[j][i];
+      }
+      if (p.bias) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+          const float4 b = __ldg(reinterpret_cast<const float4*>(p.bias + c + i));
+          h[j][i] += b.x, h[j][i + 1] += b.y, h[j][i + 2] += b.z, h[j][i + 3] += b.w;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += h[j][i], s2 += h[j][i] * h[j][i];
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+  }
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  const float mean = s * inv_n;
+  const float var = fmaxf(s2 * inv_n - mean * mean, 0.f);
+  const float rstd = rsqrtf(var + p.epsilon);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+    if (c < p.cols) {
+#pragma unroll
+      for (int i = 0; i < V; i += 4) {
+        const float4 g = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
+        const float4 o = __ldg(reinterpret_cast<const float4*>(p.offset + c + i));
+        h[j][i] = (h[j][i] - mean) * (rstd * g.x) + o.x;
+        h[j][i + 1] = (h[j][i + 1] - mean) * (rstd * g.y) + o.y;
+        h[j][i + 2] = (h[j][i + 2] - mean) * (rstd * g.z) + o.z;
+        h[j][i + 3] = (h[j][i + 3] - mean) * (rstd * g.w) + o.w;
+      }
+      StoreF<T, V>(y + c, h[j]);
+    }
+  }
+}
+
 template <typename T, int V>
 __device__ void ZeroRow(const RowLayerNormParams& p, int64_t row, int lane) {
   T* y = static_cast<T*>(p.y) + row * p.cols;
@@ -98,7 +166,8 @@ __device__ void ZeroRow(const RowLayerNormParams& p, int64_t row, int lane) {
   for (int64_t c = static_cast<int64_t>(lane) * V; c < p.cols; c += 32 * V) StoreF<T, V>(y + c, z);
 }
 
-template <typename T, int V>
+// kChunks > 0: rows held in registers (NormalizeRowInRegisters); 0: the two-pass loop.
+template <typename T, int V, int kChunks>
 __global__ void __launch_bounds__(kWarps * 32) RowLayerNormKernel(const RowLayerNormParams p, bool dead_tail) {
   const int lane = threadIdx.x & 31;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -119,8 +188,12 @@ __global__ void __launch_bounds__(kWarps * 32) RowLayerNormKernel(const RowLayer
   if (id < 0 || id >= p.tile_rows) return;  // not a row block of x
   const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
   for (int64_t r = r0; r < r1; ++r) {
-    if (normalize)
-      NormalizeRow<T, V>(p, b * p.rows + r, lane);
+    if (normalize) {
+      if constexpr (kChunks > 0)
+        NormalizeRowInRegisters<T, V, kChunks>(p, b * p.rows + r, lane);
+      else
+        NormalizeRow<T, V>(p, b * p.rows + r, lane);
+    }
     else
       ZeroRow<T, V>(p, b * p.rows + r, lane);
   }
@@ -137,10 +210,23 @@ cudaError_t Launch(const RowLayerNormParams& p, bool dead_tail, cudaStream_t str
   // scale, offset) are read per element, so they need no alignment beyond their type.
   const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x, 16) &&
                    Aligned(p.residual, 16) && Aligned(p.y, 16);
-  if (vec)
-    RowLayerNormKernel<T, kVec><<<blocks, kWarps * 32, 0, stream>>>(p, dead_tail);
+  // Rows of up to 4 vectors per lane (1024 16-bit or 512 float32 elements) stay in
+  // registers; that path also reads the float32 vectors 16 bytes at a time.
+  const int64_t chunks = (p.cols + 32 * kVec - 1) / (32 * kVec);
+  const bool regs = vec && Aligned(p.bias, 16) && Aligned(p.scale, 16) && Aligned(p.offset, 16);
+  const dim3 grid(blocks), block(kWarps * 32);
+  if (regs && chunks <= 1)
+    RowLayerNormKernel<T, kVec, 1><<<grid, block, 0, stream>>>(p, dead_tail);
+  else if (regs && chunks == 2)
+    RowLayerNormKernel<T, kVec, 2><<<grid, block, 0, stream>>>(p, dead_tail);
+  else if (regs && chunks == 3)
+    RowLayerNormKernel<T, kVec, 3><<<grid, block, 0, stream>>>(p, dead_tail);
+  else if (regs && chunks == 4)
+    RowLayerNormKernel<T, kVec, 4><<<grid, block, 0, stream>>>(p, dead_tail);
+  else if (vec)
+    RowLayerNormKernel<T, kVec, 0><<<grid, block, 0, stream>>>(p, dead_tail);
   else
-    RowLayerNormKernel<T, 1><<<blocks, kWarps * 32, 0, stream>>>(p, dead_tail);
+    RowLayerNormKernel<T, 1, 0><<<grid, block, 0, stream>>>(p, dead_tail);
   return cudaGetLastError();
 }
 
