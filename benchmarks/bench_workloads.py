@@ -64,13 +64,17 @@ from pit_models import bert, common as mcommon, opt, pruning, switch  # noqa: E4
 WORKLOADS = ("bert", "bert_long", "opt", "prune", "moe")
 
 
-def time_compiled(compiled, args, *, reps=7, target_s=0.02, budget_s=20.0):
-    """Median ms of one call of an already compiled executable, called back to back."""
+def time_compiled(compiled, args, *, reps=7, target_s=0.02, budget_s=20.0, min_calls=20):
+    """Median ms of one call of an already compiled executable, called back to back
+    (at least `min_calls` per repeat: see benchmarks.common.time_op)."""
     jax.block_until_ready(compiled(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    once = max(time.perf_counter() - t0, 1e-6)
-    calls = int(max(1, min(200, target_s / once)))
+    once_s = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        once_s.append(time.perf_counter() - t0)
+    once = max(statistics.median(once_s), 1e-6)
+    calls = int(max(min_calls, min(200, target_s / once)))
     reps = int(max(3, min(reps, budget_s / (calls * once))))
     samples = []
     for _ in range(reps):
