@@ -61,10 +61,11 @@ def make_steps(cfg, tile, tx, attention="auto"):
         return optax.apply_updates(p, u), s, loss, live
 
     def pit_step(p, s, t, ln, y, density):
-        ms = pruning.masks(p, density, tile)  # recomputed from the current weights
-        wi = pruning.weight_indexes(ms, tile)
+        blocks = pruning.live_blocks(p, density, tile)  # recomputed from the current weights
+        shapes = pruning.kernel_shapes(p)
+        wi = pruning.weight_indexes(blocks, tile, shapes)
         loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, q, t, ln, y, wi))(p)
-        return finish(p, s, loss, g, pruning.live_fraction(ms))
+        return finish(p, s, loss, g, pruning.live_fraction(blocks, tile, shapes))
 
     def masked_step(p, s, t, ln, y, density):
         ms = pruning.masks(p, density, tile)
@@ -83,7 +84,7 @@ def check(cfg, tile, params, batch_data, density, pit, dense):
     the live blocks. Returns (output err, gradient err, max |gradient| outside live blocks)."""
     tokens, lengths, labels = batch_data
     ms = pruning.masks(params, density, tile)
-    wi = pruning.weight_indexes(ms, tile)
+    wi = pruning.weight_indexes(pruning.live_blocks(params, density, tile), tile, pruning.kernel_shapes(params))
     lp = jax.jit(lambda p: pit.apply(p, tokens, lengths, wi))(params)[0]
     ld = jax.jit(lambda p: dense.apply(pruning.apply_masks(p, ms), tokens, lengths))(params)[0]
     gp = jax.jit(jax.grad(lambda p: bert.loss_fn(pit, p, tokens, lengths, labels, wi)))(params)

@@ -9,7 +9,7 @@ from pit_jax import _native  # noqa: F401  (registers the FFI targets)
 from pit_jax import reference
 from pit_jax.config import reference_enabled, use_reference
 from pit_jax.moe_index import MoeIndex
-from pit_jax.ops.index import index
+from pit_jax.ops.index import index, index_from_tiles
 from pit_jax.ops.layer_norm import layer_norm
 from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
 from pit_jax.ops.sparse_dense import sparse_dense
@@ -25,6 +25,7 @@ __all__ = [
     "Plan",
     "grouped_matmul",
     "index",
+    "index_from_tiles",
     "layer_norm",
     "moe_ffn",
     "moe_index",

@@ -91,6 +91,31 @@ def test_batched_leading_dims(platform, group_by):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("micro_tile,shape", [((32, 64), (257, 67)), ((32, 1), (768, 96)), ("row", (9, 20))])
+def test_index_from_tiles_is_the_matrix_index(platform, micro_tile, shape):
+    """index_from_tiles(tile mask) == index(matrix): the same lists, the matrix's geometry."""
+    rng, seed = fresh_rng()
+    tile = resolve(micro_tile, shape)
+    x, _ = tiled_sparse(rng, (2, *shape), tile, 0.3, jnp.bfloat16)
+    live = live_tiles(x, tile)
+    for group_by in (None, "both"):
+        idx = jax.jit(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, group_by=group_by))(put(platform, live))
+        assert idx.group_by == group_by and idx.batch_shape == (2,)
+        check_index(idx, x, tile, f"seed={seed} group_by={group_by}")
+    small = jax.jit(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, capacity=3))(put(platform, live))
+    assert small.capacity == 3
+
+
+def test_index_from_tiles_errors():
+    with pytest.raises(ValueError, match=r"live_tiles must be \[\.\.\., 9, 2\]"):
+        pit_jax.index_from_tiles(jnp.ones((9, 3), bool), (32, 64), (257, 67))
+    with pytest.raises(TypeError, match="shape must be"):
+        pit_jax.index_from_tiles(jnp.ones((9, 2), bool), (32, 64), 257)
+    with pytest.raises(ValueError, match="larger than the matrix"):
+        pit_jax.index_from_tiles(jnp.ones((1, 1), bool), (32, 64), (16, 64))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("in_axis", [0, 1, 2])
 def test_vmap(platform, in_axis):
     rng, seed = fresh_rng()

@@ -178,6 +178,23 @@ def test_block_mask_density_and_blocks(tile):
         assert scores[live].min() >= scores[~live].max()
 
 
+@pytest.mark.parametrize("tile", [(32, 64), (32, 1)])
+def test_live_blocks_batched_like_each_kernel(tile):
+    """The per-step masks: one batched sort per kernel shape gives each kernel's own top
+    blocks; block-level live fraction (area-weighted) equals the element one."""
+    cfg = bert.BertConfig.tiny(layers=3, hidden=48, ffn=100)  # 100: partial edge blocks
+    data = _batch(cfg, 2, 16, 5, lengths=[16, 9])
+    params = jax.jit(bert.BertClassifier(cfg, "dense").init)(jax.random.PRNGKey(5), data[0], data[1])
+    blocks = pruning.live_blocks(params, 0.3, tile)
+    shapes = pruning.kernel_shapes(params)
+    assert set(blocks) == set(shapes) and len(blocks) == 4 * cfg.layers
+    ms = pruning.masks(params, 0.3, tile)
+    for name, w in pruning.pruned_kernels(params).items():
+        np.testing.assert_array_equal(np.asarray(ms[name]), np.asarray(pruning.block_mask(w, 0.3, tile)), name)
+    np.testing.assert_allclose(float(pruning.live_fraction(blocks, tile, shapes)), float(pruning.live_fraction(ms)),
+                               rtol=1e-6)
+
+
 @pytest.mark.parametrize("tile", [(32, 64), (32, 1), (1, 32)])
 def test_sparse_training_matches_masked_dense(tile):
     import sparse_training

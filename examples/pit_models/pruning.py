@@ -4,8 +4,9 @@ A kernel [K, N] is cut into micro-tiles (bk, bn) (PIT's weight blocks: 32x64, or
 finer 32x1 / 1x32); each block scores its L1 norm; the `density` fraction of blocks
 with the highest scores stay live. `density` may be a traced scalar (a schedule), since
 the threshold is read from the sorted scores, so changing it does not recompile. The
-masks become PitIndexes (W axis) for the PIT model, or multiply the kernels for the
-dense twin (`apply_masks`): both compute x @ (w * mask).
+block masks (`live_blocks`: one batched sort per kernel shape) become PitIndexes (W
+axis) for the PIT model directly (`weight_indexes`), or element masks that multiply the
+kernels for the dense twin (`masks`, `apply_masks`): both compute x @ (w * mask).
 """
 
 from __future__ import annotations
@@ -34,19 +35,36 @@ def parse_tile(spec) -> Tuple[int, int]:
     return tuple(spec)
 
 
-def block_mask(kernel, density, tile) -> jax.Array:
-    """bool [K, N]: the elements of the live blocks (top `density` of blocks by L1 norm)."""
+def block_scores(kernel, tile) -> jax.Array:
+    """float32 [ceil(K / bk), ceil(N / bn)]: each block's L1 norm (edge blocks partial)."""
     k, n = kernel.shape
     bk, bn = tile
     tk, tn = math.ceil(k / bk), math.ceil(n / bn)
     a = jnp.abs(jax.lax.stop_gradient(kernel)).astype(jnp.float32)
     a = jnp.pad(a, ((0, tk * bk - k), (0, tn * bn - n)))
-    scores = a.reshape(tk, bk, tn, bn).sum(axis=(1, 3))
-    flat = jnp.sort(scores.reshape(-1))
-    keep = jnp.clip(jnp.round(density * flat.shape[0]).astype(jnp.int32), 1, flat.shape[0])
-    live = scores >= flat[flat.shape[0] - keep]  # ties may keep a few more
+    return a.reshape(tk, bk, tn, bn).sum(axis=(1, 3))
+
+
+def top_blocks(scores, density) -> jax.Array:
+    """bool [..., tk, tn]: the top `density` of each matrix's blocks by score (at least
+    one; ties may keep a few more). One sort for all leading dims."""
+    *lead, tk, tn = scores.shape
+    flat = jnp.sort(scores.reshape(*lead, tk * tn), axis=-1)
+    keep = jnp.clip(jnp.round(density * flat.shape[-1]).astype(jnp.int32), 1, flat.shape[-1])
+    threshold = jnp.take(flat, flat.shape[-1] - keep, axis=-1)
+    return scores >= jnp.reshape(threshold, (*lead, 1, 1))
+
+
+def expand_blocks(live, tile, shape) -> jax.Array:
+    """bool [K, N] element mask of a block mask [tk, tn]."""
+    bk, bn = tile
     full = jnp.repeat(jnp.repeat(live, bk, axis=0), bn, axis=1)
-    return full[:k, :n]
+    return full[: shape[0], : shape[1]]
+
+
+def block_mask(kernel, density, tile) -> jax.Array:
+    """bool [K, N]: the elements of the live blocks (top `density` of blocks by L1 norm)."""
+    return expand_blocks(top_blocks(block_scores(kernel, tile), density), tile, kernel.shape)
 
 
 def pruned_kernels(params, prefix="params") -> Dict[str, jax.Array]:
@@ -61,13 +79,37 @@ def pruned_kernels(params, prefix="params") -> Dict[str, jax.Array]:
     return out
 
 
+def live_blocks(params, density, tile) -> Dict[str, jax.Array]:
+    """{"layer_i/<linear>": bool [tk, tn]}: each pruned kernel's live blocks. The kernels
+    of one shape (the same linear in every layer) share one batched sort, so a step
+    sorts 4 times, not 48."""
+    kernels = pruned_kernels(params)
+    by_shape: Dict[tuple, list] = {}
+    for name, w in kernels.items():
+        by_shape.setdefault(tuple(w.shape), []).append(name)
+    out = {}
+    for names in by_shape.values():
+        live = top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density)
+        out.update({n: live[i] for i, n in enumerate(names)})
+    return out
+
+
 def masks(params, density, tile) -> Dict[str, jax.Array]:
-    return {name: block_mask(w, density, tile) for name, w in pruned_kernels(params).items()}
+    """{"layer_i/<linear>": bool [K, N]}: the element masks (what the dense twin multiplies by)."""
+    shapes = {n: w.shape for n, w in pruned_kernels(params).items()}
+    return {n: expand_blocks(b, tile, shapes[n]) for n, b in live_blocks(params, density, tile).items()}
 
 
-def weight_indexes(mask_dict, tile, *, train=True):
-    """PitIndexes (W axis) of the masks: column lists feed the forward, row lists dx."""
-    return {name: pit_jax.index(m, tile, group_by="both" if train else "col") for name, m in mask_dict.items()}
+def weight_indexes(blocks, tile, shapes, *, train=True):
+    """PitIndexes (W axis) of the live blocks ({name: bool [tk, tn]}, {name: (K, N)}):
+    column lists feed the forward, row lists dx. Built from the block masks directly
+    (`pit_jax.index_from_tiles`), with no element mask."""
+    group_by = "both" if train else "col"
+    return {name: pit_jax.index_from_tiles(b, tile, shapes[name], group_by=group_by) for name, b in blocks.items()}
+
+
+def kernel_shapes(params) -> Dict[str, tuple]:
+    return {n: tuple(w.shape) for n, w in pruned_kernels(params).items()}
 
 
 def apply_masks(params, mask_dict):
@@ -80,6 +122,17 @@ def apply_masks(params, mask_dict):
     return traverse_util.unflatten_dict(flat)
 
 
-def live_fraction(mask_dict) -> jax.Array:
-    total = sum(m.size for m in mask_dict.values())
-    return sum(jnp.sum(m) for m in mask_dict.values()) / total
+def live_fraction(mask_dict, tile=None, shapes=None) -> jax.Array:
+    """Live fraction of the pruned weights: of element masks, or of block masks with the
+    blocks' areas (`tile`, `shapes`: edge blocks are partial)."""
+    if tile is None:
+        total = sum(m.size for m in mask_dict.values())
+        return sum(jnp.sum(m) for m in mask_dict.values()) / total
+    live, total = 0.0, 0
+    for name, b in mask_dict.items():
+        (k, n), (bk, bn) = shapes[name], tile
+        h = jnp.minimum(bk, k - bk * jnp.arange(b.shape[0]))
+        w = jnp.minimum(bn, n - bn * jnp.arange(b.shape[1]))
+        live = live + jnp.sum(jnp.where(b, h[:, None] * w[None, :], 0))
+        total += k * n
+    return live / total

@@ -71,3 +71,47 @@ def index(
     else:
         outs = pit_index_p.bind(x, **params)
     return PitIndex(*outs[:6], shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)
+
+
+def index_from_tiles(
+    live_tiles: jax.Array,
+    micro_tile: MicroTileSpec,
+    shape,
+    *,
+    capacity: Optional[int] = None,
+    group_by: Optional[str] = None,
+) -> PitIndex:
+    """The index of a [..., rows, cols] matrix given which of its micro-tiles are live.
+
+    `index(x, micro_tile)` reduces every element of x to find the live micro-tiles; when
+    the caller has already decided per micro-tile (block magnitude pruning scores each
+    block), this lists `live_tiles` [..., ceil(rows / h), ceil(cols / w)] directly: one
+    pass over the tile mask instead of the matrix, and no element mask to build. The
+    result is the index `index(x, micro_tile, ...)` returns for any x whose micro-tiles
+    are live exactly where `live_tiles` is (bool, or float32 / bfloat16 / float16: live
+    where non-zero).
+
+    Args:
+      live_tiles: the tile mask; leading dims are batch dims (one index per matrix).
+      micro_tile: (h, w) on the matrix, None = whole extent, as for `index`.
+      shape: (rows, cols) of the matrix the index describes.
+      capacity, group_by: as for `index`.
+    """
+    if not hasattr(live_tiles, "shape") or not hasattr(live_tiles, "dtype"):
+        live_tiles = jnp.asarray(live_tiles)
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        raise TypeError(f"pit_jax.index_from_tiles: shape must be (rows, cols), got {shape!r}")
+    rows, cols = (_static_int(v, "shape") for v in shape)
+    if rows < 1 or cols < 1:
+        raise ValueError(f"pit_jax.index_from_tiles: shape must be positive, got {(rows, cols)}")
+    tile_h, tile_w = normalize_micro_tile(micro_tile, (rows, cols))
+    grid = (math.ceil(rows / tile_h), math.ceil(cols / tile_w))
+    if live_tiles.ndim < 2 or tuple(live_tiles.shape[-2:]) != grid:
+        raise ValueError(
+            f"pit_jax.index_from_tiles: live_tiles must be [..., {grid[0]}, {grid[1]}] (the {tile_h}x{tile_w} "
+            f"micro-tiles of a {rows}x{cols} matrix), got shape {tuple(live_tiles.shape)}"
+        )
+    # The lists name tiles by their place in the tile grid only, so the index of the
+    # tile mask with 1x1 micro-tiles is the matrix's index; only the geometry differs.
+    idx = index(live_tiles, (1, 1), capacity=capacity, group_by=group_by)
+    return PitIndex(*idx.arrays, shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)
