@@ -66,25 +66,12 @@ WORKLOADS = ("bert", "bert_long", "opt", "prune", "moe")
 
 def time_compiled(compiled, args, *, reps=7, target_s=0.02, budget_s=20.0, min_calls=20):
     """Median ms of one call of an already compiled executable, called back to back
-    (at least `min_calls` per repeat: see benchmarks.common.time_op)."""
+    (common.time_calls)."""
     jax.block_until_ready(compiled(*args))
-    once_s = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        once_s.append(time.perf_counter() - t0)
-    once = max(statistics.median(once_s), 1e-6)
-    calls = int(max(min_calls, min(200, target_s / once)))
-    reps = int(max(3, min(reps, budget_s / (calls * once))))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = compiled(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / calls * 1e3)
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "reps": reps, "calls_per_rep": calls}
+    t = common.time_calls(lambda: compiled(*args), reps=reps, target_s=target_s, budget_s=budget_s,
+                          min_calls=min_calls, max_calls=200)
+    s = t["samples"]
+    return {"median_ms": statistics.median(s), "min_ms": min(s), "reps": t["reps"], "calls_per_rep": t["calls_per_rep"]}
 
 
 class Suite:

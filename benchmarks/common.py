@@ -46,6 +46,33 @@ def rotations(bytes_per_set: int, max_sets: int = 16) -> int:
     return int(max(2, min(max_sets, -(-4 * L2_BYTES // max(1, bytes_per_set)))))
 
 
+def time_calls(call: Callable[[], object], *, reps: int, target_s: float, budget_s: float | None = None,
+               min_calls: int = 20, max_calls: int = 1000) -> dict:
+    """Milliseconds per `call()` (warm already), back to back: "samples" (one per repeat),
+    "reps", "calls_per_rep". The calls per repeat come from a median of 3 blocked calls:
+    at least `min_calls`, since a repeat pays the first call's dispatch and the last one's
+    drain unoverlapped (with 3-5 calls of a ~2 ms model that added 0.3 ms per call to a
+    1.6 ms BERT inference on the H200). `budget_s` caps the repeats (at least 3)."""
+    once_s = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        once_s.append(time.perf_counter() - t0)
+    once = max(statistics.median(once_s), 1e-6)
+    calls = int(max(min_calls, min(max_calls, target_s / once)))
+    if budget_s is not None:
+        reps = int(max(3, min(reps, budget_s / (calls * once))))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = call()
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / calls * 1e3)
+    return {"samples": samples, "reps": reps, "calls_per_rep": calls}
+
+
 def time_op(
     fn: Callable,
     arg_sets: Sequence[tuple],
@@ -76,32 +103,15 @@ def time_op(
 
     first = jax.block_until_ready(many(*flat))  # compile + warm up
     first = first[0] if keep_output else None
-    once_s = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(many(*flat))
-        once_s.append(time.perf_counter() - t0)
-    once = max(statistics.median(once_s), 1e-6)
-    # At least `min_calls` back-to-back calls per repeat: a repeat pays the first call's
-    # dispatch and the last one's drain unoverlapped, and with 3-5 calls (a ~2 ms model at
-    # target_s = 0.02) that added 0.3 ms per call to a 1.6 ms BERT inference (H200).
-    calls = int(max(min_calls, min(1000, target_s / once)))
-    if budget_s is not None:
-        reps = int(max(3, min(reps, budget_s / (calls * once))))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = many(*flat)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / (calls * k) * 1e3)
+    t = time_calls(lambda: many(*flat), reps=reps, target_s=target_s, budget_s=budget_s, min_calls=min_calls,
+                   max_calls=1000)
+    samples = [v / k for v in t["samples"]]
     out = {
         "median_ms": statistics.median(samples),
         "min_ms": min(samples),
         "max_ms": max(samples),
-        "reps": reps,
-        "calls_per_rep": calls,
+        "reps": t["reps"],
+        "calls_per_rep": t["calls_per_rep"],
         "rotations": k,
     }
     if keep_output:
