@@ -104,6 +104,8 @@ def test_index_from_tiles_is_the_matrix_index(platform, micro_tile, shape):
         check_index(idx, x, tile, f"seed={seed} group_by={group_by}")
     small = jax.jit(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, capacity=3))(put(platform, live))
     assert small.capacity == 3
+    mapped = jax.jit(jax.vmap(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, group_by="both")))
+    check_index(mapped(put(platform, live)), x, tile, f"seed={seed} vmap")
 
 
 def test_index_from_tiles_errors():
