@@ -307,6 +307,7 @@ def prune_case(suite, small):
     for tile_name, densities in plan:
         tile = pruning.parse_tile(tile_name)
         steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
+        routed = {}
         params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
         opt_state = jax.jit(tx.init)(params)
         for d in densities:
@@ -327,7 +328,15 @@ def prune_case(suite, small):
                                         "ok": abs(float(out[2]) - r) <= mcommon.tolerance(cfg.dtype) * max(abs(r), 1.0),
                                         "live_fraction": float(out[3])}
             del ref
-            suite.run(base, "pit", steps["pit"], args, chk)
+            # pit: the STile per linear that the optimizer picks at this density (W axis or
+            # the dense product on the masked kernel); pit_w: the W axis everywhere.
+            routes = sparse_training.plan_routes(params, d, tile, batch * seq, cfg.dtype)
+            key = tuple(sorted(routes.items()))
+            if key not in routed:
+                routed[key] = sparse_training.make_steps(cfg, tile, tx, routes=routes)[0]["pit"]
+            suite.run(dict(base, routes=routes), "pit", routed[key], args, chk)
+            if any(r != "w" for r in routes.values()):
+                suite.run(base, "pit_w", steps["pit"], args, chk)
 
 
 def _check_tokens(tol, ref):

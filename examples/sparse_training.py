@@ -5,14 +5,18 @@ Every encoder linear (qkv, attention output, FFN in/out) keeps only the `density
 fraction of its weight blocks with the largest L1 norm; the mask becomes a W-axis
 PitIndex and `sparse_dense` computes x @ (w * mask) on the live blocks only, forward
 and backward (the weight gradient is computed for live blocks only). Compares, in one run:
-  pit          SparseDense on the W axis with the recomputed index
+  pit          SparseDense on the W axis with the recomputed index (or, where the
+               optimizer expects it faster, the dense product on the masked kernel)
   dense_masked nn.Dense on w * mask (the same mask recomputed every step): what a JAX
                user writes for pruning, and the alternative
   dense        nn.Dense, no pruning (the dense model)
 checks pit == dense_masked (outputs and gradients of all params) and that the gradients
-are zero outside the live blocks, times one fine-tuning step (adamw) per density, then
+are zero outside the live blocks, times one fine-tuning step (adamw) per density (pit
+with the STile `pit_jax.plan` picks per linear at that density: the W-axis product or
+the dense one on the masked kernel), then
 fine-tunes with density going from 50% down to the last one (a cubic schedule; the
-density is a traced scalar, so the step compiles once).
+density is a traced scalar, so a step compiles once per set of routes; the routes are
+re-planned when the density has moved by 10 %).
 
     python examples/sparse_training.py                       # tiny, CPU
     python examples/sparse_training.py --full                # BERT-base, batch 32 x 128 (GPU)
@@ -33,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import pit_jax
+
 from pit_models import bert, common, pruning
 
 
@@ -51,8 +57,22 @@ def parse(argv=None):
     return ap.parse_args(argv)
 
 
-def make_steps(cfg, tile, tx, attention="auto"):
-    """{variant: step(params, opt_state, tokens, lengths, labels, density) -> (params, opt_state, loss, live)}."""
+ROUTES = ("w", "dense")
+
+
+def make_steps(cfg, tile, tx, attention="auto", routes=None):
+    """{variant: step(params, opt_state, tokens, lengths, labels, density) -> (params, opt_state, loss, live)}.
+
+    `routes` {linear: "w" | "dense"} (`bert.LINEARS`; default "w" for each) sets the pit
+    step's STile per linear: "w" runs the W-axis product on the live blocks' index,
+    "dense" multiplies the kernel by its mask and runs the dense product (the choice
+    `plan_routes` makes from the optimizer's database). Both compute x @ (w * mask).
+    """
+    routes = dict(routes or {})
+    bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
+    if bad:
+        raise ValueError(f"make_steps: routes must map {bert.LINEARS} to one of {ROUTES}, got {bad}")
+    dense_linears = frozenset(k for k, v in routes.items() if v == "dense")
     pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False)
     dense = bert.BertClassifier(cfg, "dense", attention)
 
@@ -63,8 +83,11 @@ def make_steps(cfg, tile, tx, attention="auto"):
     def pit_step(p, s, t, ln, y, density):
         blocks = pruning.live_blocks(p, density, tile)  # recomputed from the current weights
         shapes = pruning.kernel_shapes(p)
-        wi = pruning.weight_indexes(blocks, tile, shapes)
-        loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, q, t, ln, y, wi))(p)
+        routed = lambda n: n.split("/", 1)[1] in dense_linears
+        wi = pruning.weight_indexes({n: b for n, b in blocks.items() if not routed(n)}, tile, shapes)
+        ms = {n: pruning.expand_blocks(b, tile, shapes[n]) for n, b in blocks.items() if routed(n)}
+        wi.update({n: bert.DENSE_ROUTE for n in ms})
+        loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, pruning.apply_masks(q, ms), t, ln, y, wi))(p)
         return finish(p, s, loss, g, pruning.live_fraction(blocks, tile, shapes))
 
     def masked_step(p, s, t, ln, y, density):
@@ -77,6 +100,24 @@ def make_steps(cfg, tile, tx, attention="auto"):
         return finish(p, s, loss, g, jnp.float32(1.0))
 
     return {"pit": pit_step, "dense_masked": masked_step, "dense": dense_step}, pit, dense
+
+
+def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_margin=0.05):
+    """{linear: "w" | "dense"}: the STile the optimizer (`pit_jax.plan`, the device's
+    database) expects fastest for each linear, from layer 0's mask at this density as the
+    sample. Called outside jit (it reads the mask on the host): re-plan when the density
+    moves. "w" only when the W-axis product with this pruning tile (index included) is
+    expected `dense_margin` faster than the dense one; micro-tiles the database does not
+    cost for the W axis go dense."""
+    ms = pruning.masks(params, density, tile)
+    routes = {}
+    for lin in bert.LINEARS:
+        m = np.asarray(ms[f"layer_0/{lin}"])
+        plan = pit_jax.plan(m, dtype=dtype, operand="w", x_shape=(tokens, m.shape[0]), axes=("w",),
+                            database=database, dense_margin=dense_margin)
+        same = [c for c in plan.candidates if c.axis == "w" and tuple(c.micro_tile) == tuple(tile)]
+        routes[lin] = "w" if same and same[0].expected_ms < (1 - dense_margin) * plan.dense_ms else "dense"
+    return routes
 
 
 def check(cfg, tile, params, batch_data, density, pit, dense):
@@ -137,11 +178,24 @@ def main(argv=None):
              f"max |grad| outside live blocks {dead:g}")
     result = dict(err_out=err_out, err_grad=err_grad, dead_grad=dead, ok=ok, tile=tile)
 
-    times = {}
+    # The pit step per set of routes (the optimizer's STile per linear at a density),
+    # jitted once each.
+    pit_steps = {}
+
+    def pit_step_for(density, p):
+        routes = plan_routes(p, density, tile, batch * seq, cfg.dtype)
+        key = tuple(sorted(routes.items()))
+        if key not in pit_steps:
+            pit_steps[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes)[0]["pit"])
+        return pit_steps[key], routes
+
+    times, plans = {}, {}
     if not args.no_timing:
         def timed(name, density):
             try:
                 fn = steps_fns[name]
+                if name == "pit":
+                    fn, plans[density] = pit_step_for(density, params)
                 return common.latency_ms(fn, (params, opt_state, *data, jnp.float32(density)))["median_ms"]
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the others
                 print(f"  {name} at density {density:g} failed: {type(e).__name__}: {e}", file=sys.stderr)
@@ -153,13 +207,17 @@ def main(argv=None):
             for name in ("pit", "dense_masked"):
                 times[f"{name}@{d:g}"] = timed(name, d)
                 bar.step(f"step {name} at density {d:g}")
-    result["ms"] = times
+    result.update(ms=times, routes=plans)
 
-    step = jax.jit(steps_fns["pit"])
     losses, lives = [], []
     p, s = params, opt_state
+    planned_at = None
     for i in range(steps):
-        p, s, loss, live = step(p, s, *data, jnp.float32(schedule(i, steps, 0.5, densities[-1])))
+        density = schedule(i, steps, 0.5, densities[-1])
+        if planned_at is None or abs(density - planned_at) > 0.1 * planned_at:  # re-plan as the density moves
+            step, _ = pit_step_for(density, p)
+            planned_at = density
+        p, s, loss, live = step(p, s, *data, jnp.float32(density))
         losses.append(float(loss))
         lives.append(float(live))
         bar.step(f"loss {losses[-1]:.4f}, live weights {lives[-1]:.1%}")
@@ -173,6 +231,8 @@ def main(argv=None):
         for d in densities:
             row = {"dense": times["dense"], "dense_masked": times[f"dense_masked@{d:g}"], "pit": times[f"pit@{d:g}"]}
             common.print_speeds(f" density {d:g}:", row, "dense", "dense_masked")
+            if d in plans:
+                print(f"   pit's STile per linear (pit_jax.plan): {plans[d]}")
     if losses:
         print(f"loss ({common.loss_trend(losses)}), live weights {lives[0]:.1%} -> {lives[-1]:.1%}")
     return result

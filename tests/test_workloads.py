@@ -210,6 +210,51 @@ def test_sparse_training_matches_masked_dense(tile):
     assert dead == 0.0
 
 
+def test_sparse_training_routes_match_masked_dense():
+    """A pit step with some linears on the dense STile (masked kernel) and the others on
+    the W axis: the same loss, gradients and update as the masked dense twin; gradients
+    zero outside the live blocks either way."""
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=2)
+    tile = (32, 64)
+    data = _batch(cfg, 2, 32, 6, lengths=[32, 32])
+    tx = optax.sgd(0.1)
+    routes = {"qkv": "dense", "attn_out": "w", "ffn_in": "dense", "ffn_out": "w"}
+    steps, _, dense = sparse_training.make_steps(cfg, tile, tx, routes=routes)
+    params = jax.jit(dense.init)(jax.random.PRNGKey(6), data[0], data[1])
+    s0 = tx.init(params)
+    d = jnp.float32(0.4)
+    p_pit, _, loss_pit, live_pit = jax.jit(steps["pit"])(params, s0, *data, d)
+    p_ref, _, loss_ref, live_ref = jax.jit(steps["dense_masked"])(params, s0, *data, d)
+    assert abs(float(loss_pit) - float(loss_ref)) < F32_TOL * max(1.0, abs(float(loss_ref)))
+    assert abs(float(live_pit) - float(live_ref)) < 1e-6
+    moved_err = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b, c: float(jnp.max(jnp.abs((a - c) - (b - c)))) / max(float(jnp.max(jnp.abs(b - c))), 1e-12),
+        p_pit, p_ref, params)))
+    assert moved_err < 1e-4
+    ms = pruning.masks(params, 0.4, tile)
+    for name, w_old in pruning.pruned_kernels(params).items():
+        moved = np.asarray(pruning.pruned_kernels(p_pit)[name] != w_old)
+        assert not (moved & ~np.asarray(ms[name])).any(), name
+
+
+def test_sparse_training_plan_routes_and_bad_routes():
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=1)
+    data = _batch(cfg, 2, 32, 7, lengths=[32, 32])
+    _, _, dense = sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1))
+    params = jax.jit(dense.init)(jax.random.PRNGKey(7), data[0], data[1])
+    for d in (0.5, 0.02):
+        routes = sparse_training.plan_routes(params, d, (32, 64), 64, jnp.float32)
+        assert set(routes) == set(bert.LINEARS) and set(routes.values()) <= set(sparse_training.ROUTES)
+    with pytest.raises(ValueError, match="routes must map"):
+        sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), routes={"qkv": "sparse"})
+    with pytest.raises(ValueError, match="routes must map"):
+        sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), routes={"fc1": "w"})
+
+
 def test_sparse_training_mask_recomputed_each_step():
     import sparse_training
 

@@ -30,6 +30,7 @@ from pit_models import common
 
 MODES = ("pit", "dense")
 LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # per layer; the pruned ones in sparse training
+DENSE_ROUTE = "dense"  # a weight_index value: this linear's kernel is masked by the caller, no W-axis index
 DENSE_ACTIVATIONS = {"gelu_exact": lambda y: nn.gelu(y, approximate=False)}  # the dense twin's, by name
 
 
@@ -64,8 +65,13 @@ def row_index(mask):
 
 def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, activation=None):
     """act(nn.Dense) (dense), or SparseDense on the W axis (a given weight index) or M
-    axis (bias and activation fused into the product, on live rows)."""
-    if mode == "dense":
+    axis (bias and activation fused into the product, on live rows). `weight_index` may
+    be `DENSE_ROUTE`: sparse training's dense STile for a kernel the caller has masked
+    (then the M axis with a row index, else the dense product)."""
+    dense_route = weight_index is DENSE_ROUTE
+    if dense_route:
+        weight_index = None
+    if mode == "dense" or (dense_route and rows is None):
         y = nn.Dense(features, dtype=dtype, name=name)(x)
         return y if activation is None else DENSE_ACTIVATIONS[activation](y)
     if weight_index is not None:
@@ -88,7 +94,7 @@ class Product(nn.Module):
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
         x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
-        if weight_index is not None:
+        if weight_index is not None and weight_index is not DENSE_ROUTE:
             return pit_jax.sparse_dense(x, kernel, weight_index, axis="w"), bias
         return pit_jax.sparse_dense(x, kernel, rows, axis="m"), bias
 
@@ -129,8 +135,8 @@ class BertClassifier(nn.Module):
     __call__(tokens [B, S] int32, lengths [B] int32, weight_index=None) -> (logits
     [B, num_labels] float32, hidden [B*S, H]); rows of padding tokens in `hidden` are
     not meaningful (compare valid rows only). `weight_index`: {"layer_i/<linear>":
-    PitIndex of that kernel} for sparse training (see `pruning`); linears not named
-    there skip padding on the M axis.
+    PitIndex of that kernel, or `DENSE_ROUTE` for a kernel the caller masked} for sparse
+    training (see `pruning`); linears not named there skip padding on the M axis.
     """
 
     cfg: BertConfig
