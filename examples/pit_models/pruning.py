@@ -96,7 +96,7 @@ def live_blocks(params, density, tile) -> Dict[str, jax.Array]:
 
 def masks(params, density, tile) -> Dict[str, jax.Array]:
     """{"layer_i/<linear>": bool [K, N]}: the element masks (what the dense twin multiplies by)."""
-    shapes = {n: w.shape for n, w in pruned_kernels(params).items()}
+    shapes = kernel_shapes(params)
     return {n: expand_blocks(b, tile, shapes[n]) for n, b in live_blocks(params, density, tile).items()}
 
 
@@ -109,6 +109,7 @@ def weight_indexes(blocks, tile, shapes, *, train=True):
 
 
 def kernel_shapes(params) -> Dict[str, tuple]:
+    """{"layer_i/<linear>": (K, N)} of the pruned kernels."""
     return {n: tuple(w.shape) for n, w in pruned_kernels(params).items()}
 
 
