@@ -121,12 +121,9 @@ def time_op(
     return out
 
 
-def _traced_kernels(many: Callable, flat: Sequence, calls: int, ops_per_call: int) -> dict | None:
-    """Device time per op of an already warm `many`: the summed durations of its GPU
-    kernels in a profiler trace of `calls` back-to-back dispatches. Unlike the wall time
-    it leaves out the gaps between dispatches (host work per jitted call). None when the
-    trace holds no GPU kernels.
-    """
+def trace_kernels(call: Callable[[], object], calls: int) -> list:
+    """The GPU kernels of `calls` back-to-back `call()`s in a profiler trace, as
+    (name, start_us, duration_us) tuples; empty when the trace holds none (CPU)."""
     import glob
     import gzip
     import shutil
@@ -137,18 +134,27 @@ def _traced_kernels(many: Callable, flat: Sequence, calls: int, ops_per_call: in
         with jax.profiler.trace(d):
             out = None
             for _ in range(calls):
-                out = many(*flat)
+                out = call()
             jax.block_until_ready(out)
         files = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
         if not files:
-            return None
+            return []
         with gzip.open(files[0]) as f:
             events = json.load(f)["traceEvents"]
     finally:
         shutil.rmtree(d, ignore_errors=True)
     gpu = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
            and "gpu" in e["args"]["name"].lower()}
-    kernels = [e["dur"] for e in events if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+    return [(e["name"], e["ts"], e["dur"]) for e in events if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+
+
+def _traced_kernels(many: Callable, flat: Sequence, calls: int, ops_per_call: int) -> dict | None:
+    """Device time per op of an already warm `many`: the summed durations of its GPU
+    kernels in a profiler trace of `calls` back-to-back dispatches. Unlike the wall time
+    it leaves out the gaps between dispatches (host work per jitted call). None when the
+    trace holds no GPU kernels.
+    """
+    kernels = [dur for _, _, dur in trace_kernels(lambda: many(*flat), calls)]
     if not kernels:
         return None
     ops = calls * ops_per_call

@@ -1,0 +1,122 @@
+"""Where a workload's time goes on the GPU: host dispatch and wall per call, kernel time,
+span and the heaviest kernels, per variant, from a profiler trace.
+
+    python -m benchmarks.kernel_profile bert                   # BERT b32 inference: dense, dense_cudnn, pit
+    python -m benchmarks.kernel_profile prune --tile 32x64 --density 0.02   # pruned training step
+    python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
+
+dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
+until their results are ready; kernel = summed kernel durations per call; span = first
+kernel start to last kernel end per call (kernel + gaps between kernels). The numbers in
+docs/workloads.md and docs/notes/ that cite "a kernel-time profile" come from this tool
+(or its one-off predecessors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+from benchmarks import common  # noqa: E402
+
+
+def _bert(small):
+    from pit_models import bert, common as mc
+
+    cfg = bert.BertConfig.tiny(dtype=jnp.bfloat16) if small else bert.BertConfig.base(max_len=512)
+    batch, seq = (4, 32) if small else (32, 128)
+    rng = np.random.default_rng(0)
+    tokens, lengths, _ = bert.synthetic_batch(rng, cfg, batch, seq, mc.sample_lengths(rng, batch, **mc.GLUE))
+    attn = mc.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
+    params = jax.jit(bert.BertClassifier(cfg, "dense", "xla").init)(jax.random.PRNGKey(0), tokens, lengths)
+    out = {}
+    for name, mode, attention in (("dense", "dense", "xla"), ("dense_cudnn", "dense", attn), ("pit", "pit", attn)):
+        m = bert.BertClassifier(cfg, mode, attention)
+        out[name] = (jax.jit(lambda p, t, ln, m=m: m.apply(p, t, ln)[1]), (params, tokens, lengths))
+    return out
+
+
+def _prune(small, tile_name, density):
+    import optax
+    import sparse_training
+    from pit_models import bert, pruning
+
+    cfg = bert.BertConfig.tiny(dtype=jnp.bfloat16) if small else bert.BertConfig.base()
+    batch, seq = (4, 32) if small else (32, 128)
+    tile = pruning.parse_tile(tile_name)
+    data = bert.synthetic_batch(np.random.default_rng(1), cfg, batch, seq, np.full((batch,), seq, np.int32))
+    tx = optax.adamw(1e-4)
+    steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
+    params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
+    args = (params, jax.jit(tx.init)(params), *data, jnp.float32(density))
+    routes = sparse_training.plan_routes(params, density, tile, batch * seq, cfg.dtype)
+    planned = sparse_training.make_steps(cfg, tile, tx, routes=routes)[0]["pit"]
+    print(f"pit's routes at density {density:g}: {routes}")
+    return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
+            "pit_w": (jax.jit(steps["pit"]), args), "pit": (jax.jit(planned), args)}
+
+
+def profile(fn, args, *, calls, top):
+    """Prints one variant's line and its `top` heaviest kernels; returns the numbers."""
+    jax.block_until_ready(fn(*args))
+    disp, wall = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        t1 = time.perf_counter()
+        jax.block_until_ready(out)
+        disp.append((t1 - t0) / calls * 1e3)
+        wall.append((time.perf_counter() - t0) / calls * 1e3)
+    res = {"dispatch_ms": statistics.median(disp), "wall_ms": statistics.median(wall)}
+    kernels = common.trace_kernels(lambda: fn(*args), calls)
+    if kernels:
+        tot, cnt = collections.Counter(), collections.Counter()
+        for name, _, dur in kernels:
+            tot[name[:100]] += dur
+            cnt[name[:100]] += 1
+        start = min(ts for _, ts, _ in kernels)
+        end = max(ts + dur for _, ts, dur in kernels)
+        res.update(kernel_ms=sum(tot.values()) / calls * 1e-3, span_ms=(end - start) / calls * 1e-3,
+                   kernels=len(kernels) / calls, top=[(n, tot[n] / calls, cnt[n] / calls) for n, _ in tot.most_common(top)])
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("workload", choices=("bert", "prune"))
+    ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
+    ap.add_argument("--tile", default="32x64", help="prune: pruning block")
+    ap.add_argument("--density", type=float, default=0.02, help="prune: live fraction of blocks")
+    ap.add_argument("--only", default=None, help="comma-separated variants")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args(argv)
+    variants = _bert(args.small) if args.workload == "bert" else _prune(args.small, args.tile, args.density)
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
+    print(f"{args.workload} on {common.device_info()['device']}, jax {jax.__version__}")
+    results = {}
+    for name, (fn, fargs) in variants.items():
+        r = results[name] = profile(fn, fargs, calls=args.calls, top=args.top)
+        line = f"== {name}: dispatch {r['dispatch_ms']:.3f} ms, wall {r['wall_ms']:.3f} ms per call"
+        if "kernel_ms" in r:
+            line += f", kernel {r['kernel_ms']:.3f} ms, span {r['span_ms']:.3f} ms, {r['kernels']:.0f} kernels"
+        print(line, flush=True)
+        for kname, us, n in r.get("top", []):
+            print(f"  {us:9.1f} us  x{n:5.0f}  {kname}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The benchmarks' timing and profiling helpers (CPU smoke runs; the suites themselves run
+on the GPU by hand, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax.numpy as jnp
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+from benchmarks import common  # noqa: E402
+
+
+def test_time_calls_floor_and_budget():
+    calls = []
+    t = common.time_calls(lambda: calls.append(1) or jnp.ones(()), reps=4, target_s=0.0, min_calls=7, max_calls=50)
+    assert t["calls_per_rep"] == 7 and t["reps"] == 4 and len(t["samples"]) == 4
+    assert len(calls) == 3 + 4 * 7  # 3 to estimate one call, then the repeats
+    assert all(v > 0 for v in t["samples"])
+    capped = common.time_calls(lambda: jnp.ones(()), reps=50, target_s=1.0, budget_s=0.0, min_calls=2, max_calls=5)
+    assert capped["reps"] == 3 and capped["calls_per_rep"] == 5
+
+
+def test_time_op_reports_per_op_over_rotations():
+    sets = [(jnp.full((8,), float(i)),) for i in range(3)]
+    t = common.time_op(lambda x: x * 2.0, sets, reps=3, keep_output=True, min_calls=2)
+    assert t["rotations"] == 3 and t["calls_per_rep"] >= 2 and t["median_ms"] > 0
+    assert float(t["output"][0]) == 0.0
+
+
+@pytest.mark.parametrize("argv", [["bert", "--small", "--calls", "2", "--only", "dense,pit"],
+                                  ["prune", "--small", "--calls", "2", "--density", "0.3", "--only", "pit,pit_w"]])
+def test_kernel_profile_smoke(argv):
+    from benchmarks import kernel_profile
+
+    res = kernel_profile.main(argv)
+    assert set(res) == set(argv[argv.index("--only") + 1].split(","))
+    for r in res.values():
+        assert r["wall_ms"] > 0 and r["dispatch_ms"] > 0
