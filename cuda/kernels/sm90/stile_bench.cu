@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda/common/matmul_params.h"
+#include "cuda/kernels/sm90/bench_util.cuh"
 #include "cuda/kernels/sm90/stile_gemm.h"
 
 #ifdef WITH_GENERIC
@@ -39,57 +40,18 @@ extern int g_stile_force_ka64, g_stile_no_mma, g_stile_groups_fastest;
 }
 #endif
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-              cudaGetErrorString(e_));                                                          \
-      exit(2);                                                                                  \
-    }                                                                                           \
-  } while (0)
-
 using pit::DType;
 
 namespace blas {
-typedef void* Handle;
-typedef int (*CreateFn)(Handle*);
-typedef int (*SetStreamFn)(Handle, cudaStream_t);
-typedef int (*GemmExFn)(Handle, int, int, int, int, int, const void*, const void*, cudaDataType, int, const void*,
-                        cudaDataType, int, const void*, void*, cudaDataType, int, int, int);
-Handle handle = nullptr;
-GemmExFn gemm = nullptr;
-bool Init(cudaStream_t stream) {
-  const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-  void* lib = nullptr;
-  for (const char* n : names)
-    if ((lib = dlopen(n, RTLD_NOW | RTLD_GLOBAL))) break;
-  if (!lib) return false;
-  auto create = reinterpret_cast<CreateFn>(dlsym(lib, "cublasCreate_v2"));
-  auto set_stream = reinterpret_cast<SetStreamFn>(dlsym(lib, "cublasSetStream_v2"));
-  gemm = reinterpret_cast<GemmExFn>(dlsym(lib, "cublasGemmEx"));
-  if (!create || !gemm || !set_stream) return false;
-  return create(&handle) == 0 && set_stream(handle, stream) == 0;
-}
 // Row-major C[M, N] = A[M, K] @ B[K, N] (bf16, f32 accumulate) = column-major C^T = B^T A^T.
-bool Gemm(const void* A, const void* B, void* C, int M, int N, int K) {
+inline bool Gemm(const void* A, const void* B, void* C, int M, int N, int K) {
   const float alpha = 1.f, beta = 0.f;
-  return gemm(handle, 0, 0, N, M, K, &alpha, B, CUDA_R_16BF, N, A, CUDA_R_16BF, K, &beta, C, CUDA_R_16BF, N, 68,
-              -1) == 0;
+  return gemm(handle, kOpN, kOpN, N, M, K, &alpha, B, CUDA_R_16BF, N, A, CUDA_R_16BF, K, &beta, C, CUDA_R_16BF, N,
+              kCompute32F, kAlgoDefault) == 0;
 }
 }  // namespace blas
 
 static uint64_t g_seed = 12345;
-
-template <typename T>
-__global__ void FillRandom(T* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x ^= x >> 31, x *= 0xbf58476d1ce4e5b9ull, x ^= x >> 29;
-    const float v = (static_cast<float>(x >> 40) / 16777216.f) * 2.f - 1.f;
-    p[i] = static_cast<T>(v);
-  }
-}
 
 static float Host(uint16_t bits, DType t) {
   if (t == DType::kBF16) {
