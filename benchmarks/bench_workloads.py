@@ -331,10 +331,8 @@ def prune_case(suite, small):
             # pit: the STile per linear that the optimizer picks at this density (W axis or
             # the dense product on the masked kernel); pit_w: the W axis everywhere.
             routes = sparse_training.plan_routes(params, d, tile, batch * seq, cfg.dtype)
-            key = tuple(sorted(routes.items()))
-            if key not in routed:
-                routed[key] = sparse_training.make_steps(cfg, tile, tx, routes=routes)[0]["pit"]
-            suite.run(dict(base, routes=routes), "pit", routed[key], args, chk)
+            step = sparse_training.routed_pit_step(routed, cfg, tile, tx, routes)
+            suite.run(dict(base, routes=routes), "pit", step, args, chk)
             if any(r != "w" for r in routes.values()):
                 suite.run(base, "pit_w", steps["pit"], args, chk)
 

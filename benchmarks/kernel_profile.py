@@ -60,10 +60,10 @@ def _prune(small, tile_name, density):
     params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
     args = (params, jax.jit(tx.init)(params), *data, jnp.float32(density))
     routes = sparse_training.plan_routes(params, density, tile, batch * seq, cfg.dtype)
-    planned = sparse_training.make_steps(cfg, tile, tx, routes=routes)[0]["pit"]
+    planned = sparse_training.routed_pit_step({}, cfg, tile, tx, routes)
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
-            "pit_w": (jax.jit(steps["pit"]), args), "pit": (jax.jit(planned), args)}
+            "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args)}
 
 
 def profile(fn, args, *, calls, top):

@@ -85,7 +85,7 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None):
         shapes = pruning.kernel_shapes(p)
         routed = lambda n: n.split("/", 1)[1] in dense_linears
         wi = pruning.weight_indexes({n: b for n, b in blocks.items() if not routed(n)}, tile, shapes)
-        ms = {n: pruning.expand_blocks(b, tile, shapes[n]) for n, b in blocks.items() if routed(n)}
+        ms = pruning.element_masks({n: b for n, b in blocks.items() if routed(n)}, tile, shapes)
         wi.update({n: bert.DENSE_ROUTE for n in ms})
         loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, pruning.apply_masks(q, ms), t, ln, y, wi))(p)
         return finish(p, s, loss, g, pruning.live_fraction(blocks, tile, shapes))
@@ -109,10 +109,10 @@ def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_ma
     moves. "w" only when the W-axis product with this pruning tile (index included) is
     expected `dense_margin` faster than the dense one; micro-tiles the database does not
     cost for the W axis go dense."""
-    ms = pruning.masks(params, density, tile)
+    kernels = pruning.pruned_kernels(params)
     routes = {}
     for lin in bert.LINEARS:
-        m = np.asarray(ms[f"layer_0/{lin}"])
+        m = np.asarray(pruning.block_mask(kernels[f"layer_0/{lin}"], density, tile))
         plan = pit_jax.plan(m, dtype=dtype, operand="w", x_shape=(tokens, m.shape[0]), axes=("w",),
                             database=database, dense_margin=dense_margin)
         same = [c for c in plan.candidates if c.axis == "w" and tuple(c.micro_tile) == tuple(tile)]
@@ -120,12 +120,21 @@ def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_ma
     return routes
 
 
+def routed_pit_step(cache, cfg, tile, tx, routes):
+    """The jitted pit step for `routes` (`make_steps`), built once per distinct routes in `cache`."""
+    key = tuple(sorted(routes.items()))
+    if key not in cache:
+        cache[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes)[0]["pit"])
+    return cache[key]
+
+
 def check(cfg, tile, params, batch_data, density, pit, dense):
     """pit == dense on w * mask (outputs, gradients of all params); zero gradients outside
     the live blocks. Returns (output err, gradient err, max |gradient| outside live blocks)."""
     tokens, lengths, labels = batch_data
-    ms = pruning.masks(params, density, tile)
-    wi = pruning.weight_indexes(pruning.live_blocks(params, density, tile), tile, pruning.kernel_shapes(params))
+    blocks, shapes = pruning.live_blocks(params, density, tile), pruning.kernel_shapes(params)
+    ms = pruning.element_masks(blocks, tile, shapes)
+    wi = pruning.weight_indexes(blocks, tile, shapes)
     lp = jax.jit(lambda p: pit.apply(p, tokens, lengths, wi))(params)[0]
     ld = jax.jit(lambda p: dense.apply(pruning.apply_masks(p, ms), tokens, lengths))(params)[0]
     gp = jax.jit(jax.grad(lambda p: bert.loss_fn(pit, p, tokens, lengths, labels, wi)))(params)
@@ -184,10 +193,7 @@ def main(argv=None):
 
     def pit_step_for(density, p):
         routes = plan_routes(p, density, tile, batch * seq, cfg.dtype)
-        key = tuple(sorted(routes.items()))
-        if key not in pit_steps:
-            pit_steps[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes)[0]["pit"])
-        return pit_steps[key], routes
+        return routed_pit_step(pit_steps, cfg, tile, tx, routes), routes
 
     times, plans = {}, {}
     if not args.no_timing:

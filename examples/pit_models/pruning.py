@@ -94,10 +94,14 @@ def live_blocks(params, density, tile) -> Dict[str, jax.Array]:
     return out
 
 
+def element_masks(blocks, tile, shapes) -> Dict[str, jax.Array]:
+    """{name: bool [K, N]} of block masks ({name: bool [tk, tn]}, {name: (K, N)})."""
+    return {n: expand_blocks(b, tile, shapes[n]) for n, b in blocks.items()}
+
+
 def masks(params, density, tile) -> Dict[str, jax.Array]:
     """{"layer_i/<linear>": bool [K, N]}: the element masks (what the dense twin multiplies by)."""
-    shapes = kernel_shapes(params)
-    return {n: expand_blocks(b, tile, shapes[n]) for n, b in live_blocks(params, density, tile).items()}
+    return element_masks(live_blocks(params, density, tile), tile, kernel_shapes(params))
 
 
 def weight_indexes(blocks, tile, shapes, *, train=True):
