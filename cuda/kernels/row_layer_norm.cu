@@ -62,6 +62,24 @@ __device__ __forceinline__ void Sum(const RowLayerNormParams& p, const T* x, con
   }
 }
 
+struct RowStats {
+  float mean, rstd;
+};
+
+// A row's mean and 1 / sqrt(variance + eps) from its lanes' partial sums of h and h^2
+// (float32; the biased variance, as Flax's LayerNorm), every lane getting the result.
+__device__ __forceinline__ RowStats WarpRowStats(float s, float s2, int64_t cols, float epsilon) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+  }
+  const float inv_n = 1.f / static_cast<float>(cols);
+  const float mean = s * inv_n;
+  const float var = fmaxf(s2 * inv_n - mean * mean, 0.f);
+  return {mean, rsqrtf(var + epsilon)};
+}
+
 template <typename T, int V>
 __device__ void NormalizeRow(const RowLayerNormParams& p, int64_t row, int lane) {
   const T* x = static_cast<const T*>(p.x) + row * p.cols;
@@ -74,15 +92,8 @@ __device__ void NormalizeRow(const RowLayerNormParams& p, int64_t row, int lane)
 #pragma unroll
     for (int i = 0; i < V; ++i) s += h[i], s2 += h[i] * h[i];
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-  }
-  const float inv_n = 1.f / static_cast<float>(p.cols);
-  const float mean = s * inv_n;
-  const float var = fmaxf(s2 * inv_n - mean * mean, 0.f);
-  const float rstd = rsqrtf(var + p.epsilon);
+  const RowStats st = WarpRowStats(s, s2, p.cols, p.epsilon);
+  const float mean = st.mean, rstd = st.rstd;
   for (int64_t c = static_cast<int64_t>(lane) * V; c < p.cols; c += 32 * V) {
     float h[V];
     Sum<T, V>(p, x, r, c, h);
@@ -132,15 +143,8 @@ __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row
       for (int i = 0; i < V; ++i) s += h[j][i], s2 += h[j][i] * h[j][i];
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-  }
-  const float inv_n = 1.f / static_cast<float>(p.cols);
-  const float mean = s * inv_n;
-  const float var = fmaxf(s2 * inv_n - mean * mean, 0.f);
-  const float rstd = rsqrtf(var + p.epsilon);
+  const RowStats st = WarpRowStats(s, s2, p.cols, p.epsilon);
+  const float mean = st.mean, rstd = st.rstd;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
