@@ -6,8 +6,9 @@ JAX alternative, in one run on the GPU.
 
 Workloads (bf16; `--small`: tiny models for a CPU smoke run, numbers meaningless):
   bert       BERT-base (768, 12 heads, 3072, 12 layers), batch 32, max length 128,
-             GLUE-like lengths (clipped log-normal, mean ~40): inference and one
-             fine-tuning step (adamw).
+             GLUE-like lengths (clipped log-normal, mean ~40): inference (mode "infer":
+             float32 parameters cast per call; "infer_bf16w": weight matrices stored in
+             bf16) and one fine-tuning step (adamw).
   bert_long  the same with long documents: batch 8, max length 2048 (mean ~600).
   opt        one OPT decoder layer, d in 2048/2560/4096/5120 (FFN 4d), batch 32 x 128
              left-padded GLUE-like lengths, fc1 biases set for 10 % and 2 % live 32x1
@@ -209,6 +210,12 @@ def _check_rows(tol, ref, valid=None):
     return check
 
 
+def bf16_weights(params):
+    """params with every matrix (ndim >= 2: kernels, embedding tables) in bfloat16 and the
+    vectors (biases, layer-norm scales and offsets) left in float32."""
+    return jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16) if a.ndim >= 2 else a, params)
+
+
 def bert_case(suite, workload, small):
     long = workload == "bert_long"
     dist = dict(mcommon.LONG_DOC if long else mcommon.GLUE)
@@ -234,14 +241,18 @@ def bert_case(suite, workload, small):
     tol = mcommon.tolerance(cfg.dtype)
     base = dict(workload=workload, label=label, batch=batch, max_len=seq, valid_fraction=density, attention=attn,
                 alternative="dense_cudnn", dtype=jnp.dtype(cfg.dtype).name)
-    ref = None
-    for impl in ("dense", "dense_cudnn", "pit"):
-        m = models[impl]
-        chk = None if ref is None else _check_rows(tol, ref, valid)
-        out = suite.run(dict(base, mode="infer"), impl, lambda p, t, ln, m=m: m.apply(p, t, ln)[1],
-                        (params, tokens, lengths), chk)
-        if impl == "dense" and out is not None:
-            ref = out
+    # "infer": the float32 parameters of training, cast to bf16 inside every call (Flax's
+    # mixed precision); "infer_bf16w": the weight matrices (kernels, embeddings) stored in
+    # bf16 once, as a server holds them, with biases and norm parameters left in float32.
+    for mode, p_in in (("infer", params), ("infer_bf16w", bf16_weights(params))):
+        ref = None
+        for impl in ("dense", "dense_cudnn", "pit"):
+            m = models[impl]
+            chk = None if ref is None else _check_rows(tol, ref, valid)
+            out = suite.run(dict(base, mode=mode), impl, lambda p, t, ln, m=m: m.apply(p, t, ln)[1],
+                            (p_in, tokens, lengths), chk)
+            if impl == "dense" and out is not None:
+                ref = out
     ref_loss = None
     # Training: "pit" keeps XLA's residual adds and layer norms (live_norm=False), whose
     # backward costs less in this launch-bound step than differentiating the live-row

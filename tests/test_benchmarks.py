@@ -42,3 +42,13 @@ def test_kernel_profile_smoke(argv):
     assert set(res) == set(argv[argv.index("--only") + 1].split(","))
     for r in res.values():
         assert r["wall_ms"] > 0 and r["dispatch_ms"] > 0
+
+
+def test_bf16_weights_casts_matrices_only():
+    from benchmarks import bench_workloads
+
+    params = {"dense": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones((3,))}, "ln": {"scale": jnp.ones((3,))},
+              "embed": {"embedding": jnp.ones((7, 4))}}
+    out = bench_workloads.bf16_weights(params)
+    assert out["dense"]["kernel"].dtype == jnp.bfloat16 and out["embed"]["embedding"].dtype == jnp.bfloat16
+    assert out["dense"]["bias"].dtype == jnp.float32 and out["ln"]["scale"].dtype == jnp.float32
