@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from benchmarks import common  # noqa: E402
 
 
-def _bert(small):
+def _bert(small, bf16w=False):
     from pit_models import bert, common as mc
 
     cfg = bert.BertConfig.tiny(dtype=jnp.bfloat16) if small else bert.BertConfig.base(max_len=512)
@@ -39,6 +39,10 @@ def _bert(small):
     tokens, lengths, _ = bert.synthetic_batch(rng, cfg, batch, seq, mc.sample_lengths(rng, batch, **mc.GLUE))
     attn = mc.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
     params = jax.jit(bert.BertClassifier(cfg, "dense", "xla").init)(jax.random.PRNGKey(0), tokens, lengths)
+    if bf16w:  # bench_workloads' infer_bf16w: weight matrices stored in bf16
+        from benchmarks.bench_workloads import bf16_weights
+
+        params = bf16_weights(params)
     out = {}
     for name, mode, attention in (("dense", "dense", "xla"), ("dense_cudnn", "dense", attn), ("pit", "pit", attn)):
         m = bert.BertClassifier(cfg, mode, attention)
@@ -98,11 +102,12 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default="32x64", help="prune: pruning block")
     ap.add_argument("--density", type=float, default=0.02, help="prune: live fraction of blocks")
+    ap.add_argument("--bf16w", action="store_true", help="bert: weight matrices stored in bf16 (infer_bf16w)")
     ap.add_argument("--only", default=None, help="comma-separated variants")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args(argv)
-    variants = _bert(args.small) if args.workload == "bert" else _prune(args.small, args.tile, args.density)
+    variants = _bert(args.small, args.bf16w) if args.workload == "bert" else _prune(args.small, args.tile, args.density)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
     print(f"{args.workload} on {common.device_info()['device']}, jax {jax.__version__}")
