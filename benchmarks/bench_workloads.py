@@ -150,6 +150,11 @@ class Suite:
                and x.get("mode") == r.get("mode") and x["impl"] == alt_name and x.get("median_ms")]
         if alt and r.get("median_ms") and r["impl"] != alt_name:
             r["speedup_vs_alternative"] = alt[0]["median_ms"] / r["median_ms"]
+        if r["impl"] == alt_name and r.get("median_ms"):  # the alternative ran after some variants
+            for x in self.rows:
+                if (x.get("workload") == r["workload"] and x.get("label") == r.get("label") and x.get("mode") == r.get("mode")
+                        and x["impl"] not in (alt_name, "dense") and x.get("median_ms")):
+                    x["speedup_vs_alternative"] = r["median_ms"] / x["median_ms"]
         msg = "; ".join(r[k] for k in ("error", "note") if r.get(k)) if "median_ms" not in r else (
             f"{r['median_ms']:9.3f} ms" + (f"  x{r['speedup_vs_dense']:.2f} vs dense" if "speedup_vs_dense" in r else "")
             + (f"  x{r['speedup_vs_alternative']:.2f} vs {alt_name}" if "speedup_vs_alternative" in r else "")
@@ -397,7 +402,10 @@ def _moe_config(suite, small, experts, top_k, batch, seq, tx):
             ref = out  # dense, or ragged where dense failed
     del ref
     ref_loss = None
-    for impl in ("dense", "ragged", "pit"):
+    # pit before ragged: ragged_dot's autodiff can spend minutes failing out of memory at
+    # E = 128 (the XLA plan fits the pool, the allocator does not), which must not cost
+    # the pit row its place before the deadline.
+    for impl in ("dense", "pit", "ragged"):
         step = _train_step(functools.partial(switch.loss_fn, models[impl]), tx)
         out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, labels),
                         _check_loss(tol, ref_loss))
