@@ -2,6 +2,7 @@
 span and the heaviest kernels, per variant, from a profiler trace.
 
     python -m benchmarks.kernel_profile bert                   # BERT b32 inference: dense, dense_cudnn, pit
+    python -m benchmarks.kernel_profile bert --bf16w           # the same with the weights stored in bf16
     python -m benchmarks.kernel_profile prune --tile 32x64 --density 0.02   # pruned training step
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
 
