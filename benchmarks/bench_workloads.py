@@ -141,19 +141,19 @@ class Suite:
         return out
 
     def _print(self, r):
-        base = [x for x in self.rows if x.get("workload") == r["workload"] and x.get("label") == r.get("label")
-                and x.get("mode") == r.get("mode") and x["impl"] == "dense" and x.get("median_ms")]
+        # The timed rows of r's case (workload, label, mode): its dense row and alternative.
+        same = [x for x in self.rows if x.get("workload") == r["workload"] and x.get("label") == r.get("label")
+                and x.get("mode") == r.get("mode") and x.get("median_ms")]
+        base = [x for x in same if x["impl"] == "dense"]
         if base and r.get("median_ms"):
             r["speedup_vs_dense"] = base[0]["median_ms"] / r["median_ms"]
         alt_name = r.get("alternative")
-        alt = [x for x in self.rows if x.get("workload") == r["workload"] and x.get("label") == r.get("label")
-               and x.get("mode") == r.get("mode") and x["impl"] == alt_name and x.get("median_ms")]
+        alt = [x for x in same if x["impl"] == alt_name]
         if alt and r.get("median_ms") and r["impl"] != alt_name:
             r["speedup_vs_alternative"] = alt[0]["median_ms"] / r["median_ms"]
         if r["impl"] == alt_name and r.get("median_ms"):  # the alternative ran after some variants
-            for x in self.rows:
-                if (x.get("workload") == r["workload"] and x.get("label") == r.get("label") and x.get("mode") == r.get("mode")
-                        and x["impl"] not in (alt_name, "dense") and x.get("median_ms")):
+            for x in same:
+                if x["impl"] not in (alt_name, "dense"):
                     x["speedup_vs_alternative"] = r["median_ms"] / x["median_ms"]
         msg = "; ".join(r[k] for k in ("error", "note") if r.get(k)) if "median_ms" not in r else (
             f"{r['median_ms']:9.3f} ms" + (f"  x{r['speedup_vs_dense']:.2f} vs dense" if "speedup_vs_dense" in r else "")
