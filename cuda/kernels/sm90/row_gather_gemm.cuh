@@ -101,6 +101,9 @@ struct Config {
 
 // Diagnostic switches (timing experiments only; results are wrong when set).
 enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8, kDiagNoZero = 16 };
+// Not a diagnostic, but carried in the same template flags: C as column parts
+// (Args::part_n > 0), compiled for the default configuration only.
+constexpr int kOutParts = 64;
 
 struct Args {
   const char* a = nullptr;          // A base, bytes
@@ -111,6 +114,11 @@ struct Args {
   int64_t c_batch_bytes = 0;        // M * N * es
   int64_t a_row_bytes = 0;          // K * es
   int64_t c_row_bytes = 0;          // N * es
+  // Column parts (MatmulParams::c_parts > 1): C is part_n-column results c_part[i]; tiles
+  // never straddle two parts (part_n % kBN == 0). part_n = 0: C alone.
+  char* c_part[MatmulParams::kMaxCParts] = {};
+  int part_n = 0, parts = 1;
+  int64_t out_row_bytes = 0;  // row pitch of what a tile stores: c_row_bytes, or part_n * es
   int M = 0, N = 0;
   int batch = 1, a_div = 1, b_div = 1, idx_div = 1;  // entry b reads A[b / a_div] ...
   int capacity = 0, tile_h = 1, tile_rows = 0;
@@ -119,6 +127,15 @@ struct Args {
   int total_tiles = 0;                       // batch * m_groups * n_tiles
   EpilogueDev epi;                           // bias + activation (live rows), act(bias) (dead rows)
 };
+
+// Where the tile (or dead row) of batch entry b in part `part` stores: the base of C, or
+// of the part, for its batch entry (row pitch g.out_row_bytes). Constant indices into the
+// parameters: a dynamic one would copy them to the stack.
+__device__ __forceinline__ char* OutBase(const Args& g, int b, int part) {
+  if (g.part_n == 0) return g.c + static_cast<int64_t>(b) * g.c_batch_bytes;
+  char* base = part == 0 ? g.c_part[0] : part == 1 ? g.c_part[1] : part == 2 ? g.c_part[2] : g.c_part[3];
+  return base + static_cast<int64_t>(b) * g.M * g.out_row_bytes;
+}
 
 // ---------------------------------------------------------------------------------
 // PTX helpers
@@ -404,6 +421,7 @@ __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
 // row of one batch entry; units are dealt round-robin over all CTAs, continuing across
 // batch entries. Resumable: Next() writes one row (the whole warp) and returns false once
 // this CTA has none left.
+template <bool kParts>
 struct ZeroFill {
   int b = -1, u = 0, units = 0, count = 0, offset = 0;
   int worker = blockIdx.x, G = gridDim.x;  // this warp's share: units = worker (mod G)
@@ -454,6 +472,65 @@ struct ZeroFill {
   }
 };
 
+// With column parts (kDiag & kOutParts): each (batch entry, part) deals its dead rows in
+// turn, as a batch entry does. A kernel of its own: the part walk costs the producer warps
+// (40 registers) a register, which spilled when every configuration carried it.
+template <>
+struct ZeroFill<true> {
+  int b = -1, part = 0, u = 0, units = 0, count = 0, offset = 0;
+  int worker = blockIdx.x, G = gridDim.x;  // this warp's share: units = worker (mod G)
+  __device__ __forceinline__ ZeroFill() {}
+  __device__ __forceinline__ ZeroFill(int k, int per_cta) : worker(blockIdx.x * per_cta + k), G(gridDim.x * per_cta) {}
+  __device__ __forceinline__ bool NextRow(const Args& g, char** row) {
+    for (;;) {
+      if (b >= 0 && u < units) break;
+      if (b >= 0) {
+        offset = (offset + units % G) % G;
+        if (++part < g.parts) {
+          u = worker - offset;
+          if (u < 0) u += G;
+          continue;
+        }
+        part = 0;
+      }
+      if (++b >= g.batch) return false;
+      count = __ldg(g.counts + b / g.idx_div);
+      count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+      units = (g.capacity - count) * g.tile_h;
+      u = worker - offset;
+      if (u < 0) u += G;
+    }
+    int slot = u, within = 0;
+    if (g.tile_h != 1) {
+      slot = u / g.tile_h;
+      within = u - slot * g.tile_h;
+    }
+    u += G;
+    *row = nullptr;
+    const int32_t* list = g.lists + static_cast<int64_t>(b / g.idx_div) * g.capacity;
+    const int id = -1 - __ldg(list + count + slot);
+    if (id < 0 || id >= g.tile_rows) return true;
+    const int64_t r = static_cast<int64_t>(id) * g.tile_h + within;
+    if (r >= g.M) return true;
+    *row = OutBase(g, b, part) + r * g.out_row_bytes;
+    return true;
+  }
+  __device__ __forceinline__ bool Next(const Args& g, int lane) {
+    char* dst;
+    if (!NextRow(g, &dst)) return false;
+    if (dst && g.epi.dead) {  // this part's piece of the dead row
+      uint4* out = reinterpret_cast<uint4*>(dst);
+      const int n16 = static_cast<int>(g.out_row_bytes >> 4);
+      const uint4* src = reinterpret_cast<const uint4*>(g.epi.dead);
+      for (int x = lane; x < n16; x += 32) __stcs(out + x, __ldg(src + (part * n16 + x)));
+    } else if (dst) {
+      for (int64_t x = lane * 16; x < g.out_row_bytes; x += 32 * 16)
+        __stcs(reinterpret_cast<int4*>(dst + x), make_int4(0, 0, 0, 0));
+    }
+    return true;
+  }
+};
+
 // One B stage by TMA (lane 0 of the B warp): wait until the consumers (of every CTA in
 // the cluster) freed the stage, announce 32 KB, load this CTA's part (multicast).
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
@@ -497,7 +574,7 @@ __device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, in
 // 32 KB. Without a zero-fill warp, the whole warp writes one dead row per stage here.
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK>
 __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, char* smem, int lane) {
-  ZeroFill zf;
+  ZeroFill<(kDiag & kOutParts) != 0> zf;
   bool zero_left = !Cfg::kZeroWarp;
   const uint32_t base = SmemAddr(smem);
   using W = Walk<kCluster, kSplitK>;
@@ -695,7 +772,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[12
         v = EpilogueChunk<kKind, kAct>(v, bias8);
         const int row = i == 0 ? rows[0] : (i == 1 ? rows[1] : (i == 2 ? rows[2] : rows[3]));  // no indexed array
         if (row >= 0 && col < g.N)
-          *reinterpret_cast<uint4*>(c_b + row * g.c_row_bytes + static_cast<int64_t>(col) * 2) = v;
+          *reinterpret_cast<uint4*>(c_b + row * g.out_row_bytes + static_cast<int64_t>(col) * 2) = v;
       }
     } else {
 #pragma unroll
@@ -704,7 +781,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[12
         uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
         if constexpr (kAct == 0) v = EpilogueChunk<kKind, 0>(v, bias8);
         if (rows[i] >= 0 && col < g.N)
-          *reinterpret_cast<uint4*>(c_b + rows[i] * g.c_row_bytes + static_cast<int64_t>(col) * 2) = v;
+          *reinterpret_cast<uint4*>(c_b + rows[i] * g.out_row_bytes + static_cast<int64_t>(col) * 2) = v;
       }
     }
   }
@@ -817,9 +894,9 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
 
     // Epilogue. The thread holds cols n0 + 8j + 2(lane%4) + {0,1} of fragment rows lane/4
     // (acc[4j], acc[4j+1]) and lane/4 + 8 (acc[4j+2], acc[4j+3]).
-    char* c_b = g.c + static_cast<int64_t>(tile.b) * g.c_batch_bytes;
     if constexpr (kKind == kTf32) {
-      // fp32 C: 8-byte stores straight from registers.
+      // fp32 C: 8-byte stores straight from registers (no column parts: the launcher).
+      char* c_b = g.c + static_cast<int64_t>(tile.b) * g.c_batch_bytes;
       char* p0 = rows[0] >= 0 ? c_b + rows[0] * g.c_row_bytes : nullptr;
       char* p1 = rows[1] >= 0 ? c_b + rows[1] * g.c_row_bytes : nullptr;
       const int col0 = tile.n0 + 2 * (lane & 3);
@@ -853,6 +930,13 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       uint32_t stage_s = epi_s;
       if constexpr (Cfg::kEpiInA)
         stage_s = base + Cfg::kAOffset + prev_a * kStageABytes + wg * (64 * kBKBytes) + warp * (16 * kBKBytes);
+      // C's rows, or the part's shifted so that the tile's absolute columns index it (16-bit
+      // C only has column parts; a tile never straddles two).
+      char* c_b = g.c + static_cast<int64_t>(tile.b) * g.c_batch_bytes;
+      if constexpr ((kDiag & kOutParts) != 0) {
+        const int part = tile.n0 / g.part_n;
+        c_b = OutBase(g, tile.b, part) - static_cast<int64_t>(part) * g.part_n * 2;
+      }
       // The activation is a template argument of the store, chosen once per tile: a switch
       // per element left the 128-value epilogue serial (about 10 us per tile, measured).
       if (!g.epi.on) {
@@ -955,12 +1039,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (warp == Cfg::kBWarp) {
       LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
     } else if (Cfg::kConsumerGather) {
-      ZeroFill zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
+      ZeroFill<(kDiag & kOutParts) != 0> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
       if (!(kDiag & kDiagNoZero))
         while (zf.Next(g, lane)) {
         }
     } else if (warp == 3 && Cfg::kZeroWarp) {
-      ZeroFill zf;
+      ZeroFill<(kDiag & kOutParts) != 0> zf;
       while (zf.Next(g, lane)) {
       }
     } else {
