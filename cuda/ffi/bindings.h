@@ -78,8 +78,9 @@ auto RowGatherMatmul(B b) {
       .template Attr<int64_t>("activation");
 }
 
-// pit_row_gather_matmul3 (CUDA, sm_90a): the same product with C as three column parts
-// (q, k and v of a fused projection), each [..., M, N / 3].
+// pit_row_gather_matmul3: the same product with C as three column parts (q, k and v of a
+// fused projection), each [..., M, N / 3]. CUDA: sm_90a only (the lowering checks); CPU:
+// the product, then the columns copied out.
 template <class B>
 auto RowGatherMatmul3(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // a
