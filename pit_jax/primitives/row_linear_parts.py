@@ -26,7 +26,7 @@ from jax.interpreters import ad, batching, xla
 
 from pit_jax import _activations
 from pit_jax.primitives import _lowering
-from pit_jax.primitives.row_linear import _check, _native, unfused
+from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused
 
 row_linear_parts_p = Primitive("pit_row_linear_parts")
 row_linear_parts_p.multiple_results = True
@@ -107,21 +107,10 @@ def _jvp(primals, tangents, *, parts, **params):
 
 
 def _batch(args, dims, *, parts, **params):
-    x, w, bias, *idx = args
-    dx, dw, dbias, *didx = dims
-    if dbias is not None:
+    if dims[2] is not None:  # a mapped bias: the unfused expression, split
         fn = lambda *a: tuple(_split(unfused(*a, **params), parts))  # noqa: E731
         return list(jax.vmap(fn, in_axes=tuple(dims))(*args)), [0] * parts
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-
-    def front(a, d):
-        return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
-
-    x = front(x, dx)
-    idx = [front(a, d) for a, d in zip(idx, didx)]  # the index has x's batch dims
-    if dw is not None or w.ndim > 2:
-        w = front(w, dw)
-    return row_linear_parts_p.bind(x, w, bias, *idx, parts=parts, **params), [0] * parts
+    return row_linear_parts_p.bind(*mapped_to_batch(args, dims), parts=parts, **params), [0] * parts
 
 
 row_linear_parts_p.def_impl(lambda *args, **params: xla.apply_primitive(row_linear_parts_p, *args, **params))
