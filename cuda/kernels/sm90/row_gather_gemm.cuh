@@ -420,10 +420,12 @@ __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
 // Zero-fill of the dead rows (list slots past the count hold -1 - id). One unit = one
 // row of one batch entry; units are dealt round-robin over all CTAs, continuing across
 // batch entries. Resumable: Next() writes one row (the whole warp) and returns false once
-// this CTA has none left.
+// this CTA has none left. kParts (C as column parts, Args::part_n > 0): each (batch entry,
+// part) deals its dead rows in turn, as a batch entry does; only those kernels carry the
+// part walk, which costs the producer warps (40 registers) a register.
 template <bool kParts>
 struct ZeroFill {
-  int b = -1, u = 0, units = 0, count = 0, offset = 0;
+  int b = -1, part = 0, u = 0, units = 0, count = 0, offset = 0;
   int worker = blockIdx.x, G = gridDim.x;  // this warp's share: units = worker (mod G)
   __device__ __forceinline__ ZeroFill() {}
   __device__ __forceinline__ ZeroFill(int k, int per_cta) : worker(blockIdx.x * per_cta + k), G(gridDim.x * per_cta) {}
@@ -432,66 +434,16 @@ struct ZeroFill {
   __device__ __forceinline__ bool NextRow(const Args& g, char** row) {
     for (;;) {
       if (b >= 0 && u < units) break;
-      if (b >= 0) offset = (offset + units % G) % G;  // 32-bit: no 64-bit modulo call
-      if (++b >= g.batch) return false;
-      count = __ldg(g.counts + b / g.idx_div);
-      count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
-      units = (g.capacity - count) * g.tile_h;
-      u = worker - offset;
-      if (u < 0) u += G;
-    }
-    int slot = u, within = 0;
-    if (g.tile_h != 1) {
-      slot = u / g.tile_h;
-      within = u - slot * g.tile_h;
-    }
-    u += G;
-    *row = nullptr;
-    const int32_t* list = g.lists + static_cast<int64_t>(b / g.idx_div) * g.capacity;
-    const int id = -1 - __ldg(list + count + slot);
-    if (id < 0 || id >= g.tile_rows) return true;
-    const int64_t r = static_cast<int64_t>(id) * g.tile_h + within;
-    if (r >= g.M) return true;
-    *row = g.c + static_cast<int64_t>(b) * g.c_batch_bytes + r * g.c_row_bytes;
-    return true;
-  }
-  // Writes the next unit's row with the whole warp (16-byte stores).
-  __device__ __forceinline__ bool Next(const Args& g, int lane) {
-    char* dst;
-    if (!NextRow(g, &dst)) return false;
-    if (dst && g.epi.dead) {  // a copy of the dead row (16-byte aligned, checked by the launcher)
-      const uint4* src = reinterpret_cast<const uint4*>(g.epi.dead);
-      uint4* out = reinterpret_cast<uint4*>(dst);
-      const int n16 = static_cast<int>(g.c_row_bytes >> 4);  // N % 8 == 0: whole 16-byte chunks
-      for (int x = lane; x < n16; x += 32) __stcs(out + x, __ldg(src + x));
-    } else if (dst) {
-      for (int64_t x = lane * 16; x < g.c_row_bytes; x += 32 * 16)
-        __stcs(reinterpret_cast<int4*>(dst + x), make_int4(0, 0, 0, 0));
-    }
-    return true;
-  }
-};
-
-// With column parts (kDiag & kOutParts): each (batch entry, part) deals its dead rows in
-// turn, as a batch entry does. A kernel of its own: the part walk costs the producer warps
-// (40 registers) a register, which spilled when every configuration carried it.
-template <>
-struct ZeroFill<true> {
-  int b = -1, part = 0, u = 0, units = 0, count = 0, offset = 0;
-  int worker = blockIdx.x, G = gridDim.x;  // this warp's share: units = worker (mod G)
-  __device__ __forceinline__ ZeroFill() {}
-  __device__ __forceinline__ ZeroFill(int k, int per_cta) : worker(blockIdx.x * per_cta + k), G(gridDim.x * per_cta) {}
-  __device__ __forceinline__ bool NextRow(const Args& g, char** row) {
-    for (;;) {
-      if (b >= 0 && u < units) break;
       if (b >= 0) {
-        offset = (offset + units % G) % G;
-        if (++part < g.parts) {
-          u = worker - offset;
-          if (u < 0) u += G;
-          continue;
+        offset = (offset + units % G) % G;  // 32-bit: no 64-bit modulo call
+        if constexpr (kParts) {
+          if (++part < g.parts) {
+            u = worker - offset;
+            if (u < 0) u += G;
+            continue;
+          }
+          part = 0;
         }
-        part = 0;
       }
       if (++b >= g.batch) return false;
       count = __ldg(g.counts + b / g.idx_div);
@@ -512,17 +464,21 @@ struct ZeroFill<true> {
     if (id < 0 || id >= g.tile_rows) return true;
     const int64_t r = static_cast<int64_t>(id) * g.tile_h + within;
     if (r >= g.M) return true;
-    *row = OutBase(g, b, part) + r * g.out_row_bytes;
+    if constexpr (kParts)
+      *row = OutBase(g, b, part) + r * g.out_row_bytes;
+    else
+      *row = g.c + static_cast<int64_t>(b) * g.c_batch_bytes + r * g.c_row_bytes;
     return true;
   }
+  // Writes the next unit's row (of its part) with the whole warp (16-byte stores).
   __device__ __forceinline__ bool Next(const Args& g, int lane) {
     char* dst;
     if (!NextRow(g, &dst)) return false;
-    if (dst && g.epi.dead) {  // this part's piece of the dead row
+    if (dst && g.epi.dead) {  // a copy of the dead row (16-byte aligned, checked by the launcher)
       uint4* out = reinterpret_cast<uint4*>(dst);
-      const int n16 = static_cast<int>(g.out_row_bytes >> 4);
+      const int n16 = static_cast<int>(g.out_row_bytes >> 4);  // N % 8 == 0: whole 16-byte chunks
       const uint4* src = reinterpret_cast<const uint4*>(g.epi.dead);
-      for (int x = lane; x < n16; x += 32) __stcs(out + x, __ldg(src + (part * n16 + x)));
+      for (int x = lane; x < n16; x += 32) __stcs(out + x, __ldg(src + (kParts ? part * n16 + x : x)));
     } else if (dst) {
       for (int64_t x = lane * 16; x < g.out_row_bytes; x += 32 * 16)
         __stcs(reinterpret_cast<int4*>(dst + x), make_int4(0, 0, 0, 0));
