@@ -143,7 +143,7 @@ def test_kernel_parts_gpu(dtype, m, k, tile_h, density, batch):
     rng, seed = fresh_rng()
     x, live = tiled_sparse(rng, (*batch, m, k), (tile_h, k), density, dtype)
     w, b = randn(rng, (k, 2304), dtype), randn(rng, (2304,), dtype)
-    mask = live.astype(np.float64)
+    mask = np.repeat(live, tile_h, -2)[..., :m, :].astype(np.float64)  # per row, not per tile
 
     def f(x, w, b, parts):
         idx = pit_jax.index(x, (tile_h, None))

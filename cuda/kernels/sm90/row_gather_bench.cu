@@ -7,7 +7,8 @@
 // run time with dlopen, so the binary links without libcublas (-lcublas is harmless).
 // Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 //        --no-time (skip timing), --only=v1,v2 (just these kernel variants, see kVariants),
-//        --case=TEXT (just the cases whose name contains TEXT).
+//        --case=TEXT (just the cases whose name contains TEXT),
+//        --time-epi=bias|dead|both (timing only: an epilogue bias and/or dead-row value).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -161,6 +162,7 @@ static const Variant kVariants[] = {
 
 static std::vector<std::string> g_only;  // --only=a,b,c: run just these variants
 static std::string g_case;               // --case=TEXT: run just the cases whose name contains TEXT
+static int g_time_epi = 0;               // --time-epi: 1 bias, 2 dead-row value, 3 both (timing only)
 bool Selected(const Variant& v) {
   if (g_only.empty()) return true;
   for (auto& n : g_only)
@@ -360,8 +362,16 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    // The epilogue's cost (timing only: the check above ran without it).
+    void* dEpi = nullptr;
+    if (g_time_epi) {
+      CK(cudaMalloc(&dEpi, N * es));
+      CK(cudaMemsetAsync(dEpi, 0x3c, N * es, stream));
+      if (g_time_epi & 1) p.epi.bias = dEpi;
+      if (g_time_epi & 2) p.epi.dead = dEpi;
+    }
     TimingRow row;
-    row.name = cs.name;
+    row.name = cs.name + (g_time_epi == 1 ? " +bias" : g_time_epi == 2 ? " +dead" : g_time_epi == 3 ? " +bias+dead" : "");
     row.live_pct = 100.0 * live_rows_b0 / M;
     row.flops = 2.0 * live_rows_b0 * N * K;
     for (const Variant& v : kVariants) {
@@ -424,6 +434,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     g_rows.push_back(row);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+    if (dEpi) CK(cudaFree(dEpi));
   }
   for (int b = 0; b < cs.batch; ++b) {
     CK(cudaFree(dLive[b]));
@@ -536,6 +547,10 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--small")) small = true;
     if (!strcmp(argv[i], "--no-time")) do_time = false;
     if (!strncmp(argv[i], "--case=", 7)) g_case = argv[i] + 7;
+    if (!strncmp(argv[i], "--time-epi=", 11)) {
+      const std::string e = argv[i] + 11;
+      g_time_epi = e == "bias" ? 1 : e == "dead" ? 2 : e == "both" ? 3 : 0;
+    }
     if (!strncmp(argv[i], "--only=", 7)) SplitCommaList(argv[i] + 7, g_only);
   }
   bool have_blas = false;
