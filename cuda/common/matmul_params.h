@@ -60,6 +60,12 @@ struct MatmulParams {
   MatrixRef b;  // stored [b.batch, K, N], or [b.batch, N, K] with trans_b
   void* c = nullptr;  // stored [c_batch, M, N], or [c_batch, N, M] with trans_c
   int64_t c_batch = 1;
+  // Row gather on sm_90a only: C as c_parts results of N / c_parts columns each (part i
+  // holds columns [i N / c_parts, (i + 1) N / c_parts), stored [c_batch, M, N / c_parts]);
+  // 1 = C alone. A fused q/k/v projection writes q, k and v apart this way.
+  static constexpr int kMaxCParts = 4;
+  int c_parts = 1;
+  void* c_part[kMaxCParts] = {};
   bool trans_a = false, trans_b = false, trans_c = false;
   Epilogue epi;  // row gather only
 };

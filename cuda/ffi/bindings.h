@@ -78,6 +78,26 @@ auto RowGatherMatmul(B b) {
       .template Attr<int64_t>("activation");
 }
 
+// pit_row_gather_matmul3: the same product with C as three column parts (q, k and v of a
+// fused projection), each [..., M, N / 3]. CUDA: sm_90a only (the lowering checks); CPU:
+// the product, then the columns copied out.
+template <class B>
+auto RowGatherMatmul3(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // a
+      .template Arg<AnyBuffer>()  // b
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Arg<AnyBuffer>()  // bias: [N] or empty
+      .template Arg<AnyBuffer>()  // dead_row: [N] or empty
+      .template Ret<AnyBuffer>()  // c part 0
+      .template Ret<AnyBuffer>()  // c part 1
+      .template Ret<AnyBuffer>()  // c part 2
+      .template Attr<int64_t>("tile_h")
+      .template Attr<bool>("trans_b")
+      .template Attr<bool>("allow_tf32")
+      .template Attr<int64_t>("activation");
+}
+
 template <class B>
 auto RowLayerNorm(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // x

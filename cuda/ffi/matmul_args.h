@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cuda/common/matmul_params.h"
 #include "cuda/ffi/ffi_common.h"
@@ -168,6 +169,23 @@ inline ffi::ErrorOr<Epilogue> DecodeEpilogue(const std::string& target, ffi::Any
   return e;
 }
 
+// What both row-gather targets check after the product's shapes: c has a's leading dims
+// (no batch reduction, a is never the shared operand), the flat list, the epilogue.
+inline ffi::ErrorOr<ProductArgs> DecodeRowGatherRest(const std::string& target, MatmulParams p, S32Buffer tiles,
+                                                     S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                                     int64_t tile_h, int64_t activation) {
+  if (p.a.batch != p.batch || p.c_batch != p.batch)
+    return InvalidArg(target + ": the result must have a's leading dims, and b's batch count must divide a's");
+  auto t = DecodeFlatList(target, tiles, count, tile_h, 1);
+  if (t.has_error()) return ffi::Unexpected<ffi::Error>(t.error());
+  auto err = CheckIndexBatch(target, *t, p.a.batch, "a");
+  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
+  auto epi = DecodeEpilogue(target, bias, dead_row, activation, p);
+  if (epi.has_error()) return ffi::Unexpected<ffi::Error>(epi.error());
+  p.epi = *epi;
+  return ProductArgs{p, *t, {}};
+}
+
 inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                                      S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                                      ffi::Result<ffi::AnyBuffer>& c, int64_t tile_h, bool trans_b,
@@ -176,17 +194,36 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyB
   auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
                         allow_tf32);
   if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
-  // c has a's leading dims: no batch reduction, and a is never the shared operand.
-  if (p->a.batch != p->batch || p->c_batch != p->batch)
-    return InvalidArg(target + ": the result must have a's leading dims, and b's batch count must divide a's");
-  auto t = DecodeFlatList(target, tiles, count, tile_h, 1);
-  if (t.has_error()) return ffi::Unexpected<ffi::Error>(t.error());
-  auto err = CheckIndexBatch(target, *t, p->a.batch, "a");
-  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
-  auto epi = DecodeEpilogue(target, bias, dead_row, activation, *p);
-  if (epi.has_error()) return ffi::Unexpected<ffi::Error>(epi.error());
-  p->epi = *epi;
-  return ProductArgs{*p, *t, {}};
+  return DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation);
+}
+
+// pit_row_gather_matmul3: as pit_row_gather_matmul with C given as `parts` results of
+// equal shape [..., M, N / parts] (the decoder sees the [..., M, N] they make together).
+inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPartsArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
+                                                          S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                                          ffi::Result<ffi::AnyBuffer>* parts, int n_parts,
+                                                          int64_t tile_h, bool trans_b, bool allow_tf32,
+                                                          int64_t activation) {
+  const std::string target = "pit_row_gather_matmul3";
+  auto dims0 = parts[0]->dimensions();
+  if (dims0.size() < 2) return InvalidArg(target + ": every result must be at least 2-D");
+  for (int i = 1; i < n_parts; ++i) {
+    auto d = parts[i]->dimensions();
+    if (parts[i]->element_type() != parts[0]->element_type() || d.size() != dims0.size() ||
+        !std::equal(d.begin(), d.end(), dims0.begin()))
+      return InvalidArg(target + ": the results must share one shape and dtype");
+  }
+  std::vector<int64_t> full(dims0.begin(), dims0.end());
+  full.back() *= n_parts;
+  auto p = DecodeMatmul(target, a, b, ffi::Span<const int64_t>(full.data(), full.size()), parts[0]->element_type(),
+                        parts[0]->untyped_data(), false, trans_b, false, allow_tf32);
+  if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
+  auto args = DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation);
+  if (args.has_error()) return args;
+  args->mm.c = nullptr;
+  args->mm.c_parts = n_parts;
+  for (int i = 0; i < n_parts; ++i) args->mm.c_part[i] = parts[i]->untyped_data();
+  return args;
 }
 
 inline ffi::ErrorOr<ProductArgs> DecodeStileArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer lists,

@@ -174,6 +174,8 @@ cudaError_t LaunchRowGatherMatmul(const MatmulParams& p, const TileList& rows, c
   // does not cover the call (another architecture, dtype or layout).
   const cudaError_t fast = LaunchRowGatherGemmSm90(p, rows, stream);
   if (fast != cudaErrorNotSupported) return fast;
+  // Column parts exist on sm_90a only: the lowering asks for them only where it runs.
+  if (p.c_parts != 1) return cudaErrorNotSupported;
   GemmArgs g;
   if (p.trans_a || p.trans_c || !Common(p, rows, &g)) return cudaErrorInvalidValue;
   const int64_t positions = rows.capacity * rows.tile_h;  // rows of all slots, concatenated

@@ -99,6 +99,23 @@ class Product(nn.Module):
         return pit_jax.sparse_dense(x, kernel, rows, axis="m"), bias
 
 
+class FusedQKV(nn.Module):
+    """nn.Dense's parameters ("kernel" [H, 3H], "bias" [3H]) as one M-axis product whose
+    kernel writes q, k and v apart with the bias in its epilogue (`sparse_dense(...,
+    out_parts=3)`): slicing them out of one [M, 3H] result costs a pass over every row,
+    padding included. Returns (q, k, v), each [M, H] in `dtype`."""
+
+    features: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, rows):
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], 3 * self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros_init(), (3 * self.features,), jnp.float32)
+        return pit_jax.sparse_dense(x.astype(self.dtype), kernel.astype(self.dtype), rows, axis="m",
+                                    bias=bias.astype(self.dtype), out_parts=3)
+
+
 class EncoderLayer(nn.Module):
     cfg: BertConfig
     mode: str = "pit"
@@ -110,9 +127,13 @@ class EncoderLayer(nn.Module):
         cfg, wi = self.cfg, weight_index or {}
         lin = lambda f, n, h, act=None: linear(f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows,
                                                weight_index=wi.get(n), activation=act)
-        qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
-        att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths,
-                               implementation=self.attention)
+        heads = lambda t: t.reshape(batch, seq, cfg.heads, cfg.head_dim)  # noqa: E731
+        if self.mode == "pit" and rows is not None and self.live_norm and "qkv" not in wi:
+            q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, name="qkv")(x, rows))
+        else:
+            qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        att = common.attention(q, k, v, lengths=lengths, implementation=self.attention)
         att = att.reshape(batch * seq, cfg.hidden)
         if self.mode == "pit" and rows is not None and self.live_norm:
             # Residual add, output bias and layer norm in one pass over the valid rows.

@@ -43,6 +43,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pit_jax import _activations, config, reference
 from pit_jax.ops.index import index as build_index
@@ -51,6 +52,7 @@ from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_linear import ACTIVATIONS as FUSED_ACTIVATIONS
 from pit_jax.primitives.row_linear import row_linear
+from pit_jax.primitives.row_linear_parts import row_linear_parts
 from pit_jax.primitives.stile_matmul import stile_matmul
 
 AXES = ("m", "k", "w")
@@ -180,7 +182,8 @@ def sparse_dense(
     plan: Optional[Plan] = None,
     bias: Optional[jax.Array] = None,
     activation: Optional[_activations.ActivationSpec] = None,
-) -> jax.Array:
+    out_parts: int = 1,
+) -> Any:
     """`act(x @ w + bias)` with the product only on the live micro-tiles of x (axes "m",
     "k") or w (axis "w").
 
@@ -199,10 +202,18 @@ def sparse_dense(
       activation: None, a name ("relu", "gelu" (tanh approximation, as jax.nn.gelu),
         "gelu_exact", "silu", "swish") or a callable, applied after the bias. The names
         are fused into the M-axis product's epilogue (see above).
+      out_parts: P > 1 returns the result as a tuple of P arrays [..., M, N / P] (equal
+        column blocks, e.g. q, k, v of a fused projection). On the M axis the bias (1-D)
+        and a named activation then run in the epilogue, and on an sm_90a GPU (16-bit
+        types, P = 3, N / 3 a multiple of 256) the kernel writes the parts itself, which
+        saves the pass over every row that slicing one result would cost.
 
     Returns:
-      [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation.
+      [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation. A tuple with out_parts.
     """
+    if not isinstance(out_parts, (int, np.integer)) or isinstance(out_parts, bool) or out_parts < 1:
+        raise ValueError(f"sparse_dense: out_parts must be a positive int, got {out_parts!r}")
+    out_parts = int(out_parts)
     if axis is not None and axis not in AXES:
         raise ValueError(f"sparse_dense: axis must be one of {AXES}, got {axis!r}")
     auto = isinstance(micro_tile, str) and micro_tile == "auto"
@@ -233,8 +244,12 @@ def sparse_dense(
         y = y if bias is None else y + bias
         return y if act is None else act(y)
 
+    if out_parts > 1 and w.shape[-1] % out_parts:
+        raise ValueError(f"sparse_dense: out_parts={out_parts} must divide N = {w.shape[-1]}")
+
     def result(y):
-        return y[..., 0, :] if vector else y
+        y = y[..., 0, :] if vector else y
+        return y if out_parts == 1 else tuple(jnp.split(y, out_parts, axis=-1))
     if auto:
         plan = _auto_plan(x, w, axis, precision, dtype)
         micro_tile = None
@@ -286,8 +301,16 @@ def sparse_dense(
         axis == "m" and isinstance(activation, str) and activation in FUSED_ACTIVATIONS
         and (bias is None or bias.ndim == 1)
     )
+    parts_fused = (
+        out_parts > 1 and axis == "m" and (bias is None or bias.ndim == 1)
+        and (activation is None or (isinstance(activation, str) and activation in FUSED_ACTIVATIONS))
+    )
     if config.reference_enabled():
         y = epilogue(reference.stile_matmul(x, w, *index.arrays, **params))
+    elif parts_fused:
+        ys = row_linear_parts(x, w, bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,
+                              allow_tf32=tf32)
+        return tuple(y[..., 0, :] if vector else y for y in ys)
     elif fused:
         y = row_linear(x, w, bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32)
     else:

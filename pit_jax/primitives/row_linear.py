@@ -102,11 +102,11 @@ def _jvp(primals, tangents, **params):
     return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
 
 
-def _batch(args, dims, **params):
+def mapped_to_batch(args, dims):
+    """(x, w, bias, *idx) with vmap's axis moved to the front as one more batch dim of x
+    and the index (w too when mapped or batched); the bias must be unmapped."""
     x, w, bias, *idx = args
-    dx, dw, dbias, *didx = dims
-    if dbias is not None:
-        return jax.vmap(functools.partial(unfused, **params), in_axes=tuple(dims))(*args), 0
+    dx, dw, _, *didx = dims
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
     def front(a, d):
@@ -116,7 +116,13 @@ def _batch(args, dims, **params):
     idx = [front(a, d) for a, d in zip(idx, didx)]  # the index has x's batch dims
     if dw is not None or w.ndim > 2:
         w = front(w, dw)
-    return row_linear_p.bind(x, w, bias, *idx, **params), 0
+    return (x, w, bias, *idx)
+
+
+def _batch(args, dims, **params):
+    if dims[2] is not None:  # a mapped bias: the unfused expression
+        return jax.vmap(functools.partial(unfused, **params), in_axes=tuple(dims))(*args), 0
+    return row_linear_p.bind(*mapped_to_batch(args, dims), **params), 0
 
 
 row_linear_p.def_impl(lambda *args, **params: xla.apply_primitive(row_linear_p, *args, **params))

@@ -68,8 +68,34 @@ ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tile
   return ffi::Error::Success();
 }
 
+// The three column parts: the product into one [batch, M, N] buffer, then each part's
+// columns copied out (the CPU has no pass to save; the target exists on both platforms).
+ffi::Error RowGatherMatmul3Cpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
+                               ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c0,
+                               ffi::Result<ffi::AnyBuffer> c1, ffi::Result<ffi::AnyBuffer> c2, int64_t tile_h,
+                               bool trans_b, bool allow_tf32, int64_t activation) {
+  ffi::Result<ffi::AnyBuffer> parts[3] = {c0, c1, c2};
+  auto args =
+      DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation);
+  if (args.has_error()) return args.error();
+  MatmulParams p = args->mm;
+  const int64_t es = DTypeBytes(p.dtype), part_bytes = p.N / 3 * es;
+  std::vector<char> full(static_cast<size_t>(p.batch * p.M * p.N * es));
+  p.c = full.data();
+  p.c_parts = 1;
+  if (p.batch > 0) RowGather(p, args->index);
+  for (int i = 0; i < 3; ++i) {
+    char* dst = static_cast<char*>(parts[i]->untyped_data());
+    for (int64_t r = 0; r < p.batch * p.M; ++r)
+      std::memcpy(dst + r * part_bytes, full.data() + r * p.N * es + i * part_bytes, static_cast<size_t>(part_bytes));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCpu, pit::RowGatherMatmulCpu,
                               pit::bind::RowGatherMatmul(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmul3Cpu, pit::RowGatherMatmul3Cpu,
+                              pit::bind::RowGatherMatmul3(xla::ffi::Ffi::Bind()));

@@ -26,9 +26,34 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
   return gpu::LaunchStatus(kTarget, status);
 }
 
+ffi::Error RowGatherMatmul3Cuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
+                                S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                ffi::Result<ffi::AnyBuffer> c0, ffi::Result<ffi::AnyBuffer> c1,
+                                ffi::Result<ffi::AnyBuffer> c2, int64_t tile_h, bool trans_b, bool allow_tf32,
+                                int64_t activation) {
+  ++HandlerCalls();
+  ffi::Result<ffi::AnyBuffer> parts[3] = {c0, c1, c2};
+  auto args =
+      DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation);
+  if (args.has_error()) return args.error();
+  cudaError_t status = cudaSuccess;
+  for (auto& c : parts)
+    if (status == cudaSuccess) status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
+  if (status == cudaErrorNotSupported)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "pit_row_gather_matmul3: needs an sm_90a GPU, 16-bit types and N / 3 a multiple of 256 "
+                      "(the lowering checks this; called directly?)");
+  return gpu::LaunchStatus("pit_row_gather_matmul3", status);
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCuda, pit::RowGatherMatmulCuda,
                               pit::bind::RowGatherMatmul(pit::gpu::Binding()),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmul3Cuda, pit::RowGatherMatmul3Cuda,
+                              pit::bind::RowGatherMatmul3(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -7,7 +7,8 @@
 // run time with dlopen, so the binary links without libcublas (-lcublas is harmless).
 // Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 //        --no-time (skip timing), --only=v1,v2 (just these kernel variants, see kVariants),
-//        --case=TEXT (just the cases whose name contains TEXT).
+//        --case=TEXT (just the cases whose name contains TEXT),
+//        --time-epi=bias|dead|both (timing only: an epilogue bias and/or dead-row value).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -127,6 +128,7 @@ struct Case {
   bool trans_b = false;
   double frac = 0.3;  // live row-block fraction (per index entry i: frac * (idx_batch - i) / idx_batch)
   bool time = false;
+  int parts = 1;  // > 1: C written as that many column parts (MatmulParams::c_parts), default variant only
 };
 
 static int g_fail = 0;
@@ -160,6 +162,7 @@ static const Variant kVariants[] = {
 
 static std::vector<std::string> g_only;  // --only=a,b,c: run just these variants
 static std::string g_case;               // --case=TEXT: run just the cases whose name contains TEXT
+static int g_time_epi = 0;               // --time-epi: 1 bias, 2 dead-row value, 3 both (timing only)
 bool Selected(const Variant& v) {
   if (g_only.empty()) return true;
   for (auto& n : g_only)
@@ -231,6 +234,23 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   p.b = {dB, cs.b_batch, cs.trans_b ? N : K, cs.trans_b ? K : N};
   p.c = dC;
   p.c_batch = cs.batch;
+  // Column parts: the kernel writes separate [batch, M, N / parts] buffers, which the check
+  // copies back into C's columns (C poisoned first, so an unwritten element still shows).
+  const int64_t part_n = N / cs.parts;
+  std::vector<T*> dParts(cs.parts, nullptr);
+  if (cs.parts > 1) {
+    p.c = nullptr;
+    p.c_parts = cs.parts;
+    for (int i = 0; i < cs.parts; ++i) {
+      CK(cudaMalloc(&dParts[i], cs.batch * M * part_n * es));
+      p.c_part[i] = dParts[i];
+    }
+  }
+  auto gather_parts = [&] {
+    for (int i = 0; i < cs.parts && cs.parts > 1; ++i)
+      CK(cudaMemcpy2DAsync(dC + i * part_n, N * es, dParts[i], part_n * es, part_n * es, cs.batch * M,
+                           cudaMemcpyDeviceToDevice, stream));
+  };
   p.trans_b = cs.trans_b;
   pit::TileList tl;
   tl.lists = dLists, tl.counts = dCounts, tl.batch = cs.idx_batch, tl.groups = 1, tl.capacity = cap;
@@ -279,7 +299,10 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   std::vector<const Variant*> runnable;
   for (const Variant& v : kVariants) {
     if ((v.diag & ~4) || !Selected(v)) continue;  // diag 4 (no proxy fence) still computes the right thing
+    if (cs.parts > 1 && v.cluster != 0) continue;  // column parts: LaunchRowGatherGemmSm90 only
     CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
+    for (int i = 0; i < cs.parts && cs.parts > 1; ++i)
+      CK(cudaMemsetAsync(dParts[i], 0xFF, cs.batch * M * part_n * es, stream));
     cudaError_t e = LaunchV(v, p, tl, stream);
     if (e == cudaErrorNotSupported && v.cluster != 0) continue;  // variant not compiled for this dtype
     if (e != cudaSuccess) {
@@ -287,6 +310,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
       ++g_fail;
       continue;
     }
+    gather_parts();
     CK(cudaStreamSynchronize(stream));
     CK(cudaMemset(dSt, 0, sizeof(Stats)));
     for (int b = 0; b < cs.batch; ++b) {
@@ -311,7 +335,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   }
 
   // ---- determinism: a second run of the default must give the same bits (16-bit types) ----
-  if (es == 2 && cs.time) {
+  if (es == 2 && cs.time && cs.parts == 1) {
     T* dC2;
     CK(cudaMalloc(&dC2, cs.batch * M * N * es));
     CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
@@ -338,8 +362,16 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    // The epilogue's cost (timing only: the check above ran without it).
+    void* dEpi = nullptr;
+    if (g_time_epi) {
+      CK(cudaMalloc(&dEpi, N * es));
+      CK(cudaMemsetAsync(dEpi, 0x3c, N * es, stream));
+      if (g_time_epi & 1) p.epi.bias = dEpi;
+      if (g_time_epi & 2) p.epi.dead = dEpi;
+    }
     TimingRow row;
-    row.name = cs.name;
+    row.name = cs.name + (g_time_epi == 1 ? " +bias" : g_time_epi == 2 ? " +dead" : g_time_epi == 3 ? " +bias+dead" : "");
     row.live_pct = 100.0 * live_rows_b0 / M;
     row.flops = 2.0 * live_rows_b0 * N * K;
     for (const Variant& v : kVariants) {
@@ -402,6 +434,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     g_rows.push_back(row);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+    if (dEpi) CK(cudaFree(dEpi));
   }
   for (int b = 0; b < cs.batch; ++b) {
     CK(cudaFree(dLive[b]));
@@ -411,6 +444,8 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   CK(cudaFree(dA));
   CK(cudaFree(dB));
   CK(cudaFree(dC));
+  for (T* d : dParts)
+    if (d) CK(cudaFree(d));
   CK(cudaFree(dLists));
   CK(cudaFree(dCounts));
   CK(cudaFree(dSt));
@@ -450,6 +485,16 @@ void CheckNotSupported(cudaStream_t s) {
     auto p = base();
     p.N = 60;
     tests.push_back({"N % 8 != 0", p, tl});
+  }
+  {
+    auto p = base();  // parts of 32 columns: a 256-column tile would straddle them
+    p.c_parts = 2, p.c_part[0] = p.c_part[1] = buf;
+    tests.push_back({"c_parts, N / parts % 256 != 0", p, tl});
+  }
+  {
+    auto p = base();
+    p.N = 512, p.c_parts = 2, p.c_part[0] = buf, p.c_part[1] = nullptr;
+    tests.push_back({"c_parts, a null part", p, tl});
   }
   {
     auto p = base();
@@ -502,6 +547,10 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--small")) small = true;
     if (!strcmp(argv[i], "--no-time")) do_time = false;
     if (!strncmp(argv[i], "--case=", 7)) g_case = argv[i] + 7;
+    if (!strncmp(argv[i], "--time-epi=", 11)) {
+      const std::string e = argv[i] + 11;
+      g_time_epi = e == "bias" ? 1 : e == "dead" ? 2 : e == "both" ? 3 : 0;
+    }
     if (!strncmp(argv[i], "--only=", 7)) SplitCommaList(argv[i] + 7, g_only);
   }
   bool have_blas = false;
@@ -532,6 +581,13 @@ int main(int argc, char** argv) {
   add({"split2 f16 trans_b", DType::kF16, 4096, 1536, 2048, 1, 1, 1, 1, 1, true, 0.27});
   add({"split1 bf16", DType::kBF16, 4096, 2048, 2056, 1, 1, 1, 1, 1, false, 0.27});
   add({"split4 tf32 odd", DType::kF32, 1500, 264, 1000, 1, 1, 1, 1, 1, true, 0.3});
+  // Column parts (q, k, v apart): odd M and K, trans_b, tile_h 2 with batches, all dead,
+  // the BERT qkv shape (which would take split-K's 4-CTA walk without parts: not here).
+  add({"parts3 bf16", DType::kBF16, 1000, 768, 264, 1, 1, 1, 1, 1, false, 0.4, false, 3});
+  add({"parts3 f16 trans_b", DType::kF16, 777, 768, 136, 1, 1, 1, 1, 1, true, 0.6, false, 3});
+  add({"parts2 batch2 th2", DType::kBF16, 513, 512, 128, 2, 2, 1, 2, 2, false, 0.5, false, 2});
+  add({"parts4 all dead", DType::kBF16, 300, 1024, 64, 1, 1, 1, 1, 1, false, 0.0, false, 4});
+  add({"parts3 qkv K3072", DType::kBF16, 4096, 2304, 3072, 1, 1, 1, 1, 1, false, 0.27, false, 3});
   if (!small) {
     // The target shapes: M=16384 rows, K=N=4096.
     for (double f : {0.1, 0.3, 0.5}) {
@@ -555,6 +611,7 @@ int main(int argc, char** argv) {
         snprintf(name, sizeof name, "bert %dx%d%s", nk.first, nk.second, tb ? " tb" : "");
         add({name, DType::kBF16, 4096, nk.first, nk.second, 1, 1, 1, 1, 1, tb, 0.27, true});
       }
+    add({"bert 2304x768 parts3", DType::kBF16, 4096, 2304, 768, 1, 1, 1, 1, 1, false, 0.27, true, 3});
   }
   CheckNotSupported(s);
   for (auto& c : cases)

@@ -100,6 +100,12 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
     return v.cluster == c && v.stages_a == sa && v.stages_b == sb && v.gather_warps == gw && v.diag == d &&
            v.epi_in_a == ea && v.split_k == sk;
   };
+  // Column parts: the default configuration's own kernel (16-bit C; see ZeroFill<true>).
+  if (g.part_n > 0) {
+    if constexpr (kKind != sm90_rg::kTf32)
+      if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, sm90_rg::kOutParts>(v, mb, g, sms, s);
+    return cudaErrorNotSupported;
+  }
   // The default configuration and the split-K one, for every type and layout.
   if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
   if (is(4, 3, 5, 0, 0, true, true))
@@ -164,7 +170,13 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   if (p.M == 0 || p.N == 0) return cudaSuccess;  // nothing to write
   const int64_t tile_rows = (p.M + rows.tile_h - 1) / rows.tile_h;
   if (rows.capacity != tile_rows) return kNo;  // dead ids are only listed at full capacity
-  if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || !Aligned16(p.c) || !Aligned16(p.epi.dead) ||
+  // Column parts: 16-bit C, whole 128 x 256 tiles per part, the plain persistent walk.
+  const bool parts = p.c_parts > 1;
+  if (p.c_parts < 1 || p.c_parts > MatmulParams::kMaxCParts) return kNo;
+  if (parts && (kind == kTf32 || p.N % p.c_parts != 0 || (p.N / p.c_parts) % kBN != 0 || v.split_k)) return kNo;
+  for (int i = 0; parts && i < p.c_parts; ++i)
+    if (!p.c_part[i] || !Aligned16(p.c_part[i])) return kNo;
+  if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || (!parts && !Aligned16(p.c)) || !Aligned16(p.epi.dead) ||
       !Aligned16(p.epi.bias))
     return kNo;
   const DeviceInfo* dev = GetDeviceInfo();
@@ -195,7 +207,14 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   g.m_tiles = static_cast<int>((rows.capacity * rows.tile_h + kBM - 1) / kBM);
   g.num_kb = static_cast<int>((p.K * es + kBKBytes - 1) / kBKBytes);
   g.epi = EpilogueDev::From(p.epi, p.dtype, p.N);
-  if (v.auto_split && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
+  g.out_row_bytes = g.c_row_bytes;
+  if (parts) {
+    g.part_n = static_cast<int>(p.N / p.c_parts);
+    g.parts = p.c_parts;
+    g.out_row_bytes = int64_t{g.part_n} * es;
+    for (int i = 0; i < p.c_parts; ++i) g.c_part[i] = static_cast<char*>(p.c_part[i]);
+  }
+  if (v.auto_split && !parts && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
       int64_t{g.m_tiles} * g.n_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
     v = kSplit;
   if (v.split_k && p.batch != 1) return kNo;

@@ -1,0 +1,123 @@
+"""`row_linear_parts`: `row_linear` with its result split by columns into `parts` arrays.
+
+    (y_0, ..., y_{P-1}) = split(act((x ∘ rows) @ w + bias), P, axis=-1)
+
+A fused q/k/v projection is the case it exists for: attention wants q, k and v as arrays
+of their own, and slicing them out of one [..., M, 3H] product is a pass over every row,
+padding included (BERT-base batch 32 on the H100: 11.6 us a layer, docs/notes/
+sm90_row_gather.md). On an sm_90a GPU, with 16-bit types, P = 3 and N / 3 a multiple of
+256 the row-gather kernel writes the three results itself (`pit_row_gather_matmul3`);
+everywhere else this is the single product and a split, with the same values.
+
+Autodiff and vmap follow row_linear: the JVP differentiates the unfused expression, split;
+vmap moves the mapped axis into the batch dims.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, xla
+
+from pit_jax import _activations
+from pit_jax.primitives import _lowering
+from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused
+
+row_linear_parts_p = Primitive("pit_row_linear_parts")
+row_linear_parts_p.multiple_results = True
+
+_KERNEL_PARTS = 3  # the parts pit_row_gather_matmul3 writes
+_KERNEL_TILE_N = 256  # its tile width: a tile must not straddle two parts
+
+
+def _check_parts(x, w, bias, idx, *, tile_h, activation, parts):
+    _check(x, w, bias, idx, tile_h=tile_h, activation=activation)
+    n = w.shape[-1]
+    if parts < 1 or n % parts:
+        raise ValueError(f"row_linear_parts: parts must divide N = {n}, got {parts}")
+
+
+def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, parts):
+    _check_parts(x, w, bias, idx, tile_h=tile_h, activation=activation, parts=parts)
+    n = w.shape[-1] // parts
+    return [ShapedArray((*x.shape[:-1], n), x.dtype) for _ in range(parts)]
+
+
+def kernel_writes_parts(x, w, tiles, tile_h, parts) -> bool:
+    """Whether the CUDA kernel writes the parts itself (else: one product, then a split):
+    the conditions of LaunchRowGatherGemmSm90 with column parts, known at trace time."""
+    n, m = w.shape[-1], x.shape[-2]
+    return (
+        parts == _KERNEL_PARTS and x.dtype in (jnp.bfloat16, jnp.float16) and n % parts == 0
+        and (n // parts) % _KERNEL_TILE_N == 0 and x.shape[-1] % 8 == 0 and m > 0
+        and tiles.shape[-1] == -(-m // tile_h)  # the list at full capacity (dead ids listed)
+        and _lowering.cuda_is_sm90()
+    )
+
+
+def _split(y, parts):
+    return list(jnp.split(y, parts, axis=-1))
+
+
+def _native_parts(x, w, bias, *idx, tile_h, activation, allow_tf32, parts, cuda=False):
+    if not (cuda and kernel_writes_parts(x, w, idx[0], tile_h, parts)):
+        y = _native(x, w, bias, *idx, tile_h=tile_h, activation=activation, allow_tf32=allow_tf32, cuda=cuda)
+        return _split(y, parts)
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1] // parts), x.dtype)
+    empty = jnp.zeros((0,), x.dtype)
+    has_bias = bias.shape[0] > 0
+    dead = empty
+    if has_bias:
+        dead = bias.astype(jnp.float32)
+        dead = (dead if activation is None else _activations.ACTIVATIONS[activation](dead)).astype(x.dtype)
+    return list(jax.ffi.ffi_call("pit_row_gather_matmul3", (out,) * parts)(
+        x, w, idx[0], idx[1], bias if has_bias else empty, dead, tile_h=np.int64(tile_h), trans_b=False,
+        allow_tf32=bool(allow_tf32), activation=np.int64(_lowering.ACTIVATION_CODES[activation]),
+    ))
+
+
+def row_linear_parts(x, w, bias, idx, *, tile_h, parts, activation=None, allow_tf32=False):
+    """x [..., M, K], w [K, N] or [..., K, N], bias [N] or None; idx: the six index arrays.
+    Returns `parts` arrays [..., M, N / parts]."""
+    if bias is None:
+        bias = jnp.zeros((0,), x.dtype)
+    return tuple(row_linear_parts_p.bind(x, w, bias, *idx, tile_h=int(tile_h), activation=activation,
+                                         allow_tf32=bool(allow_tf32), parts=int(parts)))
+
+
+def _jvp(primals, tangents, *, parts, **params):
+    x, w, bias, *idx = primals
+    live = [i for i, t in enumerate(tangents[:3]) if type(t) is not ad.Zero]
+    if not live:
+        outs = row_linear_parts_p.bind(*primals, parts=parts, **params)
+        return outs, [ad.Zero(ShapedArray(o.shape, o.dtype)) for o in outs]
+
+    def f(*vals):
+        args = [x, w, bias]
+        for i, v in zip(live, vals):
+            args[i] = v
+        return _split(unfused(*args, *idx, **params), parts)
+
+    return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+
+
+def _batch(args, dims, *, parts, **params):
+    if dims[2] is not None:  # a mapped bias: the unfused expression, split
+        fn = lambda *a: tuple(_split(unfused(*a, **params), parts))  # noqa: E731
+        return list(jax.vmap(fn, in_axes=tuple(dims))(*args)), [0] * parts
+    return row_linear_parts_p.bind(*mapped_to_batch(args, dims), parts=parts, **params), [0] * parts
+
+
+row_linear_parts_p.def_impl(lambda *args, **params: xla.apply_primitive(row_linear_parts_p, *args, **params))
+row_linear_parts_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[row_linear_parts_p] = _jvp
+batching.primitive_batchers[row_linear_parts_p] = _batch
+_lowering.register_traced_lowering(
+    row_linear_parts_p, _native_parts, ("pit_row_gather_matmul", "pit_row_gather_matmul3"),
+    cuda_fn=functools.partial(_native_parts, cuda=True),
+)
