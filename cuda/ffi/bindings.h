@@ -63,19 +63,29 @@ auto MoeIndex(B b) {
       .template Attr<int64_t>("num_experts");
 }
 
+// The row-gather products' operands and attributes; the results sit between them. (By
+// reference: a Binding's move constructor is private.)
 template <class B>
-auto RowGatherMatmul(B b) {
-  return std::move(b).template Arg<AnyBuffer>()  // a
+auto RowGatherOperands(B&& b) {
+  return std::forward<B>(b).template Arg<AnyBuffer>()  // a
       .template Arg<AnyBuffer>()  // b
       .template Arg<S32>()  // tiles
       .template Arg<S32>()  // count
       .template Arg<AnyBuffer>()  // bias: [N] or empty
-      .template Arg<AnyBuffer>()  // dead_row: [N] or empty
-      .template Ret<AnyBuffer>()  // c
-      .template Attr<int64_t>("tile_h")
+      .template Arg<AnyBuffer>();  // dead_row: [N] or empty
+}
+
+template <class B>
+auto RowGatherAttrs(B&& b) {
+  return std::forward<B>(b).template Attr<int64_t>("tile_h")
       .template Attr<bool>("trans_b")
       .template Attr<bool>("allow_tf32")
       .template Attr<int64_t>("activation");
+}
+
+template <class B>
+auto RowGatherMatmul(B b) {
+  return RowGatherAttrs(RowGatherOperands(std::move(b)).template Ret<AnyBuffer>());  // c
 }
 
 // pit_row_gather_matmul3: the same product with C as three column parts (q, k and v of a
@@ -83,19 +93,10 @@ auto RowGatherMatmul(B b) {
 // the product, then the columns copied out.
 template <class B>
 auto RowGatherMatmul3(B b) {
-  return std::move(b).template Arg<AnyBuffer>()  // a
-      .template Arg<AnyBuffer>()  // b
-      .template Arg<S32>()  // tiles
-      .template Arg<S32>()  // count
-      .template Arg<AnyBuffer>()  // bias: [N] or empty
-      .template Arg<AnyBuffer>()  // dead_row: [N] or empty
-      .template Ret<AnyBuffer>()  // c part 0
-      .template Ret<AnyBuffer>()  // c part 1
-      .template Ret<AnyBuffer>()  // c part 2
-      .template Attr<int64_t>("tile_h")
-      .template Attr<bool>("trans_b")
-      .template Attr<bool>("allow_tf32")
-      .template Attr<int64_t>("activation");
+  return RowGatherAttrs(RowGatherOperands(std::move(b))
+                            .template Ret<AnyBuffer>()     // c part 0
+                            .template Ret<AnyBuffer>()     // c part 1
+                            .template Ret<AnyBuffer>());  // c part 2
 }
 
 template <class B>
