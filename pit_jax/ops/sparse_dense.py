@@ -247,8 +247,11 @@ def sparse_dense(
     if out_parts > 1 and w.shape[-1] % out_parts:
         raise ValueError(f"sparse_dense: out_parts={out_parts} must divide N = {w.shape[-1]}")
 
+    def unvector(y):
+        return y[..., 0, :] if vector else y
+
     def result(y):
-        y = y[..., 0, :] if vector else y
+        y = unvector(y)
         return y if out_parts == 1 else tuple(jnp.split(y, out_parts, axis=-1))
     if auto:
         plan = _auto_plan(x, w, axis, precision, dtype)
@@ -297,20 +300,16 @@ def sparse_dense(
     # A bias alone stays in XLA, which fuses the add into whatever reads the product (a
     # layer norm, a slice); in the epilogue it cost more than that (H100 BERT profile,
     # docs/notes/sm90_row_gather.md "Fused epilogue").
-    fused = (
-        axis == "m" and isinstance(activation, str) and activation in FUSED_ACTIVATIONS
-        and (bias is None or bias.ndim == 1)
-    )
-    parts_fused = (
-        out_parts > 1 and axis == "m" and (bias is None or bias.ndim == 1)
-        and (activation is None or (isinstance(activation, str) and activation in FUSED_ACTIVATIONS))
-    )
+    m_epilogue = axis == "m" and (bias is None or bias.ndim == 1)
+    named = isinstance(activation, str) and activation in FUSED_ACTIVATIONS
+    fused = m_epilogue and named
+    parts_fused = m_epilogue and out_parts > 1 and (activation is None or named)
     if config.reference_enabled():
         y = epilogue(reference.stile_matmul(x, w, *index.arrays, **params))
     elif parts_fused:
         ys = row_linear_parts(x, w, bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,
                               allow_tf32=tf32)
-        return tuple(y[..., 0, :] if vector else y for y in ys)
+        return tuple(map(unvector, ys))
     elif fused:
         y = row_linear(x, w, bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32)
     else:

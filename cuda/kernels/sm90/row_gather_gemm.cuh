@@ -432,6 +432,12 @@ struct ZeroFill {
   int64_t r = -1;
   __device__ __forceinline__ ZeroFill() {}
   __device__ __forceinline__ ZeroFill(int k, int per_cta) : worker(blockIdx.x * per_cta + k), G(gridDim.x * per_cta) {}
+  // Where batch entry b's rows of `part` start (row pitch g.out_row_bytes, which is
+  // c_row_bytes without parts); the plain kernels skip OutBase's runtime part check.
+  __device__ __forceinline__ static char* Base(const Args& g, int b, int part) {
+    if constexpr (kParts) return OutBase(g, b, part);
+    return g.c + static_cast<int64_t>(b) * g.c_batch_bytes;
+  }
   // The next unit without its list read: false once none is left; *pos = its list entry
   // (an index into g.lists), *within = its row inside the tile. Its batch entry is b.
   __device__ __forceinline__ bool NextSlot(const Args& g, int64_t* pos, int* within) {
@@ -482,7 +488,7 @@ struct ZeroFill {
       return;
     }
     const int parts = kParts ? g.parts : 1;
-    const int64_t row_bytes = kParts ? g.out_row_bytes : g.c_row_bytes;
+    const int64_t row_bytes = g.out_row_bytes;
     const int n16 = static_cast<int>(row_bytes >> 4);  // N % 8 == 0: whole 16-byte chunks
     for (;;) {
       int64_t pos = -1;
@@ -497,19 +503,16 @@ struct ZeroFill {
       const int64_t r = pos >= 0 ? RowOf(g, pos, within) : -1;
 #pragma unroll 1
       for (int part = 0; part < parts; ++part) {
-        const uint4* dead = g.epi.dead ? reinterpret_cast<const uint4*>(g.epi.dead + part * row_bytes) : nullptr;
+        const uint4* dead = reinterpret_cast<const uint4*>(g.epi.dead + part * row_bytes);
 #pragma unroll 1
         for (int x0 = 0; x0 < n16; x0 += 32) {
           const int x = x0 + lane;
-          const uint4 v = dead && x < n16 ? __ldg(dead + x) : make_uint4(0, 0, 0, 0);
+          const uint4 v = x < n16 ? __ldg(dead + x) : make_uint4(0, 0, 0, 0);
 #pragma unroll 1
           for (int j = 0; j < n; ++j) {
             const int64_t rj = __shfl_sync(0xffffffffu, r, j);
             const int bj = __shfl_sync(0xffffffffu, mine_b, j);
-            if (rj >= 0 && x < n16) {
-              char* base = kParts ? OutBase(g, bj, part) : g.c + static_cast<int64_t>(bj) * g.c_batch_bytes;
-              __stcs(reinterpret_cast<uint4*>(base + rj * row_bytes) + x, v);
-            }
+            if (rj >= 0 && x < n16) __stcs(reinterpret_cast<uint4*>(Base(g, bj, part) + rj * row_bytes) + x, v);
           }
         }
       }
@@ -529,20 +532,18 @@ struct ZeroFill {
   }
   // Writes one row (one part of it with kParts) with the whole warp; false once none is left.
   __device__ __forceinline__ bool Next(const Args& g, int lane) {
-    if constexpr (kParts) {
-      if (part == 0 && !NextRow(g, &r)) return false;
-      if (r >= 0)
-        WriteRow(OutBase(g, b, part) + r * g.out_row_bytes,
-                 g.epi.dead ? g.epi.dead + part * g.out_row_bytes : nullptr, g.out_row_bytes, lane);
-      if (++part == g.parts) part = 0;
-    } else {
-      if (!NextRow(g, &r)) return false;
-      if (r >= 0)
-        WriteRow(g.c + static_cast<int64_t>(b) * g.c_batch_bytes + r * g.c_row_bytes, g.epi.dead, g.c_row_bytes, lane);
-    }
+    if (part == 0 && !NextRow(g, &r)) return false;  // part stays 0 without kParts
+    if (r >= 0)
+      WriteRow(Base(g, b, part) + r * g.out_row_bytes, g.epi.dead ? g.epi.dead + part * g.out_row_bytes : nullptr,
+               g.out_row_bytes, lane);
+    if (kParts && ++part == g.parts) part = 0;
     return true;
   }
 };
+
+// The zero-fill of a kernel instantiated with template flags kDiag.
+template <int kDiag>
+using ZeroFillOf = ZeroFill<(kDiag & kOutParts) != 0>;
 
 // One B stage by TMA (lane 0 of the B warp): wait until the consumers (of every CTA in
 // the cluster) freed the stage, announce 32 KB, load this CTA's part (multicast).
@@ -587,7 +588,7 @@ __device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, in
 // 32 KB. Without a zero-fill warp, the whole warp writes one dead row per stage here.
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK>
 __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, char* smem, int lane) {
-  ZeroFill<(kDiag & kOutParts) != 0> zf;
+  ZeroFillOf<kDiag> zf;
   bool zero_left = !Cfg::kZeroWarp;
   const uint32_t base = SmemAddr(smem);
   using W = Walk<kCluster, kSplitK>;
@@ -1052,10 +1053,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (warp == Cfg::kBWarp) {
       LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
     } else if (Cfg::kConsumerGather) {
-      ZeroFill<(kDiag & kOutParts) != 0> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
+      ZeroFillOf<kDiag> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
       if (!(kDiag & kDiagNoZero)) zf.RunAll(g, lane);
     } else if (warp == 3 && Cfg::kZeroWarp) {
-      ZeroFill<(kDiag & kOutParts) != 0> zf;
+      ZeroFillOf<kDiag> zf;
       zf.RunAll(g, lane);
     } else {
       // warps 0, 1 (and 3): each its own instantiation, so its row range is a constant
