@@ -35,7 +35,9 @@ Variants (`impl`):
 Each variant is compiled ONCE (`jit(...).lower(...).compile()`): the memory numbers are
 that executable's XLA memory plan (arguments + outputs + temporaries, `mem_mb`), and the
 timing is of that executable called back to back (median of `reps` runs of ~20 ms each;
-the weights of these models overflow L2, so there is no rotation). `peak_mb` is the
+the weights of these models overflow L2, so there is no rotation); prune times each
+case's variants in interleaved rounds (`Suite.run_interleaved`: its step is host-bound
+and drifted by 10-30 % within one sequential run on the H100). `peak_mb` is the
 device allocator's process-wide peak after the variant ran (never reset: it only grows;
 read it as an upper bound). Outputs of pit are checked against dense (valid tokens) /
 dense_masked (prune) in the same run. JSON and a PNG are (re)written after every case.
@@ -95,14 +97,58 @@ class Suite:
 
     def run(self, case, impl, fn, args, check=None):
         """Compiles fn(*args), records its memory plan, times it; returns its first output."""
+        row, compiled = self._compile(case, impl, fn, args)
+        out = None
+        if compiled is not None:
+            try:
+                out = compiled(*args)
+                row.update(time_compiled(compiled, args, budget_s=min(20.0, max(3.0, (self.left() or 60) / 4))))
+                self._after(row, out, check)
+            except Exception as e:  # noqa: BLE001 - a failing variant does not stop the run
+                self._failed(row, e)
+            del compiled
+        self.rows.append(row)
+        self._print(row)
+        return out
+
+    def run_interleaved(self, case, variants, rounds=7):
+        """Like `run` for each (impl, fn, args, check) of `variants`, but timed in `rounds`
+        interleaved rounds (each times every variant once, >= 20 back-to-back calls), the
+        median per variant: a host-bound step (the pruned training step issues ~800
+        kernels) drifts by 10-30 % over a run on a shared machine, which timing the
+        variants one after another turned into differences between them."""
+        ready = []
+        for impl, fn, args, check in variants:
+            row, compiled = self._compile(case, impl, fn, args)
+            if compiled is not None:
+                try:
+                    self._after(row, compiled(*args), check)
+                    ready.append((row, compiled, args))
+                except Exception as e:  # noqa: BLE001
+                    self._failed(row, e)
+            if compiled is None or row.get("error"):
+                self.rows.append(row)
+                self._print(row)
+        samples = {id(row): [] for row, _, _ in ready}
+        for _ in range(rounds):
+            for row, compiled, args in ready:
+                t = common.time_calls(lambda c=compiled, a=args: c(*a), reps=1, target_s=0.2, min_calls=20,
+                                      max_calls=200)
+                samples[id(row)].append(t["samples"][0])
+        for row, _, _ in ready:
+            s = samples[id(row)]
+            row.update(median_ms=statistics.median(s), min_ms=min(s), max_ms=max(s), reps=len(s), interleaved=True)
+            self.rows.append(row)
+            self._print(row)
+
+    def _compile(self, case, impl, fn, args):
+        """(row, compiled executable or None: skipped or failed, the row says why)."""
         left = self.left()
         row = dict(case, impl=impl)
         if left is not None and left <= 0:
             row["note"] = "skipped: deadline"
             self.not_run.append(f"{case['workload']} {case.get('label', '')} {impl}")
-            self.rows.append(row)
-            return None
-        out = None
+            return row, None
         try:
             t = time.perf_counter()
             compiled = jax.jit(fn).lower(*args).compile()
@@ -117,28 +163,28 @@ class Suite:
             limit = device_limit_mb()
             if limit and row.get("mem_mb", 0) > limit:  # would not fit: record why instead of an OOM
                 row["note"] = f"skipped: XLA memory plan {row['mem_mb']:.0f} MB > device pool {limit:.0f} MB"
-                del compiled
-                self.rows.append(row)
-                self._print(row)
-                return None
-            out = compiled(*args)
-            row.update(time_compiled(compiled, args, budget_s=min(20.0, max(3.0, (left or 60) / 4))))
-            peak = mcommon.peak_bytes_in_use()
-            row["peak_mb"] = None if peak is None else peak / 2**20
-            if check is not None:
-                row.update(check(out))
-            del compiled
+                return row, None
+            return row, compiled
         except Exception as e:  # noqa: BLE001 - a failing variant does not stop the run
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
-                # fits the plan but not the allocator: earlier variants' freed buffers fragment it
-                row["note"] = (f"out of memory: XLA memory plan {row.get('mem_mb', float('nan')):.0f} MB, "
-                               f"device pool {device_limit_mb() or float('nan'):.0f} MB")
-            if self.args.verbose:
-                traceback.print_exc()
-        self.rows.append(row)
-        self._print(row)
-        return out
+            self._failed(row, e)
+            return row, None
+
+    @staticmethod
+    def _after(row, out, check):
+        """The allocator's peak and the variant's check, after its first call."""
+        peak = mcommon.peak_bytes_in_use()
+        row["peak_mb"] = None if peak is None else peak / 2**20
+        if check is not None:
+            row.update(check(out))
+
+    def _failed(self, row, e):
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+            # fits the plan but not the allocator: earlier variants' freed buffers fragment it
+            row["note"] = (f"out of memory: XLA memory plan {row.get('mem_mb', float('nan')):.0f} MB, "
+                           f"device pool {device_limit_mb() or float('nan'):.0f} MB")
+        if self.args.verbose:
+            traceback.print_exc()
 
     def _print(self, r):
         # The timed rows of r's case (workload, label, mode): its dense row and alternative.
@@ -319,7 +365,6 @@ def prune_case(suite, small):
     rng = np.random.default_rng(1)
     data = bert.synthetic_batch(rng, cfg, batch, seq, np.full((batch,), seq, np.int32))
     tx = optax.adamw(1e-4)
-    dense_ms = None
     for tile_name, densities in plan:
         tile = pruning.parse_tile(tile_name)
         steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
@@ -331,26 +376,23 @@ def prune_case(suite, small):
             base = dict(workload="prune", label=label, tile=tile_name, density=d, batch=batch, max_len=seq,
                         mode="train", alternative="dense_masked", dtype=jnp.dtype(cfg.dtype).name)
             args = (params, opt_state, *data, jnp.float32(d))
-            if dense_ms is None:  # the unpruned model: once, copied into every case's rows
-                suite.run(base, "dense", steps["dense"], args)
-                dense_ms = suite.rows[-1]
-            else:
-                suite.rows.append(dict(dense_ms, **{k: base[k] for k in ("label", "tile", "density")}))
-            ref = suite.run(base, "dense_masked", steps["dense_masked"], args)
-            chk = None
-            if ref is not None:
-                r = float(ref[2])
-                chk = lambda out, r=r: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
-                                        "ok": abs(float(out[2]) - r) <= mcommon.tolerance(cfg.dtype) * max(abs(r), 1.0),
-                                        "live_fraction": float(out[3])}
+            # The masked twin's loss, the reference of the pit variants' check.
+            ref = jax.jit(steps["dense_masked"])(*args)
+            r = float(ref[2])
+            chk = lambda out, r=r: {"max_rel_err": abs(float(out[2]) - r) / max(abs(r), 1e-6),
+                                    "ok": abs(float(out[2]) - r) <= mcommon.tolerance(cfg.dtype) * max(abs(r), 1.0),
+                                    "live_fraction": float(out[3])}
             del ref
             # pit: the STile per linear that the optimizer picks at this density (W axis or
-            # the dense product on the masked kernel); pit_w: the W axis everywhere.
+            # the dense product on the masked kernel); pit_w: the W axis everywhere. The
+            # unpruned dense step in every case, so that each case's ratios come from the
+            # same interleaved rounds.
             routes = sparse_training.plan_routes(params, d, tile, batch * seq, cfg.dtype)
-            step = sparse_training.routed_pit_step(routed, cfg, tile, tx, routes)
-            suite.run(dict(base, routes=routes), "pit", step, args, chk)
+            variants = [("dense", steps["dense"], args, None), ("dense_masked", steps["dense_masked"], args, None),
+                        ("pit", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes), args, chk)]
             if any(r != "w" for r in routes.values()):
-                suite.run(base, "pit_w", steps["pit"], args, chk)
+                variants.append(("pit_w", steps["pit"], args, chk))
+            suite.run_interleaved(dict(base, routes=routes), variants)
 
 
 def _check_tokens(tol, ref):
