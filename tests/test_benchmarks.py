@@ -52,3 +52,31 @@ def test_bf16_weights_casts_matrices_only():
     out = bench_workloads.bf16_weights(params)
     assert out["dense"]["kernel"].dtype == jnp.bfloat16 and out["embed"]["embedding"].dtype == jnp.bfloat16
     assert out["dense"]["bias"].dtype == jnp.float32 and out["ln"]["scale"].dtype == jnp.float32
+
+
+def test_run_interleaved_rows(tmp_path):
+    """Suite.run_interleaved: one row per variant, timed in the same rounds, ratios against
+    the case's dense row and its alternative, checks on the first output; a failing variant
+    gets its error row and does not stop the others."""
+    import argparse
+
+    from benchmarks import bench_workloads
+
+    args = argparse.Namespace(out=str(tmp_path), only="prune", small=True, deadline_s=None, moe=None, verbose=False)
+    suite = bench_workloads.Suite(args)
+    case = dict(workload="prune", label="toy", mode="train", alternative="twin")
+    x = jnp.ones((64, 64))
+
+    def broken(v):
+        raise ValueError("no such variant")
+
+    suite.run_interleaved(case, [("dense", lambda v: v @ v, (x,), None), ("twin", lambda v: v @ v + 1.0, (x,), None),
+                                 ("pit", lambda v: v * 2.0, (x,), lambda out: {"ok": bool(out[0, 0] == 2.0)}),
+                                 ("bad", broken, (x,), None)], rounds=3)
+    rows = {r["impl"]: r for r in suite.rows}
+    assert set(rows) == {"dense", "twin", "pit", "bad"}
+    for impl in ("dense", "twin", "pit"):
+        assert rows[impl]["interleaved"] and rows[impl]["reps"] == 3 and rows[impl]["median_ms"] > 0
+    assert rows["pit"]["ok"] and "speedup_vs_dense" in rows["pit"] and "speedup_vs_alternative" in rows["pit"]
+    assert "no such variant" in rows["bad"]["error"] and "median_ms" not in rows["bad"]
+    assert os.path.exists(suite.path)
