@@ -4,6 +4,11 @@ import os
 
 # Tests compare against float64 references on the host.
 os.environ.setdefault("JAX_ENABLE_X64", "0")
+# Four host devices, so that test_sharding can build a mesh without GPUs (set before any
+# backend starts; where GPUs are the default backend this only adds host devices).
+_xla_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _xla_flags:
+    os.environ["XLA_FLAGS"] = (_xla_flags + " --xla_force_host_platform_device_count=4").strip()
 
 
 def pytest_report_header(config):

@@ -8,10 +8,10 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from pit_jax import _activations, _native
+from pit_jax.primitives._vma import Primitive
 
 
 def _attrs(params: dict, names: Sequence[str]) -> dict:

@@ -21,8 +21,10 @@ from typing import Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-from jax.core import ShapedArray
 from jax.interpreters import ad
+
+from pit_jax.primitives._vma import zero_tangent
+
 
 NUM_INDEX = 6  # tiles, count, row_tiles, row_count, col_tiles, col_count
 FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -106,7 +108,7 @@ def bilinear_jvp(prim):
     def jvp(primals, tangents, **params):
         out = prim.bind(*primals, **params)
         dout = bilinear_tangent(prim, primals, tangents, **params)
-        return out, ad.Zero(ShapedArray(out.shape, out.dtype)) if dout is None else dout
+        return out, zero_tangent(out) if dout is None else dout
 
     return jvp
 

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _grouped, _lowering, _products
+from pit_jax.primitives._vma import Primitive, zero_tangent
 
 grouped_matmul_p = Primitive("pit_grouped_matmul")
 
@@ -84,7 +84,7 @@ def _jvp(primals, tangents, *, relu, **params):
     y = grouped_matmul_p.bind(*primals, relu=relu, **params)
     dz = _products.bilinear_tangent(grouped_matmul_p, primals, tangents, relu=False, **params)
     if dz is None:
-        return y, ad.Zero(ShapedArray(y.shape, y.dtype))
+        return y, zero_tangent(y)
     return y, jnp.where(y > 0, dz, jnp.zeros((), dz.dtype)) if relu else dz
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _grouped, _lowering, _products
+from pit_jax.primitives._vma import Primitive
 from pit_jax.primitives.grouped_matmul import check_index, grouped_matmul
 
 grouped_wgrad_p = Primitive("pit_grouped_wgrad")

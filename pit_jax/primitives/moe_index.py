@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives._index_rules import integer_outputs_jvp
 from pit_jax.primitives._lowering import register_ffi_lowerings
+from pit_jax.primitives._vma import Primitive
 
 moe_index_p = Primitive("pit_moe_index")
 moe_index_p.multiple_results = True

@@ -22,11 +22,11 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax import _activations
 from pit_jax.primitives import _lowering
+from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
 row_linear_p = Primitive("pit_row_linear")
@@ -91,7 +91,7 @@ def _jvp(primals, tangents, **params):
     live = [i for i, t in enumerate(tangents[:3]) if type(t) is not ad.Zero]
     if not live:
         out = row_linear_p.bind(*primals, **params)
-        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+        return out, zero_tangent(out)
 
     def f(*vals):
         args = [x, w, bias]

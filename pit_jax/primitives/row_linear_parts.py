@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax import _activations
 from pit_jax.primitives import _lowering
+from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused
 
 row_linear_parts_p = Primitive("pit_row_linear_parts")
@@ -95,7 +95,7 @@ def _jvp(primals, tangents, *, parts, **params):
     live = [i for i, t in enumerate(tangents[:3]) if type(t) is not ad.Zero]
     if not live:
         outs = row_linear_parts_p.bind(*primals, parts=parts, **params)
-        return outs, [ad.Zero(ShapedArray(o.shape, o.dtype)) for o in outs]
+        return outs, [zero_tangent(o) for o in outs]
 
     def f(*vals):
         args = [x, w, bias]

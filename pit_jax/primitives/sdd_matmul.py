@@ -17,10 +17,10 @@ import math
 import jax
 import numpy as np
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _dense_route, _lowering, _products
+from pit_jax.primitives._vma import Primitive
 
 sdd_matmul_p = Primitive("pit_sdd_matmul")
 

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering
+from pit_jax.primitives._vma import Primitive, zero_tangent
 
 sread_p = Primitive("pit_sread")
 
@@ -40,7 +40,7 @@ def _jvp(primals, tangents, *, tile):
     out = sread_p.bind(x, tiles, count, tile=tile)
     dx = tangents[0]
     if type(dx) is ad.Zero:
-        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+        return out, zero_tangent(out)
     return out, sread_p.bind(dx, tiles, count, tile=tile)
 
 

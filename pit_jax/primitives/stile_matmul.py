@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax import reference
 from pit_jax.primitives import _dense_route, _lowering, _products
+from pit_jax.primitives._vma import Primitive
 
 stile_matmul_p = Primitive("pit_stile_matmul")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering
+from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.sread import _align_batch, sread
 
 swrite_p = Primitive("pit_swrite")
@@ -50,7 +50,7 @@ def _jvp(primals, tangents, *, accumulate):
     out = swrite_p.bind(packed, tiles, count, base, accumulate=accumulate)
     dp, _, _, db = tangents
     if type(dp) is ad.Zero and type(db) is ad.Zero:
-        return out, ad.Zero(ShapedArray(out.shape, out.dtype))
+        return out, zero_tangent(out)
     dp = _zeros(dp.aval) if type(dp) is ad.Zero else dp
     db = _zeros(db.aval) if type(db) is ad.Zero else db
     return out, swrite_p.bind(dp, tiles, count, db, accumulate=accumulate)
