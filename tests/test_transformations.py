@@ -1,0 +1,101 @@
+"""Transformations beyond jit / vmap / grad: rematerialization (`jax.checkpoint`, with a
+policy too), second order (a Hessian-vector product: jvp of grad), forward-mode Jacobians
+and `jax.linearize`, for sparse_dense on its three axes, the live-row layer norm and the
+MoE FFN, each against the same expression in plain jnp (CPU; the same rules run on GPU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pit_jax
+
+RTOL, ATOL = 2e-4, 2e-4
+
+
+def _close(a, b):
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=RTOL,
+                                                                    atol=ATOL), a, b)
+
+
+def _cases(rng):
+    """(name, f(w, x) with pit_jax, the same with jnp, w, x): scalar losses of a weight."""
+    m, k, n = 64, 64, 64
+    x = rng.standard_normal((m, k)).astype(np.float32) * (rng.random((m, 1)) < 0.5)
+    xk = np.maximum(x, 0) * np.repeat(rng.random((m // 32, 1, k)) < 0.4, 32, axis=0).reshape(m, k)
+    w = (rng.standard_normal((k, n)) / 8).astype(np.float32)
+    live = rng.random((k // 32, n // 32)) < 0.5
+    live[0, 0], live[1, 1] = True, False  # some blocks of each kind
+    mask = np.kron(live, np.ones((32, 32), np.float32))
+    loss = lambda y: jnp.sum(jnp.tanh(y) ** 2)  # noqa: E731  (curved, so second order is not trivial)
+    out = [
+        ("m", lambda w, x: loss(pit_jax.sparse_dense(x, w, axis="m")), lambda w, x: loss(x @ w), w, x),
+        ("k", lambda w, x: loss(pit_jax.sparse_dense(x, w, axis="k")), lambda w, x: loss(x @ w), w, xk),
+        # The W axis's index comes from w's zero blocks, a constant of the step: derivatives
+        # are those of x @ (w * mask) (zero on the dead blocks).
+        ("w", lambda w, x: loss(pit_jax.sparse_dense(x, w, axis="w", micro_tile=(32, 32))),
+         lambda w, x: loss(x @ (w * mask)), w * mask, x),
+    ]
+    # Layer norm on live rows (a row index), differentiated in its scale.
+    rows = np.abs(x).sum(1) > 0
+    r = rng.standard_normal((m, k)).astype(np.float32)
+
+    def ln_ref(s, x):
+        h = x + r
+        mu = h.mean(-1, keepdims=True)
+        v = ((h - mu) ** 2).mean(-1, keepdims=True)
+        return loss(jnp.where(rows[:, None], (h - mu) / jnp.sqrt(v + 1e-6) * s, 0.0))
+
+    idx = lambda x: pit_jax.index(rows[:, None], "row")  # noqa: E731
+    out.append(("layer_norm", lambda s, x: loss(pit_jax.layer_norm(x, s, jnp.zeros_like(s), idx(x), residual=r)),
+                ln_ref, (1 + 0.1 * rng.standard_normal(k)).astype(np.float32), x))
+    # MoE FFN (top-2), differentiated in w_in.
+    t, d, f, e = 48, 16, 24, 4
+    xm = rng.standard_normal((t, d)).astype(np.float32)
+    gates, ids = jax.lax.top_k(jax.nn.softmax(rng.standard_normal((t, e)).astype(np.float32)), 2)
+    w_out = (rng.standard_normal((e, f, d)) / 5).astype(np.float32)
+
+    def moe_ref(w_in, x):
+        h = jnp.maximum(jnp.einsum("td,edf->tef", x, w_in), 0)
+        y = jnp.einsum("tef,efd->ted", h, w_out)  # every expert on every token
+        return loss(jnp.einsum("tkd,tk->td", jnp.take_along_axis(y, ids[:, :, None], axis=1), gates))
+
+    out.append(("moe", lambda w_in, x: loss(pit_jax.moe_ffn(x, gates, pit_jax.moe_index(ids, e), w_in, w_out)),
+                moe_ref, (rng.standard_normal((e, d, f)) / 4).astype(np.float32), xm))
+    return out
+
+
+CASES = ["m", "k", "w", "layer_norm", "moe"]
+
+
+def _case(name):
+    return next(c for c in _cases(np.random.default_rng()) if c[0] == name)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_remat(name):
+    _, f, ref, w, x = _case(name)
+    want = jax.grad(ref)(w, x)
+    _close(jax.jit(jax.grad(jax.checkpoint(f)))(w, x), want)
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    _close(jax.jit(jax.grad(jax.checkpoint(f, policy=policy)))(w, x), want)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hessian_vector_product(name):
+    _, f, ref, w, x = _case(name)
+    v = np.random.default_rng().standard_normal(np.shape(w)).astype(np.float32)
+    hvp = lambda g: jax.jvp(lambda w: jax.grad(g)(w, x), (w,), (v,))[1]  # noqa: E731
+    _close(jax.jit(lambda: hvp(f))(), hvp(ref))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_forward_mode(name):
+    _, f, ref, w, x = _case(name)
+    _close(jax.jit(jax.jacfwd(f))(w, x), jax.jacfwd(ref)(w, x))
+    y, lin = jax.linearize(lambda w: f(w, x), w)
+    y_ref, lin_ref = jax.linearize(lambda w: ref(w, x), w)
+    v = np.random.default_rng().standard_normal(np.shape(w)).astype(np.float32)
+    _close((y, lin(v)), (y_ref, lin_ref(v)))
