@@ -107,3 +107,18 @@ def build_info() -> dict:
     if _cuda is not None:
         info[CUDA_PLATFORM] = _cuda.build_info()
     return info
+
+
+def export_checks() -> list:
+    """The `jax.export` safety checks that pit_jax's custom calls need disabled:
+
+        exp = jax.export.export(jax.jit(f), disabled_checks=pit_jax.export_checks())(*args)
+
+    jax.export refuses custom calls without a compatibility guarantee, and pit_jax's FFI
+    targets have none across pit_jax versions (their attributes may change): call or
+    deserialize an export with the pit_jax version that made it (importing pit_jax
+    registers the targets)."""
+    from jax import export
+
+    names = targets(CPU_PLATFORM) | targets(CUDA_PLATFORM)
+    return [export.DisabledSafetyCheck.custom_call(name) for name in sorted(names)]

@@ -1,7 +1,8 @@
 """Transformations beyond jit / vmap / grad: rematerialization (`jax.checkpoint`, with a
 policy too), second order (a Hessian-vector product: jvp of grad), forward-mode Jacobians
 and `jax.linearize`, for sparse_dense on its three axes, the live-row layer norm and the
-MoE FFN, each against the same expression in plain jnp (CPU; the same rules run on GPU)."""
+MoE FFN, each against the same expression in plain jnp (CPU; the same rules run on GPU);
+and `jax.export` of pit_jax code."""
 
 from __future__ import annotations
 
@@ -99,3 +100,29 @@ def test_forward_mode(name):
     y_ref, lin_ref = jax.linearize(lambda w: ref(w, x), w)
     v = np.random.default_rng().standard_normal(np.shape(w)).astype(np.float32)
     _close((y, lin(v)), (y_ref, lin_ref(v)))
+
+
+def test_export():
+    """jax.export of jitted pit_jax code (an index, M-axis and MoE products, a gradient):
+    refused without `pit_jax.export_checks()`, and with them the export computes what the
+    function does."""
+    from jax import export
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((64, 32)).astype(np.float32) * (rng.random((64, 1)) < 0.5)
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    ids = rng.integers(0, 4, size=(64, 1)).astype(np.int32)
+    w_in = rng.standard_normal((4, 32, 8)).astype(np.float32)
+    w_out = rng.standard_normal((4, 8, 32)).astype(np.float32)
+
+    def f(x, w, ids, w_in, w_out):
+        y = pit_jax.sparse_dense(x, w, axis="m")
+        g = jax.grad(lambda w: jnp.sum(pit_jax.sparse_dense(x, w, axis="m") ** 2))(w)
+        m = pit_jax.moe_ffn(x, jnp.ones(ids.shape, x.dtype), pit_jax.moe_index(ids, 4), w_in, w_out)
+        return y, g, m
+
+    args = (x, w, ids, w_in, w_out)
+    with pytest.raises(ValueError, match="custom calls"):
+        export.export(jax.jit(f))(*args)
+    exp = export.export(jax.jit(f), disabled_checks=pit_jax.export_checks())(*args)
+    _close(exp.call(*args), jax.jit(f)(*args))
