@@ -581,6 +581,40 @@ def test_reference_switch(axis):
     assert rel_err(jax.jit(f)(x, w), y_ref) < 1e-5
 
 
+def test_reference_switch_per_op(monkeypatch):
+    """The switch for named ops only: the others keep their custom calls."""
+    from pit_jax import config
+
+    x = jnp.asarray(np.random.default_rng().standard_normal((32, 16)), jnp.float32).at[::3].set(0.0)
+    w, s = jnp.ones((16, 16)), jnp.ones((16,))
+
+    def f(x, w, s):
+        idx = pit_jax.index(x, "row")
+        return pit_jax.layer_norm(pit_jax.sparse_dense(x, w, idx), s, s, idx)
+
+    with pit_jax.use_reference(ops=("layer_norm",)):
+        hlo = jax.jit(f).lower(x, w, s).as_text()
+        y = jax.jit(f)(x, w, s)
+    assert "pit_index" in hlo and "pit_row_gather_matmul" in hlo and "pit_row_layer_norm" not in hlo
+    assert rel_err(y, jax.jit(f)(x, w, s)) < 1e-5
+    with pit_jax.use_reference(ops="sparse_dense"):
+        assert config.reference_enabled("sparse_dense") and not config.reference_enabled("index")
+        assert not config.reference_enabled()  # "every op" only when all are on
+    monkeypatch.setenv("PIT_JAX_REFERENCE", "moe, sread")
+    assert config.reference_enabled("moe") and config.reference_enabled("sread")
+    assert not config.reference_enabled("sparse_dense")
+    with pit_jax.use_reference(False):
+        assert not config.reference_enabled("moe")
+    monkeypatch.setenv("PIT_JAX_REFERENCE", "1")
+    assert all(config.reference_enabled(op) for op in config.OPS) and config.reference_enabled()
+    monkeypatch.setenv("PIT_JAX_REFERENCE", "sparse_dens")
+    with pytest.raises(ValueError, match=r"PIT_JAX_REFERENCE='sparse_dens'.*unknown op\(s\) \['sparse_dens'\]"):
+        config.reference_enabled("moe")
+    with pytest.raises(ValueError, match=r"use_reference: ops: unknown op\(s\) \['dense'\]"):
+        with pit_jax.use_reference(ops=("dense",)):
+            pass
+
+
 def test_errors_at_trace_time():
     x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
     with pytest.raises(ValueError, match=r"inner dimensions differ: x is \(8, 16\), w is \(15, 4\)"):

@@ -66,7 +66,7 @@ def index(
         raise ValueError(f"pit_jax.index: group_by must be None, 'row', 'col' or 'both', got {group_by!r}")
     group_rows, group_cols = GROUPS[group_by]
     params = dict(tile_h=tile_h, tile_w=tile_w, capacity=capacity, group_rows=group_rows, group_cols=group_cols)
-    if config.reference_enabled():
+    if config.reference_enabled("index"):
         outs = reference.index(x, **params)
     else:
         outs = pit_index_p.bind(x, **params)

@@ -89,6 +89,6 @@ def layer_norm(
         tile_h = index.micro_tile[0]
     args = (x, residual if residual is not None else jnp.zeros((0,), x.dtype),
             bias if bias is not None else jnp.zeros((0,), jnp.float32), scale, offset, tiles, count)
-    if config.reference_enabled():
+    if config.reference_enabled("layer_norm"):
         return _reference(*args, tile_h=tile_h, epsilon=epsilon)
     return _row_layer_norm(*args, tile_h=tile_h, epsilon=epsilon)

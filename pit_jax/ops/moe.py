@@ -75,7 +75,7 @@ def moe_index(expert_ids: jax.Array, num_experts: int) -> MoeIndex:
             # Ids that do not fit int32 are out of range for any E < 2^31: keep them out of range.
             expert_ids = jnp.where((expert_ids >= 0) & (expert_ids < num_experts), expert_ids, -1)
         expert_ids = expert_ids.astype(jnp.int32)
-    if config.reference_enabled():
+    if config.reference_enabled("moe"):
         lists, counts = reference.moe_index(expert_ids, num_experts=num_experts)
     else:
         lists, counts = moe_index_p.bind(expert_ids, num_experts=num_experts)
@@ -98,7 +98,7 @@ def _check_batch(x_batch, other_batch, name, what):
 
 
 def _grouped(src, w, index, row_div, tf32, relu=False):
-    if config.reference_enabled():
+    if config.reference_enabled("moe"):
         y = reference.grouped_matmul(src, w, index.lists, index.counts, row_div=row_div, trans_w=False, allow_tf32=tf32)
         return jax.nn.relu(y) if relu else y
     return _grouped_matmul_p(src, w, index.lists, index.counts, row_div=row_div, allow_tf32=tf32, relu=relu)

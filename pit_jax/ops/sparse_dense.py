@@ -304,7 +304,7 @@ def sparse_dense(
     named = isinstance(activation, str) and activation in FUSED_ACTIVATIONS
     fused = m_epilogue and named
     parts_fused = m_epilogue and out_parts > 1 and (activation is None or named)
-    if config.reference_enabled():
+    if config.reference_enabled("sparse_dense"):
         y = epilogue(reference.stile_matmul(x, w, *index.arrays, **params))
     elif parts_fused:
         ys = row_linear_parts(x, w, bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,

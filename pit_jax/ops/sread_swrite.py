@@ -48,7 +48,7 @@ def sread(x: jax.Array, index: PitIndex) -> jax.Array:
     if x.ndim < 2 or tuple(x.shape[-2:]) != tuple(getattr(index, "shape", ())):
         raise ValueError(f"sread: the index was built for {getattr(index, 'shape', None)}, x is {tuple(x.shape)}")
     tiles, count = flat_index(index, x.shape[:-2], "sread", "x")
-    if config.reference_enabled():
+    if config.reference_enabled("sread"):
         return reference.sread(x, tiles, count, tile=index.micro_tile)
     return _sread(x, tiles, count, tile=index.micro_tile)
 
@@ -76,6 +76,6 @@ def swrite(packed: jax.Array, index: PitIndex, out: Optional[jax.Array] = None, 
         if tuple(out.shape) != (*batch, *index.shape) or out.dtype != packed.dtype:
             raise ValueError(f"swrite: out must be {(*batch, *index.shape)} {packed.dtype}, got {out.shape} {out.dtype}")
     tiles, count = flat_index(index, batch, "swrite", "packed")
-    if config.reference_enabled():
+    if config.reference_enabled("swrite"):
         return reference.swrite(packed, tiles, count, out, accumulate=accumulate)
     return _swrite(packed, tiles, count, out, accumulate=accumulate)
