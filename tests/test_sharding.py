@@ -149,6 +149,25 @@ def test_flax_layer_in_shard_map(mesh):
                                                                     atol=1e-5), g, ref)
 
 
+def test_nnx_layer_in_shard_map(mesh):
+    """pit_jax.flax.nnx.SparseDense split into graph and state, state replicated: the
+    data-parallel gradient of its parameters matches the single-device one."""
+    from flax import nnx
+
+    from pit_jax.flax import nnx as pit_nnx
+
+    rng = np.random.default_rng()
+    x = _rows_live(rng, 16 * N, 32, 0.5)
+    graphdef, state = nnx.split(pit_nnx.SparseDense(32, 24, axis="m", rngs=nnx.Rngs(0)))
+
+    def loss(state, x):
+        return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
+
+    g = _smap(mesh, jax.grad(loss), (P(), P("data")), P())(state, _put(mesh, x, P("data")))
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
+                                                                    atol=1e-4), g, jax.grad(loss)(state, x))
+
+
 def test_jit_with_sharded_inputs(mesh):
     """Without shard_map, XLA's partitioner runs each custom call on whole operands
     (gathered): the result is the unsharded one, whatever the inputs' sharding."""
