@@ -56,6 +56,12 @@ def f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+def assert_trees_close(got, want, rtol, atol):
+    """assert_allclose leaf by leaf over two pytrees of the same structure."""
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol),
+                           got, want)
+
+
 def dname(dtype) -> str:
     return jnp.dtype(dtype).name
 

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pit_jax
-from pit_testing import f64
+from pit_testing import assert_trees_close, f64
 
 DEVICES = jax.devices()
 pytestmark = pytest.mark.skipif(len(DEVICES) < 2, reason="needs 2+ devices of the default backend")
@@ -129,8 +129,7 @@ def test_moe_data_parallel(mesh):
     np.testing.assert_allclose(np.asarray(y), np.asarray(jax.jit(layer)(x, logits, w_in, w_out)), rtol=1e-4, atol=1e-4)
     g = _smap(mesh, grads, specs, P())(*args)
     ref = jax.jit(jax.grad(lambda wi, wo: jnp.sum(layer(x, logits, wi, wo) ** 2), argnums=(0, 1)))(w_in, w_out)
-    for a, b in zip(g, ref):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+    assert_trees_close(g, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_flax_layer_in_shard_map(mesh):
@@ -145,8 +144,7 @@ def test_flax_layer_in_shard_map(mesh):
     loss = lambda p, x: jnp.sum(model.apply(p, x) ** 2)  # noqa: E731
     g = _smap(mesh, jax.grad(loss), (P(), P("data")), P())(params, _put(mesh, x, P("data")))
     ref = jax.jit(jax.grad(loss))(params, x)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
-                                                                    atol=1e-5), g, ref)
+    assert_trees_close(g, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_nnx_layer_in_shard_map(mesh):
@@ -164,8 +162,7 @@ def test_nnx_layer_in_shard_map(mesh):
         return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
 
     g = _smap(mesh, jax.grad(loss), (P(), P("data")), P())(state, _put(mesh, x, P("data")))
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
-                                                                    atol=1e-4), g, jax.grad(loss)(state, x))
+    assert_trees_close(g, jax.grad(loss)(state, x), rtol=1e-4, atol=1e-4)
 
 
 def test_jit_with_sharded_inputs(mesh):
@@ -212,8 +209,7 @@ def test_bert_pit_data_parallel(mesh):
     args = (params, *(_put(mesh, np.asarray(a), P("data")) for a in (tokens, lengths, labels)))
     g = _smap(mesh, jax.grad(loss), specs, P())(*args)
     ref = jax.jit(jax.grad(loss))(params, tokens, lengths, labels)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4,
-                                                                    atol=2e-5), g, ref)
+    assert_trees_close(g, ref, rtol=2e-4, atol=2e-5)
 
 
 def test_explicit_mesh_axes():

@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 
 import pit_jax
-
-RTOL, ATOL = 2e-4, 2e-4
+from pit_testing import assert_trees_close
 
 
 def _close(a, b):
-    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=RTOL,
-                                                                    atol=ATOL), a, b)
+    assert_trees_close(a, b, rtol=2e-4, atol=2e-4)
 
 
 def _cases(rng):
