@@ -92,10 +92,14 @@ def tf32_k_major(b, trans_b, *, dtype, allow_tf32):
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4, "swish": 4}
 
 
-def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None):
+def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None, parts=1):
     """pit_row_gather_matmul: C = act(A @ op(B) + bias) on the listed row blocks of A,
     act(bias) elsewhere (zeros without a bias: act(0) = 0). `bias` [N] in A's dtype; the
-    dead rows' value act(bias) is computed here once (float32, rounded) and copied there."""
+    dead rows' value act(bias) is computed here once (float32, rounded) and copied there.
+    parts=3: pit_row_gather_matmul3, C written as three column parts, each of shape `out`
+    (a list of three results)."""
+    if parts not in (1, 3):
+        raise ValueError(f"row_gather_call: parts must be 1 or 3 (the targets), got {parts}")
     empty = jnp.zeros((0,), a.dtype)
     dead = empty
     if bias is None:
@@ -103,7 +107,8 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
     else:
         dead = bias.astype(jnp.float32)
         dead = (dead if activation is None else _activations.ACTIVATIONS[activation](dead)).astype(a.dtype)
-    return jax.ffi.ffi_call("pit_row_gather_matmul", out)(
+    target, outs = ("pit_row_gather_matmul", out) if parts == 1 else ("pit_row_gather_matmul3", (out,) * parts)
+    return jax.ffi.ffi_call(target, outs)(
         a, b, tiles, count, bias, dead, tile_h=np.int64(tile_h), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32),
         activation=np.int64(ACTIVATION_CODES[activation]),
     )

@@ -19,11 +19,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
-from pit_jax import _activations
 from pit_jax.primitives import _lowering
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused
@@ -69,15 +67,9 @@ def _native_parts(x, w, bias, *idx, tile_h, activation, allow_tf32, parts, cuda=
         y = _native(x, w, bias, *idx, tile_h=tile_h, activation=activation, allow_tf32=allow_tf32, cuda=cuda)
         return _split(y, parts)
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1] // parts), x.dtype)
-    empty = jnp.zeros((0,), x.dtype)
-    has_bias = bias.shape[0] > 0
-    dead = empty
-    if has_bias:
-        dead = bias.astype(jnp.float32)
-        dead = (dead if activation is None else _activations.ACTIVATIONS[activation](dead)).astype(x.dtype)
-    return list(jax.ffi.ffi_call("pit_row_gather_matmul3", (out,) * parts)(
-        x, w, idx[0], idx[1], bias if has_bias else empty, dead, tile_h=np.int64(tile_h), trans_b=False,
-        allow_tf32=bool(allow_tf32), activation=np.int64(_lowering.ACTIVATION_CODES[activation]),
+    return list(_lowering.row_gather_call(
+        x, w, idx[0], idx[1], out, tile_h=tile_h, trans_b=False, allow_tf32=allow_tf32,
+        bias=bias if bias.shape[0] else None, activation=activation, parts=parts,
     ))
 
 
