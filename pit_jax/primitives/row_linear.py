@@ -86,20 +86,29 @@ def row_linear(x, w, bias, idx, *, tile_h, activation=None, allow_tf32=False):
                              allow_tf32=bool(allow_tf32))
 
 
-def _jvp(primals, tangents, **params):
+def unfused_jvp(primals, tangents, params, finish=lambda y: y):
+    """(primal out, tangent out) of finish(unfused(...)) in the operands (x, w, bias) whose
+    tangents are not symbolic zeros; None when all three are."""
     x, w, bias, *idx = primals
     live = [i for i, t in enumerate(tangents[:3]) if type(t) is not ad.Zero]
     if not live:
-        out = row_linear_p.bind(*primals, **params)
-        return out, zero_tangent(out)
+        return None
 
     def f(*vals):
         args = [x, w, bias]
         for i, v in zip(live, vals):
             args[i] = v
-        return unfused(*args, *idx, **params)
+        return finish(unfused(*args, *idx, **params))
 
     return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+
+
+def _jvp(primals, tangents, **params):
+    out = unfused_jvp(primals, tangents, params)
+    if out is None:
+        out = row_linear_p.bind(*primals, **params)
+        return out, zero_tangent(out)
+    return out
 
 
 def mapped_to_batch(args, dims):

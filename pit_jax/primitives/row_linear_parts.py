@@ -24,7 +24,7 @@ from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering
 from pit_jax.primitives._vma import Primitive, zero_tangent
-from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused
+from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused, unfused_jvp
 
 row_linear_parts_p = Primitive("pit_row_linear_parts")
 row_linear_parts_p.multiple_results = True
@@ -83,19 +83,11 @@ def row_linear_parts(x, w, bias, idx, *, tile_h, parts, activation=None, allow_t
 
 
 def _jvp(primals, tangents, *, parts, **params):
-    x, w, bias, *idx = primals
-    live = [i for i, t in enumerate(tangents[:3]) if type(t) is not ad.Zero]
-    if not live:
+    out = unfused_jvp(primals, tangents, params, finish=lambda y: _split(y, parts))
+    if out is None:
         outs = row_linear_parts_p.bind(*primals, parts=parts, **params)
         return outs, [zero_tangent(o) for o in outs]
-
-    def f(*vals):
-        args = [x, w, bias]
-        for i, v in zip(live, vals):
-            args[i] = v
-        return _split(unfused(*args, *idx, **params), parts)
-
-    return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+    return out
 
 
 def _batch(args, dims, *, parts, **params):
