@@ -162,18 +162,19 @@ def test_kernel_parts_gpu(dtype, m, k, tile_h, density, batch):
 def test_raw_target_three_parts_on_cpu():
     """pit_row_gather_matmul3 called directly (CPU handler): the single target's result,
     split; mismatched results are an error naming the target."""
-    rng, seed = fresh_rng()
-    x, w, b, _ = case(rng, (), 50, 16, 24, 0.5, jnp.float32)
-    idx = pit_jax.index(jnp.asarray(x), (1, None))
-    empty = jnp.zeros((0,), jnp.float32)
-    attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False, activation=np.int64(0))
-    one = jax.ffi.ffi_call("pit_row_gather_matmul", jax.ShapeDtypeStruct((50, 24), jnp.float32))(
-        x, w, idx.tiles, idx.count, b, b, **attrs)
-    part = jax.ShapeDtypeStruct((50, 8), jnp.float32)
-    three = jax.ffi.ffi_call("pit_row_gather_matmul3", (part,) * 3)(x, w, idx.tiles, idx.count, b, b, **attrs)
-    for i, y in enumerate(three):
-        np.testing.assert_array_equal(np.asarray(y), np.asarray(one)[:, 8 * i:8 * (i + 1)], err_msg=f"seed={seed}")
-    bad = (part, jax.ShapeDtypeStruct((50, 9), jnp.float32), part)
-    with pytest.raises(Exception, match="pit_row_gather_matmul3: the results must share one shape and dtype"):
-        jax.block_until_ready(jax.ffi.ffi_call("pit_row_gather_matmul3", bad)(x, w, idx.tiles, idx.count, empty, empty,
-                                                                             **attrs))
+    with jax.default_device(jax.devices("cpu")[0]):  # the CPU handler, also on a GPU machine
+        rng, seed = fresh_rng()
+        x, w, b, _ = case(rng, (), 50, 16, 24, 0.5, jnp.float32)
+        idx = pit_jax.index(jnp.asarray(x), (1, None))
+        empty = jnp.zeros((0,), jnp.float32)
+        attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False, activation=np.int64(0))
+        one = jax.ffi.ffi_call("pit_row_gather_matmul", jax.ShapeDtypeStruct((50, 24), jnp.float32))(
+            x, w, idx.tiles, idx.count, b, b, **attrs)
+        part = jax.ShapeDtypeStruct((50, 8), jnp.float32)
+        three = jax.ffi.ffi_call("pit_row_gather_matmul3", (part,) * 3)(x, w, idx.tiles, idx.count, b, b, **attrs)
+        for i, y in enumerate(three):
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(one)[:, 8 * i:8 * (i + 1)], err_msg=f"seed={seed}")
+        bad = (part, jax.ShapeDtypeStruct((50, 9), jnp.float32), part)
+        with pytest.raises(Exception, match="pit_row_gather_matmul3: the results must share one shape and dtype"):
+            call = jax.ffi.ffi_call("pit_row_gather_matmul3", bad)
+            jax.block_until_ready(call(x, w, idx.tiles, idx.count, empty, empty, **attrs))
