@@ -1,6 +1,6 @@
 """pit_jax on several devices: the ops inside `jax.shard_map` (each device builds the
-index of its own shard and runs the products on it), and under plain jit with sharded
-inputs. Inside shard_map (check_vma, its default) the gradient of a replicated operand
+index of its own shard and runs the products on it), and under plain jit with operands
+sharded over their batch (each device runs the ops on its own batch entries). Inside shard_map (check_vma, its default) the gradient of a replicated operand
 is the whole batch's, summed over the devices by JAX as for any lax op
 (pit_jax/primitives/_vma.py): without that, P() out_specs returned one device's part.
 On CPU the mesh is 4 host devices (conftest); on the GPU machine, its GPUs (skipped with
@@ -165,9 +165,123 @@ def test_nnx_layer_in_shard_map(mesh):
     assert_trees_close(g, jax.grad(loss)(state, x), rtol=1e-4, atol=1e-4)
 
 
-def test_jit_with_sharded_inputs(mesh):
-    """Without shard_map, XLA's partitioner runs each custom call on whole operands
-    (gathered): the result is the unsharded one, whatever the inputs' sharding."""
+def _compiled(f, *args):
+    return f.lower(*args).compile().as_text()
+
+
+def _batch_case(rng, axis, b, m, k, n):
+    """x [b, m, k] with dead rows (M axis) or dead 32x1 strips (K axis), w [k, n] with dead
+    32x32 blocks (W axis)."""
+    x = np.stack([_rows_live(rng, m, k, 0.6) for _ in range(b)])
+    if axis == "k":
+        x = np.maximum(x, 0) * (rng.random((b, m // 32, 1, k)) < 0.4).repeat(32, axis=1).reshape(b, m, k)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    if axis == "w":
+        w = w * np.kron(rng.random((k // 32, n // 32)) < 0.5, np.ones((32, 32), np.float32))
+    return x, w, {"m": None, "k": (32, 1), "w": (32, 32)}[axis]
+
+
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_jit_splits_the_batch(mesh, axis):
+    """Plain jit, x [B, M, K] sharded over B, w replicated: each device runs the index and
+    the product on its own batch entries (pit_jax/primitives/_partition.py); no operand
+    is gathered and the result stays sharded."""
+    rng = np.random.default_rng()
+    x, w, tile = _batch_case(rng, axis, 2 * N, 64, 96, 64)
+    f = jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile))
+    args = (_put(mesh, x, P("data")), _put(mesh, w, P()))
+    y = f(*args)
+    assert y.sharding.spec[0] == "data"
+    np.testing.assert_allclose(f64(y), f64(x) @ f64(w), rtol=2e-5, atol=2e-4)
+    hlo = _compiled(f, *args)
+    assert "all-gather" not in hlo and "all-reduce" not in hlo
+
+
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_jit_data_parallel_grad(mesh, axis):
+    """A data-parallel gradient under plain jit: the shared w's gradient (a reduction over
+    the batch) is each device's partial sum, added across the devices; x's gradient stays
+    sharded. Equal to the unsharded gradients."""
+    rng = np.random.default_rng()
+    x, w, tile = _batch_case(rng, axis, 2 * N, 64, 64, 64)
+    loss = lambda w, x: jnp.sum(jnp.tanh(pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile)))  # noqa: E731
+    f = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    args = (_put(mesh, w, P()), _put(mesh, x, P("data")))
+    gw, gx = f(*args)
+    ref = jax.grad(loss, argnums=(0, 1))(jnp.asarray(w), jnp.asarray(x))
+    assert_trees_close((gw, gx), ref, rtol=1e-4, atol=1e-4)
+    assert gx.sharding.spec[0] == "data"
+    if axis == "w":
+        assert not np.any(np.asarray(gw)[w == 0])
+    assert "all-gather" not in _compiled(f, *args)
+
+
+def test_jit_index_and_layer_norm_per_entry(mesh):
+    """The index of a batch-sharded x under jit (its counts per entry) and the live-row
+    layer norm on it: per device, equal to the unsharded values."""
+    rng = np.random.default_rng()
+    x = np.stack([_rows_live(rng, 24, 32, 0.4) for _ in range(2 * N)])
+    res = rng.standard_normal(x.shape).astype(np.float32)
+    scale, offset = rng.standard_normal((2, 32)).astype(np.float32)
+
+    def fn(x, res):
+        idx = pit_jax.index(x, "row")
+        return idx.count, pit_jax.layer_norm(x, scale, offset, idx, residual=res)
+
+    f = jax.jit(fn)
+    args = (_put(mesh, x, P("data")), _put(mesh, res, P("data")))
+    count, y = f(*args)
+    want_count, want_y = fn(jnp.asarray(x), jnp.asarray(res))
+    np.testing.assert_array_equal(np.asarray(count), (np.abs(x).sum(-1) > 0).sum(-1))
+    np.testing.assert_array_equal(np.asarray(count), np.asarray(want_count))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-5)
+    assert "all-gather" not in _compiled(f, *args)
+
+
+def test_jit_moe_groups(mesh):
+    """A batch of token groups (vmap) sharded over the devices under plain jit: each device
+    routes its own groups; outputs and the gradients of the expert weights (summed over all
+    groups across the devices) and of the gates equal the unsharded ones. (The router's
+    top_k is outside: XLA's CPU top_k gathers its operand.)"""
+    rng = np.random.default_rng()
+    g, t, d, f, e, k = 2 * N, 16, 32, 48, 8, 2
+    x = rng.standard_normal((g, t, d)).astype(np.float32)
+    gates, ids = jax.lax.top_k(jax.nn.softmax(rng.standard_normal((g, t, e)).astype(np.float32)), k)
+    w_in = (rng.standard_normal((e, d, f)) / np.sqrt(d)).astype(np.float32)
+    w_out = (rng.standard_normal((e, f, d)) / np.sqrt(f)).astype(np.float32)
+
+    def layer(x, gates, ids, w_in, w_out):
+        return pit_jax.moe_ffn(x, gates, pit_jax.moe_index(ids, e), w_in, w_out, activation="relu")
+
+    groups = jax.vmap(layer, in_axes=(0, 0, 0, None, None))
+    loss = lambda x, gates, ids, wi, wo: jnp.sum(groups(x, gates, ids, wi, wo) ** 2)  # noqa: E731
+    fwd, grad = jax.jit(groups), jax.jit(jax.grad(loss, argnums=(1, 3, 4)))
+    args = (*(_put(mesh, np.asarray(a), P("data")) for a in (x, gates, ids)), _put(mesh, w_in, P()),
+            _put(mesh, w_out, P()))
+    local = tuple(jnp.asarray(a) for a in (x, gates, ids, w_in, w_out))
+    np.testing.assert_allclose(np.asarray(fwd(*args)), np.asarray(groups(*local)), rtol=1e-4, atol=1e-4)
+    assert_trees_close(grad(*args), jax.grad(loss, argnums=(1, 3, 4))(*local), rtol=1e-4, atol=1e-4)
+    assert "all-gather" not in _compiled(fwd, *args)
+    assert "all-gather" not in _compiled(grad, *args)
+
+
+def test_export_with_a_sharded_batch(mesh):
+    """jax.export of a jit over several devices: the exported program keeps whole operands
+    (a partitioning callback cannot be serialized) and computes the same result."""
+    from jax import export
+
+    rng = np.random.default_rng()
+    x, w, _ = _batch_case(rng, "m", 2 * N, 32, 64, 48)
+    sh = (NamedSharding(mesh, P("data")), NamedSharding(mesh, P()))
+    f = jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis="m"), in_shardings=sh)
+    exp = export.export(f, disabled_checks=pit_jax.export_checks())(x, w)
+    y = exp.call(_put(mesh, x, P("data")), _put(mesh, w, P()))
+    np.testing.assert_allclose(f64(y), f64(x) @ f64(w), rtol=2e-5, atol=2e-4)
+
+
+def test_jit_whole_operands_without_a_batch(mesh):
+    """Without batch dims (x [M, K] sharded over its rows) an op's index covers all rows,
+    so the op runs on whole operands (gathered): correct, not split."""
     rng = np.random.default_rng()
     x = _rows_live(rng, 32 * N, 64, 0.5)
     w = rng.standard_normal((64, 48)).astype(np.float32)

@@ -11,6 +11,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from pit_jax import _activations, _native
+from pit_jax.primitives import _partition
 from pit_jax.primitives._vma import Primitive
 
 
@@ -28,13 +29,15 @@ def _attrs(params: dict, names: Sequence[str]) -> dict:
     return out
 
 
-def register_ffi_lowerings(prim: Primitive, target: str, attr_names: Sequence[str]) -> None:
-    """Lowers `prim` to the FFI target `target` on CPU and CUDA, passing `attr_names` params."""
+def register_ffi_lowerings(prim: Primitive, target: str, attr_names: Sequence[str], *, core) -> None:
+    """Lowers `prim` to the FFI target `target` on CPU and CUDA, passing `attr_names` params.
+    `core` = (operands' ranks, results' ranks) without batch dims (`_partition`)."""
     lower = jax.ffi.ffi_lowering(target)
 
     def rule(ctx, *args, **params):
         return lower(ctx, *args, **_attrs(params, attr_names))
 
+    rule = _partition.batch_partitioned(prim, rule, *core)
     mlir.register_lowering(prim, rule, platform="cpu")
     if _native.has_cuda():
         mlir.register_lowering(prim, rule, platform="cuda")
@@ -54,14 +57,18 @@ def _missing_cuda(target: str) -> Callable:
 
 
 def register_traced_lowering(
-    prim: Primitive, fn: Callable, targets: Sequence[str], cuda_fn: Callable | None = None
+    prim: Primitive, fn: Callable, targets: Sequence[str], cuda_fn: Callable | None = None, *, core
 ) -> None:
     """Lowers `prim` by tracing `fn` (jnp glue + jax.ffi.ffi_call to `targets`) per platform;
-    `cuda_fn`, when given, replaces `fn` on CUDA (e.g. to feed a kernel its preferred layout)."""
-    rule = mlir.lower_fun(fn, multiple_results=prim.multiple_results)
+    `cuda_fn`, when given, replaces `fn` on CUDA (e.g. to feed a kernel its preferred layout).
+    `core` = (operands' ranks, results' ranks) without batch dims, each a tuple or a
+    callable of the params: under jit over several devices the op is split over its first
+    batch dim (`_partition`)."""
+    rule = _partition.batch_partitioned(prim, mlir.lower_fun(fn, multiple_results=prim.multiple_results), *core)
     mlir.register_lowering(prim, rule, platform="cpu")
     if _native.has_cuda():
-        cuda_rule = rule if cuda_fn is None else mlir.lower_fun(cuda_fn, multiple_results=prim.multiple_results)
+        cuda_rule = rule if cuda_fn is None else _partition.batch_partitioned(
+            prim, mlir.lower_fun(cuda_fn, multiple_results=prim.multiple_results), *core)
         mlir.register_lowering(prim, cuda_rule, platform="cuda")
     else:
         mlir.register_lowering(prim, _missing_cuda(", ".join(targets)), platform="cuda")

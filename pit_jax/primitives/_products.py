@@ -27,6 +27,7 @@ from pit_jax.primitives._vma import zero_tangent
 
 
 NUM_INDEX = 6  # tiles, count, row_tiles, row_count, col_tiles, col_count
+INDEX_CORE = (1, 0, 2, 1, 2, 1)  # their ranks without batch dims
 FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 

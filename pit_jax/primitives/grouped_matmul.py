@@ -118,4 +118,4 @@ grouped_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[grouped_matmul_p] = _jvp
 ad.primitive_transposes[grouped_matmul_p] = _transpose
 batching.primitive_batchers[grouped_matmul_p] = _batch
-_lowering.register_traced_lowering(grouped_matmul_p, _native, ("pit_grouped_matmul",))
+_lowering.register_traced_lowering(grouped_matmul_p, _native, ("pit_grouped_matmul",), core=((2, 3, 2, 1), (2,)))

@@ -81,4 +81,4 @@ grouped_wgrad_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[grouped_wgrad_p] = _products.bilinear_jvp(grouped_wgrad_p)
 ad.primitive_transposes[grouped_wgrad_p] = _transpose
 batching.primitive_batchers[grouped_wgrad_p] = _batch
-_lowering.register_traced_lowering(grouped_wgrad_p, _native, ("pit_grouped_wgrad",))
+_lowering.register_traced_lowering(grouped_wgrad_p, _native, ("pit_grouped_wgrad",), core=((2, 2, 2, 1), (3,)))

@@ -53,4 +53,5 @@ pit_index_p.def_impl(lambda *args, **params: xla.apply_primitive(pit_index_p, *a
 pit_index_p.def_abstract_eval(_abstract_eval)
 batching.primitive_batchers[pit_index_p] = _batch_rule
 ad.primitive_jvps[pit_index_p] = integer_outputs_jvp(pit_index_p)
-register_ffi_lowerings(pit_index_p, "pit_index", ("tile_h", "tile_w", "group_rows", "group_cols"))
+register_ffi_lowerings(pit_index_p, "pit_index", ("tile_h", "tile_w", "group_rows", "group_cols"),
+                       core=((2,), (1, 0, 2, 1, 2, 1, 0)))

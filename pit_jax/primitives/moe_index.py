@@ -40,4 +40,4 @@ moe_index_p.def_impl(lambda *args, **params: xla.apply_primitive(moe_index_p, *a
 moe_index_p.def_abstract_eval(_abstract_eval)
 batching.primitive_batchers[moe_index_p] = _batch_rule
 ad.primitive_jvps[moe_index_p] = integer_outputs_jvp(moe_index_p)
-register_ffi_lowerings(moe_index_p, "pit_moe_index", ("num_experts",))
+register_ffi_lowerings(moe_index_p, "pit_moe_index", ("num_experts",), core=((2,), (2, 1)))

@@ -132,4 +132,4 @@ row_layer_norm_p.def_impl(lambda *args, **params: xla.apply_primitive(row_layer_
 row_layer_norm_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[row_layer_norm_p] = _jvp
 batching.primitive_batchers[row_layer_norm_p] = _batch
-_lowering.register_traced_lowering(row_layer_norm_p, _native, ("pit_row_layer_norm",))
+_lowering.register_traced_lowering(row_layer_norm_p, _native, ("pit_row_layer_norm",), core=((2, 2, 1, 1, 1, 1, 0), (2,)))

@@ -25,7 +25,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax import _activations
-from pit_jax.primitives import _lowering
+from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
@@ -139,5 +139,6 @@ row_linear_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[row_linear_p] = _jvp
 batching.primitive_batchers[row_linear_p] = _batch
 _lowering.register_traced_lowering(
-    row_linear_p, _native, ("pit_row_gather_matmul",), cuda_fn=functools.partial(_native, cuda=True)
+    row_linear_p, _native, ("pit_row_gather_matmul",), cuda_fn=functools.partial(_native, cuda=True),
+    core=((2, 2, 1, *_products.INDEX_CORE), (2,)),
 )

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
-from pit_jax.primitives import _lowering
+from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused, unfused_jvp
 
@@ -104,4 +104,5 @@ batching.primitive_batchers[row_linear_parts_p] = _batch
 _lowering.register_traced_lowering(
     row_linear_parts_p, _native_parts, ("pit_row_gather_matmul", "pit_row_gather_matmul3"),
     cuda_fn=functools.partial(_native_parts, cuda=True),
+    core=((2, 2, 1, *_products.INDEX_CORE), lambda parts, **_: (2,) * parts),
 )

@@ -140,5 +140,6 @@ ad.primitive_jvps[sdd_matmul_p] = _products.bilinear_jvp(sdd_matmul_p)
 ad.primitive_transposes[sdd_matmul_p] = _transpose
 batching.primitive_batchers[sdd_matmul_p] = _batch
 _lowering.register_traced_lowering(
-    sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"), cuda_fn=functools.partial(_native, cuda=True)
+    sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"), cuda_fn=functools.partial(_native, cuda=True),
+    core=((2, 2, *_products.INDEX_CORE), (2,)),
 )

@@ -69,4 +69,4 @@ sread_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[sread_p] = _jvp
 ad.primitive_transposes[sread_p] = _transpose
 batching.primitive_batchers[sread_p] = _batch
-_lowering.register_traced_lowering(sread_p, _native, ("pit_sread",))
+_lowering.register_traced_lowering(sread_p, _native, ("pit_sread",), core=((2, 1, 0), (3,)))

@@ -358,5 +358,5 @@ batching.primitive_batchers[stile_matmul_p] = _batch
 _lowering.register_traced_lowering(
     stile_matmul_p, _native,
     ("pit_stile_matmul", "pit_row_gather_matmul", "pit_grouped_wgrad", "pit_grouped_wgrad_packed", "pit_sread_live"),
-    cuda_fn=functools.partial(_native, cuda=True)
+    cuda_fn=functools.partial(_native, cuda=True), core=((2, 2, *_products.INDEX_CORE), (2,)),
 )

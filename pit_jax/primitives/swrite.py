@@ -81,4 +81,4 @@ swrite_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[swrite_p] = _jvp
 ad.primitive_transposes[swrite_p] = _transpose
 batching.primitive_batchers[swrite_p] = _batch
-_lowering.register_traced_lowering(swrite_p, _native, ("pit_swrite",))
+_lowering.register_traced_lowering(swrite_p, _native, ("pit_swrite",), core=((3, 1, 0, 2), (2,)))

@@ -1,0 +1,131 @@
+"""pit_jax's custom calls under plain `jit` with batch-sharded operands.
+
+XLA's partitioner knows nothing of a custom call: without a rule it gathers every
+operand whole onto each device and runs the kernel on the whole batch there (correct,
+not parallel, and N times the memory). Every pit_jax op is independent per entry of its
+batch (the prefix convention of docs/kernels.md: each operand's leading dims are a prefix
+of one full batch shape), so its lowering carries a Shardy rule through
+`custom_partitioning`: the first batch dim is one factor shared by every operand and
+result that has it, every other dim must be replicated. Each device then runs the kernel
+on its own batch entries, with the index it built for them. A result without that dim
+(a shared weight's gradient, which sums over the batch) is each device's partial sum,
+added up across the devices (in float32) inside the partitioned lowering.
+
+Only under `jit` over several devices: inside `shard_map` the operands are per device
+already, on one device nothing is split, and a program lowered for `jax.export` keeps
+whole operands (its partitioning callback could not be serialized). The batch dim is split
+only when it divides evenly over its devices; otherwise the op sees whole operands, as
+before. The internals used (no public API in jax 0.10-0.11): `sharding_impls`'s axis
+contexts, to leave lowerings outside plain multi-device jit untouched, and `dispatch`'s
+registry of primitives that need the devices while lowering.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax._src import dispatch as _dispatch
+from jax._src import sharding_impls as _sharding_impls
+from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+_BATCH = "batch"
+
+
+def _batched(avals, core: Sequence[int]):
+    """Whether each value has the batch: more dims than its own (core) ones."""
+    return [a.ndim > c for a, c in zip(avals, core)]
+
+
+def _mapping(aval, batched: bool, names):
+    dims = [_BATCH] if batched else []
+    dims += [next(names) for _ in range(aval.ndim - len(dims))]
+    return ArrayMapping(*dims)
+
+
+def _rule(avals_in, avals_out, in_batched, out_batched) -> SdyShardingRule:
+    names = (f"d{i}" for i in range(10**6))
+    ins = [_mapping(a, b, names) for a, b in zip(avals_in, in_batched)]
+    outs = [_mapping(a, b, names) for a, b in zip(avals_out, out_batched)]
+    others = tuple(f for m in (*ins, *outs) for f in m if f != _BATCH)
+    reduced = (_BATCH,) if not any(out_batched) else ()
+    return SdyShardingRule(tuple(ins), tuple(outs), reduction_factors=reduced, need_replication_factors=others)
+
+
+def _batch_axes(mesh, arg_shapes, in_batched):
+    """The mesh axes a batched operand's batch dim is split over (the first one that is
+    split), when they divide it evenly; else None (whole operands)."""
+    for s, b in zip(arg_shapes, in_batched):
+        spec = tuple(s.sharding.spec) if b and isinstance(s.sharding, NamedSharding) else ()
+        if not spec or spec[0] is None:
+            continue
+        axes = (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+        parts = math.prod(mesh.shape[a] for a in axes)
+        return axes if parts > 1 and s.shape[0] % parts == 0 else None
+    return None
+
+
+def _sum_across(x, axes):
+    """A partial result of this device's batch entries, summed over the devices."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jax.lax.psum(x.astype(jnp.float32), axes).astype(x.dtype)
+    return jax.lax.psum(x, axes)
+
+
+def _partitioned(prim, params: dict, avals_in, avals_out, in_batched, out_batched):
+    call = functools.partial(prim.bind, **params)
+
+    def partition(mesh, arg_shapes, result_shape):
+        axes = _batch_axes(mesh, arg_shapes, in_batched)
+        spec = (lambda b: P(axes) if b and axes else P())  # noqa: E731
+        arg_sh = tuple(NamedSharding(mesh, spec(b)) for b in in_batched)
+        out_sh = [NamedSharding(mesh, spec(b)) for b in out_batched]
+
+        def lower(*args):  # per device; the primitive lowers plainly there (manual axes)
+            out = call(*args)
+            outs = list(out) if prim.multiple_results else [out]
+            outs = [o if b or axes is None else _sum_across(o, axes) for o, b in zip(outs, out_batched)]
+            return outs if prim.multiple_results else outs[0]
+
+        return mesh, lower, (out_sh if prim.multiple_results else out_sh[0]), arg_sh
+
+    wrapped = custom_partitioning(call)
+    wrapped.def_partition(partition, sharding_rule=_rule(avals_in, avals_out, in_batched, out_batched))
+    return wrapped
+
+
+def _plain_multi_device_jit(ctx) -> bool:
+    axis_ctx = ctx.module_context.axis_context
+    # jax.export: a partitioning callback cannot be serialized, so exported programs keep
+    # whole operands.
+    exporting = ctx.module_context.lowering_parameters.for_export
+    return isinstance(axis_ctx, _sharding_impls.ShardingContext) and axis_ctx.num_devices > 1 and not exporting
+
+
+def batch_partitioned(prim, rule: Callable, core_in: Sequence[int] | Callable, core_out: Sequence[int] | Callable):
+    """`rule` (prim's lowering on one device), split over the first batch dim under
+    multi-device jit. `core_in` / `core_out`: each operand's / result's own rank (its
+    dims that are not batch dims), or a callable of the params giving them."""
+
+    # custom_partitioning needs the devices at lowering time, which jit provides only for
+    # the primitives in this registry (as for cuDNN attention's).
+    _dispatch.prim_requires_devices_during_lowering.add(prim)
+
+    def lowering(ctx, *args, **params):
+        if _plain_multi_device_jit(ctx):
+            cin = core_in(**params) if callable(core_in) else core_in
+            cout = core_out(**params) if callable(core_out) else core_out
+            in_b, out_b = _batched(ctx.avals_in, cin), _batched(ctx.avals_out, cout)
+            # Results either all keep the batch or all sum over it (no op mixes them).
+            if any(in_b) and (all(out_b) or not any(out_b)):
+                f = _partitioned(prim, params, ctx.avals_in, ctx.avals_out, in_b, out_b)
+                return mlir.lower_fun(f, multiple_results=prim.multiple_results)(ctx, *args)
+        return rule(ctx, *args, **params)
+
+    return lowering
