@@ -327,16 +327,28 @@ def test_bert_pit_data_parallel(mesh):
 
 
 def test_explicit_mesh_axes():
-    """With sharding in types (Explicit mesh axes), the ops take sharded operands and
-    return replicated results (the custom calls see whole operands), gradients included."""
+    """With sharding in types (Explicit mesh axes): x [B, M, K] split over B gives results
+    typed and computed per batch entry (no gather), the shared w's gradient replicated
+    and x's split; x [M, K] without a batch gives replicated results (whole operands)."""
     mesh = jax.make_mesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=DEVICES[:N])
     rng = np.random.default_rng()
-    x = _rows_live(rng, 16 * N, 32, 0.5)
-    w = rng.standard_normal((32, 16)).astype(np.float32)
+    xb, w, _ = _batch_case(rng, "m", 2 * N, 16, 32, 16)
+    x = xb.reshape(-1, 32)
     loss = lambda w, x: jnp.sum(pit_jax.sparse_dense(x, w, axis="m") ** 2)  # noqa: E731
+    fwd, grad = jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis="m")), jax.jit(jax.grad(loss, argnums=(0, 1)))
     with jax.set_mesh(mesh):
-        xs, ws = _put(mesh, x, P("data")), _put(mesh, w, P())
-        y = jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis="m"))(xs, ws)
-        g = jax.jit(jax.grad(loss))(ws, xs)
+        ws = _put(mesh, w, P())
+        xbs, xs = _put(mesh, xb, P("data")), _put(mesh, x, P("data"))
+        yb, y = fwd(xbs, ws), fwd(xs, ws)
+        (gw, gx), (gw2, _) = grad(ws, xbs), grad(ws, xs)
+        hlo = _compiled(fwd, xbs, ws)
+    assert yb.sharding.spec == P("data", None, None) and y.sharding.spec == P(None, None)
+    assert gx.sharding.spec[0] == "data" and gw.sharding.spec == P(None, None)
+    assert "all-gather" not in hlo
+    np.testing.assert_allclose(f64(yb), f64(xb) @ f64(w), rtol=2e-5, atol=2e-4)
     np.testing.assert_allclose(f64(y), f64(x) @ f64(w), rtol=2e-5, atol=2e-4)
-    np.testing.assert_allclose(np.asarray(g), 2 * x.T @ (x @ w), rtol=1e-4, atol=1e-3)
+    want = 2 * x.T @ (x @ w)
+    np.testing.assert_allclose(np.asarray(gw), want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(gw2), want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(gx), 2 * (xb @ w) @ w.T * (np.abs(xb).sum(-1, keepdims=True) > 0),
+                               rtol=1e-4, atol=1e-3)

@@ -108,6 +108,29 @@ def _plain_multi_device_jit(ctx) -> bool:
     return isinstance(axis_ctx, _sharding_impls.ShardingContext) and axis_ctx.num_devices > 1 and not exporting
 
 
+def _cores(prim, params):
+    return tuple(c(**params) if callable(c) else c for c in prim.batch_core)
+
+
+def typed_batch_specs(prim, avals_in, avals_out, params):
+    """With Explicit mesh axes (sharding in types): the mesh axes each result's first dim
+    is typed as split over, the batch's, taken from the first batched operand split over
+    them, for results that keep the batch (the split lowering then needs no gather after
+    it); None for every result otherwise."""
+    none = [None] * len(avals_out)
+    if getattr(prim, "batch_core", None) is None:
+        return none
+    core_in, core_out = _cores(prim, params)
+    in_b, out_b = _batched(avals_in, core_in), _batched(avals_out, core_out)
+    if not all(out_b):
+        return none
+    for a, b in zip(avals_in, in_b):
+        spec = a.sharding.spec if b and isinstance(getattr(a, "sharding", None), NamedSharding) else ()
+        if len(spec) and spec[0] is not None:
+            return [spec[0]] * len(avals_out)
+    return none
+
+
 def batch_partitioned(prim, rule: Callable, core_in: Sequence[int] | Callable, core_out: Sequence[int] | Callable):
     """`rule` (prim's lowering on one device), split over the first batch dim under
     multi-device jit. `core_in` / `core_out`: each operand's / result's own rank (its
@@ -116,11 +139,11 @@ def batch_partitioned(prim, rule: Callable, core_in: Sequence[int] | Callable, c
     # custom_partitioning needs the devices at lowering time, which jit provides only for
     # the primitives in this registry (as for cuDNN attention's).
     _dispatch.prim_requires_devices_during_lowering.add(prim)
+    prim.batch_core = (core_in, core_out)
 
     def lowering(ctx, *args, **params):
         if _plain_multi_device_jit(ctx):
-            cin = core_in(**params) if callable(core_in) else core_in
-            cout = core_out(**params) if callable(core_out) else core_out
+            cin, cout = _cores(prim, params)
             in_b, out_b = _batched(ctx.avals_in, cin), _batched(ctx.avals_out, cout)
             # Results either all keep the batch or all sum over it (no op mixes them).
             if any(in_b) and (all(out_b) or not any(out_b)):

@@ -28,7 +28,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _grouped, _lowering, _products
-from pit_jax.primitives._vma import Primitive, zero_tangent
+from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
 
 grouped_matmul_p = Primitive("pit_grouped_matmul")
 
@@ -116,6 +116,6 @@ def _batch(args, dims, **params):
 grouped_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(grouped_matmul_p, *args, **params))
 grouped_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[grouped_matmul_p] = _jvp
-ad.primitive_transposes[grouped_matmul_p] = _transpose
+ad.primitive_transposes[grouped_matmul_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[grouped_matmul_p] = _batch
 _lowering.register_traced_lowering(grouped_matmul_p, _native, ("pit_grouped_matmul",), core=((2, 3, 2, 1), (2,)))

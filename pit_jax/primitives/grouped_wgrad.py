@@ -20,7 +20,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _grouped, _lowering, _products
-from pit_jax.primitives._vma import Primitive
+from pit_jax.primitives._vma import Primitive, typed_cotangents
 from pit_jax.primitives.grouped_matmul import check_index, grouped_matmul
 
 grouped_wgrad_p = Primitive("pit_grouped_wgrad")
@@ -79,6 +79,6 @@ def _batch(args, dims, **params):
 grouped_wgrad_p.def_impl(lambda *args, **params: xla.apply_primitive(grouped_wgrad_p, *args, **params))
 grouped_wgrad_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[grouped_wgrad_p] = _products.bilinear_jvp(grouped_wgrad_p)
-ad.primitive_transposes[grouped_wgrad_p] = _transpose
+ad.primitive_transposes[grouped_wgrad_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[grouped_wgrad_p] = _batch
 _lowering.register_traced_lowering(grouped_wgrad_p, _native, ("pit_grouped_wgrad",), core=((2, 2, 2, 1), (3,)))

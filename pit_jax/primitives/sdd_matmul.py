@@ -20,7 +20,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _dense_route, _lowering, _products
-from pit_jax.primitives._vma import Primitive
+from pit_jax.primitives._vma import Primitive, typed_cotangents
 
 sdd_matmul_p = Primitive("pit_sdd_matmul")
 
@@ -137,7 +137,7 @@ def _batch(args, dims, **params):
 sdd_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(sdd_matmul_p, *args, **params))
 sdd_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[sdd_matmul_p] = _products.bilinear_jvp(sdd_matmul_p)
-ad.primitive_transposes[sdd_matmul_p] = _transpose
+ad.primitive_transposes[sdd_matmul_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[sdd_matmul_p] = _batch
 _lowering.register_traced_lowering(
     sdd_matmul_p, _native, ("pit_sdd_matmul", "pit_row_gather_matmul"), cuda_fn=functools.partial(_native, cuda=True),

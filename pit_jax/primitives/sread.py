@@ -15,7 +15,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering
-from pit_jax.primitives._vma import Primitive, zero_tangent
+from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
 
 sread_p = Primitive("pit_sread")
 
@@ -67,6 +67,6 @@ def _align_batch(args, dims):
 sread_p.def_impl(lambda *args, **params: xla.apply_primitive(sread_p, *args, **params))
 sread_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[sread_p] = _jvp
-ad.primitive_transposes[sread_p] = _transpose
+ad.primitive_transposes[sread_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[sread_p] = _batch
 _lowering.register_traced_lowering(sread_p, _native, ("pit_sread",), core=((2, 1, 0), (3,)))

@@ -30,7 +30,7 @@ from jax.interpreters import ad, batching, xla
 
 from pit_jax import reference
 from pit_jax.primitives import _dense_route, _lowering, _products
-from pit_jax.primitives._vma import Primitive
+from pit_jax.primitives._vma import Primitive, typed_cotangents
 
 stile_matmul_p = Primitive("pit_stile_matmul")
 
@@ -353,7 +353,7 @@ def _batch(args, dims, **params):
 stile_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(stile_matmul_p, *args, **params))
 stile_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p)
-ad.primitive_transposes[stile_matmul_p] = _transpose
+ad.primitive_transposes[stile_matmul_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[stile_matmul_p] = _batch
 _lowering.register_traced_lowering(
     stile_matmul_p, _native,

@@ -15,7 +15,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering
-from pit_jax.primitives._vma import Primitive, zero_tangent
+from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
 from pit_jax.primitives.sread import _align_batch, sread
 
 swrite_p = Primitive("pit_swrite")
@@ -79,6 +79,6 @@ def _batch(args, dims, *, accumulate):
 swrite_p.def_impl(lambda *args, **params: xla.apply_primitive(swrite_p, *args, **params))
 swrite_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[swrite_p] = _jvp
-ad.primitive_transposes[swrite_p] = _transpose
+ad.primitive_transposes[swrite_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[swrite_p] = _batch
 _lowering.register_traced_lowering(swrite_p, _native, ("pit_swrite",), core=((3, 1, 0, 2), (2,)))
