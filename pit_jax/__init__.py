@@ -7,7 +7,7 @@ computed on tensor cores and scattered back (SWrite).
 
 from pit_jax import _native  # noqa: F401  (registers the FFI targets)
 from pit_jax._native import export_checks
-from pit_jax import reference
+from pit_jax import checkpoint_policies, reference
 from pit_jax.config import reference_enabled, use_reference
 from pit_jax.moe_index import MoeIndex
 from pit_jax.ops.index import index, index_from_tiles
@@ -24,6 +24,7 @@ __all__ = [
     "MoeIndex",
     "PitIndex",
     "Plan",
+    "checkpoint_policies",
     "export_checks",
     "grouped_matmul",
     "index",

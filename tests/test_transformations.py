@@ -82,6 +82,44 @@ def test_remat(name):
     _close(jax.jit(jax.grad(jax.checkpoint(f, policy=policy)))(w, x), want)
 
 
+def _prims(jaxpr, names):
+    text = str(jaxpr)
+    return {n: text.count(n + "[") for n in names}
+
+
+def test_checkpoint_policies():
+    """pit_jax.checkpoint_policies: under jax.checkpoint the products (and indexes) are
+    recomputed in the backward unless a policy saves them; JAX's dots_saveable does not
+    know them, plus_pit(dots_saveable) does. Gradients are the same under every policy."""
+    from pit_jax import checkpoint_policies as cp
+
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((64, 32)) * (rng.random((64, 1)) < 0.5)).astype(np.float32)
+    ws = tuple(rng.standard_normal(s).astype(np.float32) for s in ((32, 32), (32, 16)))
+
+    def block(ws, x):
+        h = jnp.tanh(pit_jax.sparse_dense(x, ws[0], axis="m"))
+        return jnp.sum(pit_jax.sparse_dense(h, ws[1], axis="k", micro_tile=(32, 1)) ** 2)
+
+    names = ("pit_stile_matmul", "pit_index")
+    plain = _prims(jax.make_jaxpr(jax.grad(block))(ws, x), names)
+    want = jax.grad(block)(ws, x)
+    counts = {}
+    for key, policy in [("remat", None), ("dots", jax.checkpoint_policies.dots_saveable),
+                        ("products", cp.products_saveable), ("products_indexes", cp.products_and_indexes_saveable),
+                        ("everything", cp.everything_pit_saveable),
+                        ("plus_pit", cp.plus_pit(jax.checkpoint_policies.dots_saveable))]:
+        f = jax.checkpoint(block, policy=policy)
+        counts[key] = _prims(jax.make_jaxpr(jax.grad(f))(ws, x), names)
+        _close(jax.jit(jax.grad(f))(ws, x), want)
+    forward = _prims(jax.make_jaxpr(block)(ws, x), names)  # what a recompute repeats
+    assert forward["pit_stile_matmul"] == 2
+    recomputed = {n: plain[n] + forward[n] for n in names}
+    assert counts["remat"] == recomputed and counts["dots"] == recomputed
+    assert counts["products"] == {"pit_stile_matmul": plain["pit_stile_matmul"], "pit_index": recomputed["pit_index"]}
+    assert counts["products_indexes"] == plain and counts["everything"] == plain and counts["plus_pit"] == plain
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_hessian_vector_product(name):
     _, f, ref, w, x = _case(name)
