@@ -265,6 +265,38 @@ def test_jit_moe_groups(mesh):
     assert "all-gather" not in _compiled(grad, *args)
 
 
+@pytest.mark.parametrize("axis", ["m", "k", "w"])
+def test_jit_flax_layers_keep_the_batch(mesh, axis):
+    """SparseDense (linen and nnx) with batch_dims=1 on x [B, T, D] sharded over B under
+    plain jit: forward and the parameters' gradients equal the folded layer's (the
+    default), and the forward gathers nothing."""
+    from flax import nnx
+
+    from pit_jax.flax import SparseDense
+    from pit_jax.flax import nnx as pit_nnx
+
+    rng = np.random.default_rng()
+    x, _, _ = _batch_case(rng, axis if axis != "w" else "m", 2 * N, 32, 64, 8)
+    xs = _put(mesh, x, P("data"))
+    tile = {"m": None, "k": (32, 1), "w": (32, 16)}[axis]
+    split, folded = (SparseDense(48, axis=axis, micro_tile=tile, batch_dims=b) for b in (1, 0))
+    params = folded.init(jax.random.PRNGKey(0), x)
+    loss = lambda m: (lambda p, x: jnp.sum(jnp.tanh(m.apply(p, x))))  # noqa: E731
+    fwd = jax.jit(split.apply)
+    np.testing.assert_allclose(np.asarray(fwd(params, xs)), np.asarray(folded.apply(params, x)), rtol=1e-5, atol=1e-5)
+    assert "all-gather" not in _compiled(fwd, params, xs)
+    assert_trees_close(jax.jit(jax.grad(loss(split)))(params, xs), jax.grad(loss(folded))(params, x),
+                       rtol=1e-4, atol=1e-4)
+
+    layer = pit_nnx.SparseDense(64, 48, axis=axis, micro_tile=tile, batch_dims=1, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(layer)
+    ref = pit_nnx.SparseDense(64, 48, axis=axis, micro_tile=tile, rngs=nnx.Rngs(0))
+    f = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x))
+    np.testing.assert_allclose(np.asarray(f(state, xs)), np.asarray(ref(jnp.asarray(x))), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="batch_dims must be in"):
+        SparseDense(8, batch_dims=2).init(jax.random.PRNGKey(0), x)
+
+
 def test_export_with_a_sharded_batch(mesh):
     """jax.export of a jit over several devices: the exported program keeps whole operands
     (a partitioning callback cannot be serialized) and computes the same result."""

@@ -11,13 +11,14 @@ from pit_jax.optimizer.plan import Plan
 
 
 def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None, bias=None,
-                           activation=None):
+                           activation=None, batch_dims=0):
     """`act(inputs @ kernel + bias)` over the last dim of inputs ([..., K]), skipping dead
     micro-tiles (bias [N] or None; on the M axis bias and a named activation are fused).
 
     Without an index, all leading dims are folded into the rows, so one index covers
     the whole batch (the forward is exact whatever the tiling: the mask comes from
-    inputs itself). A given index is used as is (it must match `inputs`). A plan
+    inputs itself); `batch_dims` > 0 keeps that many leading dims as a batch, one index
+    per entry, which `jit` over several devices splits (docs/transformations.md). A given index is used as is (it must match `inputs`). A plan
     overrides axis and micro_tile (its tile clipped to small inputs), or runs the dense
     product.
     """
@@ -30,8 +31,11 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     if index is not None:
         return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision, **epi)
     lead = inputs.shape[:-1]
-    x2 = jnp.reshape(inputs, (-1, inputs.shape[-1]))
-    owner = kernel.shape if axis == "w" else x2.shape  # the matrix the index tiles
+    if not 0 <= batch_dims < max(len(lead), 1):
+        raise ValueError(f"batch_dims must be in [0, {max(len(lead) - 1, 0)}] for inputs of shape "
+                         f"{tuple(inputs.shape)} (leading dims kept as a batch; the rest are rows), got {batch_dims}")
+    x2 = jnp.reshape(inputs, (*lead[:batch_dims], -1, inputs.shape[-1]))
+    owner = kernel.shape if axis == "w" else x2.shape[-2:]  # the matrix the index tiles
     if isinstance(micro_tile, str) and micro_tile == "auto" and isinstance(kernel if axis == "w" else x2, jax.core.Tracer):
         micro_tile = None  # traced: nothing to plan from; the default, fitted to the input
     y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, owner), precision=precision,

@@ -31,6 +31,10 @@ class SparseDense(nn.Module):
         applied after the bias: `act(nn.Dense(x))`. On the M axis a named activation runs
         with the bias in the product's epilogue, on live rows only (padding rows are
         written act(bias) without work), so it costs nothing on padding.
+      batch_dims: leading dims of the inputs kept as a batch (one index per entry), the
+        rest folded into rows (default 0: one index over all rows, which keeps 128-row
+        tiles full for short sequences). `jit` over several devices splits a batch dim
+        (docs/transformations.md); folded rows run on whole operands there.
     """
 
     features: int
@@ -44,6 +48,7 @@ class SparseDense(nn.Module):
     micro_tile: Optional[MicroTileSpec] = None
     plan: Optional[Plan] = None
     activation: Any = None
+    batch_dims: int = 0
 
     @classmethod
     def from_sample(cls, sample, features: int, **attributes) -> "SparseDense":
@@ -63,7 +68,7 @@ class SparseDense(nn.Module):
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan, bias=bias, activation=self.activation,
+            plan=self.plan, bias=bias, activation=self.activation, batch_dims=self.batch_dims,
         )
         return y
 

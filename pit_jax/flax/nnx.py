@@ -22,7 +22,9 @@ class SparseDense(nnx.Module):
     linen layer; `sample` (a sample of the inputs, [..., in_features]) makes the plan
     here, at construction. `activation` (None, a name or a callable) is applied after
     the bias; on the M axis a named activation runs with the bias in the product's
-    epilogue, on live rows only (`pit_jax.sparse_dense`)."""
+    epilogue, on live rows only (`pit_jax.sparse_dense`). `batch_dims`: leading dims of
+    the inputs kept as a batch (one index per entry; `jit` over several devices splits
+    it), as in the linen layer."""
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class SparseDense(nnx.Module):
         plan: Optional[Plan] = None,
         sample: Any = None,
         activation: Any = None,
+        batch_dims: int = 0,
         rngs: nnx.Rngs,
     ):
         self.in_features = in_features
@@ -51,6 +54,7 @@ class SparseDense(nnx.Module):
         self.axis = axis
         self.micro_tile = micro_tile
         self.activation = activation
+        self.batch_dims = batch_dims
         if sample is not None:
             if plan is not None:
                 raise ValueError("SparseDense: pass either plan or sample, not both")
@@ -67,7 +71,7 @@ class SparseDense(nnx.Module):
         inputs, kernel, bias = dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan, bias=bias, activation=self.activation,
+            plan=self.plan, bias=bias, activation=self.activation, batch_dims=self.batch_dims,
         )
         return y
 
