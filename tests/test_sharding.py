@@ -238,6 +238,34 @@ def test_jit_index_and_layer_norm_per_entry(mesh):
     assert "all-gather" not in _compiled(f, *args)
 
 
+def test_jit_sread_swrite_and_parts_per_entry(mesh):
+    """SRead / SWrite and the three-result product (out_parts=3, a multi-result primitive)
+    on a batch-sharded x under plain jit: per device, equal to the unsharded values, and
+    the parts' gradient (the shared w's, summed across the devices) too."""
+    rng = np.random.default_rng()
+    x, _, _ = _batch_case(rng, "m", 2 * N, 32, 64, 8)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+
+    def fn(x, w):
+        idx = pit_jax.index(x, (8, 16))
+        packed = pit_jax.sread(x, idx)
+        back = pit_jax.swrite(2 * packed, idx, jnp.zeros_like(x))
+        return back, pit_jax.sparse_dense(x, w, axis="m", out_parts=3)
+
+    loss = lambda x, w: sum(jnp.sum(jnp.tanh(p)) for p in fn(x, w)[1])  # noqa: E731
+    f, g = jax.jit(fn), jax.jit(jax.grad(loss, argnums=1))
+    args = (_put(mesh, x, P("data")), _put(mesh, w, P()))
+    back, parts = f(*args)
+    np.testing.assert_array_equal(np.asarray(back), 2 * x)
+    want = np.split(f64(x) @ f64(w), 3, axis=-1)
+    for p, q in zip(parts, want):
+        assert p.sharding.spec[0] == "data"
+        np.testing.assert_allclose(f64(p), q, rtol=2e-5, atol=2e-4)
+    want_g = jax.grad(loss, argnums=1)(jnp.asarray(x), jnp.asarray(w))
+    np.testing.assert_allclose(np.asarray(g(*args)), np.asarray(want_g), rtol=1e-4, atol=1e-4)
+    assert "all-gather" not in _compiled(f, *args)
+
+
 def test_jit_moe_groups(mesh):
     """A batch of token groups (vmap) sharded over the devices under plain jit: each device
     routes its own groups; outputs and the gradients of the expert weights (summed over all
