@@ -325,6 +325,43 @@ def test_jit_flax_layers_keep_the_batch(mesh, axis):
         SparseDense(8, batch_dims=2).init(jax.random.PRNGKey(0), x)
 
 
+def _gathers(hlo):
+    """The op names of the all-gathers in a compiled HLO text."""
+    return [line.split('op_name="')[1].split('"')[0] if 'op_name="' in line else line
+            for line in hlo.splitlines() if " all-gather(" in line]
+
+
+def test_jit_moe_layer_keeps_the_groups(mesh):
+    """pit_jax.flax.MoE with batch_dims=1 on x [G, T, D] sharded over G under plain jit:
+    output, auxiliary losses, counts and the parameters' gradients equal the one-group
+    layer's (the default); the experts gather nothing (XLA's CPU top_k in the router
+    gathers its operand, the only all-gather)."""
+    from pit_jax.flax import MoE
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2 * N, 16, 32)).astype(np.float32)
+    split, folded = (MoE(num_experts=8, hidden_dim=48, top_k=2, batch_dims=b) for b in (1, 0))
+    params = folded.init(jax.random.PRNGKey(0), x)
+
+    def run(m):
+        def f(p, x):
+            y, st = m.apply(p, x, mutable=["losses", "intermediates"])
+            return y, st["losses"], st["intermediates"]["expert_counts"]
+        return f
+
+    def loss(m):
+        return lambda p, x: jnp.sum(run(m)(p, x)[0] ** 2) + sum(jax.tree.leaves(run(m)(p, x)[1]))
+
+    fwd = jax.jit(run(split))
+    xs = _put(mesh, x, P("data"))
+    assert_trees_close(fwd(params, xs), run(folded)(params, x), rtol=1e-4, atol=1e-4)
+    assert_trees_close(jax.jit(jax.grad(loss(split)))(params, xs), jax.grad(loss(folded))(params, x),
+                       rtol=1e-4, atol=1e-4)
+    assert all("top_k" in g for g in _gathers(_compiled(fwd, params, xs)))
+    with pytest.raises(ValueError, match="batch_dims must be in"):
+        MoE(num_experts=8, hidden_dim=48, batch_dims=2).init(jax.random.PRNGKey(0), x)
+
+
 def test_export_with_a_sharded_batch(mesh):
     """jax.export of a jit over several devices: the exported program keeps whole operands
     (a partitioning callback cannot be serialized) and computes the same result."""

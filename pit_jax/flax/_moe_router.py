@@ -134,16 +134,22 @@ def moe_forward(
     noise_std: float,
     rng: Optional[jax.Array],
     precision: Any,
+    batch_dims: int = 0,
 ) -> tuple[jax.Array, MoeStats]:
     """The layer: route, build the routing index, run the experts dropless.
 
     x [..., D] in the compute dtype; router_input: the same tokens as given (the router
-    reads them in float32). All leading dims are folded into one token group: routing is
+    reads them in float32). The leading dims are folded into one token group: routing is
     per token and nothing is dropped, so the output does not depend on the grouping, and
-    one big group keeps each expert's gathered tiles full. The auxiliary losses are over
-    all tokens of the call.
+    one big group keeps each expert's gathered tiles full. `batch_dims` > 0 keeps that
+    many leading dims as groups (one routing index each), which `jit` over several
+    devices splits. The auxiliary losses are over all tokens of the call.
     """
     lead, d = x.shape[:-1], x.shape[-1]
+    if not 0 <= batch_dims < max(len(lead), 1):
+        raise ValueError(f"MoE: batch_dims must be in [0, {max(len(lead) - 1, 0)}] for x of shape {tuple(x.shape)} "
+                         f"(leading dims kept as token groups; the rest are tokens), got {batch_dims}")
+    groups = lead[:batch_dims]
     tokens = x.reshape(-1, d)
     if tokens.shape[0] == 0:  # nothing to route (the reference index cannot fold an empty shape)
         zero = jnp.zeros((), jnp.float32)
@@ -154,15 +160,19 @@ def moe_forward(
         router_input.reshape(-1, d), w_router, top_k=top_k, renormalize=renormalize,
         jitter=jitter, noise_std=noise_std, rng=rng, precision=precision,
     )
-    index = pit_jax.moe_index(routing.expert_ids, w_in.shape[0])
+    grouped = lambda a: a.reshape(*groups, -1, a.shape[-1])  # noqa: E731  [*groups, tokens, .]
+    index = pit_jax.moe_index(grouped(routing.expert_ids), w_in.shape[0])
     y = pit_jax.moe_ffn(
-        tokens, routing.gates, index, w_in, w_out, w_gate=w_gate, activation=activation, precision=precision
+        grouped(tokens), grouped(routing.gates), index, w_in, w_out, w_gate=w_gate, activation=activation,
+        precision=precision,
     )
-    counts = index.expert_counts()
+    counts, dropped = index.expert_counts(), index.dropped()
+    if groups:  # the call's totals
+        counts, dropped = counts.reshape(-1, counts.shape[-1]).sum(0), dropped.sum()
     stats = MoeStats(
         load_balancing_loss=load_balancing_loss(routing.probs, counts, top_k),
         router_z_loss=router_z_loss(routing.logits),
         expert_counts=counts,
-        dropped=index.dropped(),
+        dropped=dropped,
     )
     return y.reshape(*lead, w_out.shape[-1]), stats

@@ -54,6 +54,9 @@ class MoE(nn.Module):
         1e-2); router_noise_std: std of Gaussian noise on the logits. Both 0: no noise.
       load_balancing_weight, z_loss_weight: the weights in "aux_loss".
       rng_collection: the rng stream of the router noise.
+      batch_dims: leading dims of x kept as token groups, one routing index each (default
+        0: all tokens one group, which keeps the experts' tiles full); `jit` over several
+        devices splits a group dim (docs/transformations.md). The output is the same.
     """
 
     num_experts: int
@@ -72,6 +75,7 @@ class MoE(nn.Module):
     load_balancing_weight: float = 1e-2
     z_loss_weight: float = 1e-3
     rng_collection: str = "dropout"
+    batch_dims: int = 0
 
     @nn.compact
     def __call__(self, x, *, deterministic: bool = True):
@@ -91,6 +95,7 @@ class MoE(nn.Module):
             xc, x, w_router, w_in, w_out, w_gate,
             top_k=self.top_k, activation=self.activation, renormalize=self.renormalize,
             jitter=self.router_jitter, noise_std=self.router_noise_std, rng=rng, precision=self.precision,
+            batch_dims=self.batch_dims,
         )
         if self.is_initializing():  # keep init's variables to "params"
             return y

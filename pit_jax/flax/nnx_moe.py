@@ -53,6 +53,7 @@ class MoE(nnx.Module):
         z_loss_weight: float = 1e-3,
         deterministic: bool = False,
         rng_collection: str = "dropout",
+        batch_dims: int = 0,
         rngs: nnx.Rngs,
     ):
         what = "pit_jax.flax.nnx.MoE"
@@ -67,6 +68,7 @@ class MoE(nnx.Module):
         self.router_jitter, self.router_noise_std = router_jitter, router_noise_std
         self.load_balancing_weight, self.z_loss_weight = load_balancing_weight, z_loss_weight
         self.deterministic, self.rng_collection = deterministic, rng_collection
+        self.batch_dims = batch_dims
         self.router_kernel = nnx.Param(router_init(rngs.params(), (d, e), param_dtype))
         self.w_in = nnx.Param(kernel_init(rngs.params(), (e, d, f), param_dtype))
         self.w_gate = nnx.Param(kernel_init(rngs.params(), (e, d, f), param_dtype)) if gated else None
@@ -105,6 +107,7 @@ class MoE(nnx.Module):
             xc, x, self.router_kernel[...], w_in, w_out, w_gate,
             top_k=self.top_k, activation=self.activation, renormalize=self.renormalize,
             jitter=self.router_jitter, noise_std=self.router_noise_std, rng=rng, precision=self.precision,
+            batch_dims=self.batch_dims,
         )
         self.aux_loss.set_value(stats.aux_loss(self.load_balancing_weight, self.z_loss_weight))
         self.load_balancing_loss.set_value(stats.load_balancing_loss)
