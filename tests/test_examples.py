@@ -55,3 +55,18 @@ def test_moe_transformer_trains():
     losses, _ = moe_transformer.train(steps=60, experts=8, top_k=2, batch=16, log_every=0)
     assert all(math.isfinite(v) for v in losses)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+def test_data_parallel_example():
+    """Plain jit over the host devices (conftest: 4): nothing of pit_jax's is gathered and
+    the loss goes down."""
+    import jax
+    import pytest
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2+ devices of the default backend")
+    import data_parallel
+
+    r = data_parallel.main(["--steps", "30", "--batch", str(2 * len(data_parallel.devices()))])
+    assert r["gathers"] == 0 and r["devices"] >= 2
+    assert sum(r["losses"][-5:]) / 5 < 0.7 * sum(r["losses"][:5]) / 5
