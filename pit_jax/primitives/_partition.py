@@ -105,7 +105,8 @@ def _plain_multi_device_jit(ctx) -> bool:
     # jax.export: a partitioning callback cannot be serialized, so exported programs keep
     # whole operands.
     exporting = ctx.module_context.lowering_parameters.for_export
-    return isinstance(axis_ctx, _sharding_impls.ShardingContext) and axis_ctx.num_devices > 1 and not exporting
+    return (isinstance(axis_ctx, _sharding_impls.ShardingContext) and axis_ctx.num_devices > 1 and not exporting
+            and axis_ctx.device_assignment is not None)  # custom_partitioning needs the devices
 
 
 def _cores(prim, params):
