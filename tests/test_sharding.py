@@ -1,7 +1,8 @@
 """pit_jax on several devices: the ops inside `jax.shard_map` (each device builds the
 index of its own shard and runs the products on it), and under plain jit with operands
-sharded over their batch (each device runs the ops on its own batch entries). Inside shard_map (check_vma, its default) the gradient of a replicated operand
-is the whole batch's, summed over the devices by JAX as for any lax op
+sharded over their batch (each device runs the ops on its own batch entries). Inside
+shard_map (check_vma, its default) the gradient of a replicated operand is the whole
+batch's, summed over the devices by JAX as for any lax op
 (pit_jax/primitives/_vma.py): without that, P() out_specs returned one device's part.
 On CPU the mesh is 4 host devices (conftest); on the GPU machine, its GPUs (skipped with
 fewer than 2)."""

@@ -18,9 +18,9 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     Without an index, all leading dims are folded into the rows, so one index covers
     the whole batch (the forward is exact whatever the tiling: the mask comes from
     inputs itself); `batch_dims` > 0 keeps that many leading dims as a batch, one index
-    per entry, which `jit` over several devices splits (docs/transformations.md). A given index is used as is (it must match `inputs`). A plan
-    overrides axis and micro_tile (its tile clipped to small inputs), or runs the dense
-    product.
+    per entry, which `jit` over several devices splits (docs/transformations.md). A
+    given index is used as is (it must match `inputs`). A plan overrides axis and
+    micro_tile (its tile clipped to small inputs), or runs the dense product.
     """
     epi = dict(bias=bias, activation=activation)
     if plan is not None:
