@@ -1,8 +1,9 @@
 """Transformations beyond jit / vmap / grad: rematerialization (`jax.checkpoint`, with a
 policy too), second order (a Hessian-vector product: jvp of grad), forward-mode Jacobians
-and `jax.linearize`, for sparse_dense on its three axes, the live-row layer norm and the
-MoE FFN, each against the same expression in plain jnp (CPU; the same rules run on GPU);
-and `jax.export` of pit_jax code."""
+and `jax.linearize`, control flow (scan, cond, fori_loop, Flax's nn.scan), for
+sparse_dense on its three axes, the live-row layer norm and the MoE FFN, each against the
+same expression in plain jnp (CPU; the same rules run on GPU); and `jax.export` of
+pit_jax code."""
 
 from __future__ import annotations
 
@@ -136,6 +137,52 @@ def test_forward_mode(name):
     y_ref, lin_ref = jax.linearize(lambda w: ref(w, x), w)
     v = np.random.default_rng().standard_normal(np.shape(w)).astype(np.float32)
     _close((y, lin(v)), (y_ref, lin_ref(v)))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_control_flow(name):
+    """The ops inside lax.scan (a stack of layers whose weight is scanned over, forward and
+    gradient), lax.cond (one branch) and fori_loop, each equal to the jnp expression."""
+    _, f, ref, w, x = _case(name)
+    ws = np.stack([w, 0.5 * w, -w])  # three "layers"
+
+    def scanned(g):
+        return lambda ws, x: jax.lax.scan(lambda c, w: (c + g(w, x), None), 0.0, ws)[0]
+
+    _close(jax.jit(scanned(f))(ws, x), scanned(ref)(ws, x))
+    _close(jax.jit(jax.grad(scanned(f)))(ws, x), jax.grad(scanned(ref))(ws, x))
+    cond = lambda g: (lambda p, w, x: jax.lax.cond(p, lambda: g(w, x), lambda: 2 * g(w, x)))  # noqa: E731
+    for p in (True, False):
+        _close(jax.jit(cond(f))(p, w, x), cond(ref)(p, w, x))
+    loop = lambda g: (lambda w, x: jax.lax.fori_loop(0, 3, lambda i, a: a + g(w * (i + 1), x), 0.0))  # noqa: E731
+    _close(jax.jit(loop(f))(w, x), loop(ref)(w, x))
+
+
+def test_flax_scan_over_layers():
+    """nn.scan of a block with SparseDense layers (a layer stack with stacked parameters):
+    forward and parameter gradients equal the same scan of nn.Dense blocks."""
+    from flax import linen as nn
+
+    from pit_jax.flax import SparseDense
+
+    class Block(nn.Module):
+        dense: bool
+
+        @nn.compact
+        def __call__(self, h, _):
+            layer = nn.Dense(32, name="fc") if self.dense else SparseDense(32, axis="m", name="fc")
+            return jnp.tanh(layer(h)), None
+
+    def stack(dense):
+        return nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)(dense)
+
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((48, 32)) * (rng.random((48, 1)) < 0.5)).astype(np.float32)
+    pit, ref = stack(False), stack(True)
+    params = pit.init(jax.random.PRNGKey(0), x, None)
+    _close(jax.jit(pit.apply)(params, x, None)[0], ref.apply(params, x, None)[0])
+    loss = lambda m: (lambda p: jnp.sum(m.apply(p, x, None)[0] ** 2))  # noqa: E731
+    _close(jax.jit(jax.grad(loss(pit)))(params), jax.grad(loss(ref))(params))
 
 
 def test_export():
