@@ -202,9 +202,9 @@ def test_jit_splits_the_batch(mesh, axis):
 @pytest.mark.parametrize("axis", ["m", "k", "w"])
 def test_jit_data_parallel_grad(mesh, axis, dtype):
     """A data-parallel gradient under plain jit: the shared w's gradient (a reduction over
-    the batch) is each device's partial sum, added across the devices (in float32, then
-    rounded once: bf16 partials are not summed in bf16); x's gradient stays sharded. Equal
-    to the unsharded gradients within the dtype's rounding."""
+    the batch) is each device's partial sum (rounded to the dtype by its kernel), added
+    across the devices in float32 and rounded again; x's gradient stays sharded. Equal to
+    the unsharded gradients within the dtype's rounding."""
     rng = np.random.default_rng()
     x, w, tile = _batch_case(rng, axis, 2 * N, 64, 64, 64)
     x, w = x.astype(dtype), w.astype(dtype)
