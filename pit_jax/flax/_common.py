@@ -10,6 +10,15 @@ import pit_jax
 from pit_jax.optimizer.plan import Plan
 
 
+def check_batch_dims(batch_dims, shape, what, kept):
+    """A layer's `batch_dims` must leave at least one leading dim of x [..., D] to fold:
+    a clear error naming the valid range otherwise."""
+    lead = len(shape) - 1
+    if not 0 <= batch_dims < max(lead, 1):
+        raise ValueError(f"{what}batch_dims must be in [0, {max(lead - 1, 0)}] for inputs of shape {tuple(shape)} "
+                         f"(leading dims kept as {kept}), got {batch_dims}")
+
+
 def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None, bias=None,
                            activation=None, batch_dims=0):
     """`act(inputs @ kernel + bias)` over the last dim of inputs ([..., K]), skipping dead
@@ -31,9 +40,7 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     if index is not None:
         return pit_jax.sparse_dense(inputs, kernel, index, axis=axis, micro_tile=micro_tile, precision=precision, **epi)
     lead = inputs.shape[:-1]
-    if not 0 <= batch_dims < max(len(lead), 1):
-        raise ValueError(f"batch_dims must be in [0, {max(len(lead) - 1, 0)}] for inputs of shape "
-                         f"{tuple(inputs.shape)} (leading dims kept as a batch; the rest are rows), got {batch_dims}")
+    check_batch_dims(batch_dims, inputs.shape, "", "a batch; the rest are rows")
     x2 = jnp.reshape(inputs, (*lead[:batch_dims], -1, inputs.shape[-1]))
     owner = kernel.shape if axis == "w" else x2.shape[-2:]  # the matrix the index tiles
     if isinstance(micro_tile, str) and micro_tile == "auto" and isinstance(kernel if axis == "w" else x2, jax.core.Tracer):

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 import pit_jax
+from pit_jax.flax._common import check_batch_dims
 
 
 class Routing(NamedTuple):
@@ -146,9 +147,7 @@ def moe_forward(
     devices splits. The auxiliary losses are over all tokens of the call.
     """
     lead, d = x.shape[:-1], x.shape[-1]
-    if not 0 <= batch_dims < max(len(lead), 1):
-        raise ValueError(f"MoE: batch_dims must be in [0, {max(len(lead) - 1, 0)}] for x of shape {tuple(x.shape)} "
-                         f"(leading dims kept as token groups; the rest are tokens), got {batch_dims}")
+    check_batch_dims(batch_dims, x.shape, "MoE: ", "token groups; the rest are tokens")
     groups = lead[:batch_dims]
     tokens = x.reshape(-1, d)
     if tokens.shape[0] == 0:  # nothing to route (the reference index cannot fold an empty shape)

@@ -37,7 +37,8 @@ def register_ffi_lowerings(prim: Primitive, target: str, attr_names: Sequence[st
     def rule(ctx, *args, **params):
         return lower(ctx, *args, **_attrs(params, attr_names))
 
-    rule = _partition.batch_partitioned(prim, rule, *core)
+    _partition.register(prim, *core)
+    rule = _partition.batch_partitioned(prim, rule)
     mlir.register_lowering(prim, rule, platform="cpu")
     if _native.has_cuda():
         mlir.register_lowering(prim, rule, platform="cuda")
@@ -64,11 +65,12 @@ def register_traced_lowering(
     `core` = (operands' ranks, results' ranks) without batch dims, each a tuple or a
     callable of the params: under jit over several devices the op is split over its first
     batch dim (`_partition`)."""
-    rule = _partition.batch_partitioned(prim, mlir.lower_fun(fn, multiple_results=prim.multiple_results), *core)
+    _partition.register(prim, *core)
+    rule = _partition.batch_partitioned(prim, mlir.lower_fun(fn, multiple_results=prim.multiple_results))
     mlir.register_lowering(prim, rule, platform="cpu")
     if _native.has_cuda():
         cuda_rule = rule if cuda_fn is None else _partition.batch_partitioned(
-            prim, mlir.lower_fun(cuda_fn, multiple_results=prim.multiple_results), *core)
+            prim, mlir.lower_fun(cuda_fn, multiple_results=prim.multiple_results))
         mlir.register_lowering(prim, cuda_rule, platform="cuda")
     else:
         mlir.register_lowering(prim, _missing_cuda(", ".join(targets)), platform="cuda")

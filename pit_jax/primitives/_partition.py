@@ -23,6 +23,7 @@ registry of primitives that need the devices while lowering.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -50,7 +51,7 @@ def _mapping(aval, batched: bool, names):
 
 
 def _rule(avals_in, avals_out, in_batched, out_batched) -> SdyShardingRule:
-    names = (f"d{i}" for i in range(10**6))
+    names = (f"d{i}" for i in itertools.count())
     ins = [_mapping(a, b, names) for a, b in zip(avals_in, in_batched)]
     outs = [_mapping(a, b, names) for a, b in zip(avals_out, out_batched)]
     others = tuple(f for m in (*ins, *outs) for f in m if f != _BATCH)
@@ -58,17 +59,26 @@ def _rule(avals_in, avals_out, in_batched, out_batched) -> SdyShardingRule:
     return SdyShardingRule(tuple(ins), tuple(outs), reduction_factors=reduced, need_replication_factors=others)
 
 
-def _batch_axes(mesh, arg_shapes, in_batched):
-    """The mesh axes a batched operand's batch dim is split over (the first one that is
-    split), when they divide it evenly; else None (whole operands)."""
-    for s, b in zip(arg_shapes, in_batched):
-        spec = tuple(s.sharding.spec) if b and isinstance(s.sharding, NamedSharding) else ()
-        if not spec or spec[0] is None:
-            continue
-        axes = (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
-        parts = math.prod(mesh.shape[a] for a in axes)
-        return axes if parts > 1 and s.shape[0] % parts == 0 else None
+def _split_operand(values, in_batched):
+    """(value, its dim-0 spec entry) of the first batched value whose batch dim is split
+    over mesh axes (its sharding: an aval's type, or a shape at partitioning); or None."""
+    for v, b in zip(values, in_batched):
+        sharding = getattr(v, "sharding", None)
+        if b and isinstance(sharding, NamedSharding) and len(sharding.spec) and sharding.spec[0] is not None:
+            return v, sharding.spec[0]
     return None
+
+
+def _batch_axes(mesh, arg_shapes, in_batched):
+    """The mesh axes the batch dim is split over (the first split operand's), when they
+    divide it evenly; else None (whole operands)."""
+    split = _split_operand(arg_shapes, in_batched)
+    if split is None:
+        return None
+    s, entry = split
+    axes = (entry,) if isinstance(entry, str) else tuple(entry)
+    parts = math.prod(mesh.shape[a] for a in axes)
+    return axes if parts > 1 and s.shape[0] % parts == 0 else None
 
 
 def _sum_across(x, axes):
@@ -109,8 +119,16 @@ def _plain_multi_device_jit(ctx) -> bool:
             and axis_ctx.device_assignment is not None)  # custom_partitioning needs the devices
 
 
-def _cores(prim, params):
-    return tuple(c(**params) if callable(c) else c for c in prim.batch_core)
+def _batch_flags(prim, avals_in, avals_out, params):
+    """Which operands and which results of this call of `prim` have the batch."""
+    core_in, core_out = (c(**params) if callable(c) else c for c in prim.batch_core)
+    return _batched(avals_in, core_in), _batched(avals_out, core_out)
+
+
+def _splittable(in_b, out_b) -> bool:
+    """Some operand has the batch, and the results all keep it or all sum over it (no op
+    mixes them)."""
+    return any(in_b) and (all(out_b) or not any(out_b))
 
 
 def typed_batch_specs(prim, avals_in, avals_out, params):
@@ -121,33 +139,28 @@ def typed_batch_specs(prim, avals_in, avals_out, params):
     none = [None] * len(avals_out)
     if getattr(prim, "batch_core", None) is None:
         return none
-    core_in, core_out = _cores(prim, params)
-    in_b, out_b = _batched(avals_in, core_in), _batched(avals_out, core_out)
-    if not all(out_b):
-        return none
-    for a, b in zip(avals_in, in_b):
-        spec = a.sharding.spec if b and isinstance(getattr(a, "sharding", None), NamedSharding) else ()
-        if len(spec) and spec[0] is not None:
-            return [spec[0]] * len(avals_out)
-    return none
+    in_b, out_b = _batch_flags(prim, avals_in, avals_out, params)
+    split = _split_operand(avals_in, in_b) if all(out_b) else None
+    return none if split is None else [split[1]] * len(avals_out)
 
 
-def batch_partitioned(prim, rule: Callable, core_in: Sequence[int] | Callable, core_out: Sequence[int] | Callable):
-    """`rule` (prim's lowering on one device), split over the first batch dim under
-    multi-device jit. `core_in` / `core_out`: each operand's / result's own rank (its
-    dims that are not batch dims), or a callable of the params giving them."""
-
+def register(prim, core_in: Sequence[int] | Callable, core_out: Sequence[int] | Callable) -> None:
+    """Declares `prim`'s batch: each operand's / result's own rank (its dims that are not
+    batch dims), or a callable of the params giving them."""
+    prim.batch_core = (core_in, core_out)
     # custom_partitioning needs the devices at lowering time, which jit provides only for
     # the primitives in this registry (as for cuDNN attention's).
     _dispatch.prim_requires_devices_during_lowering.add(prim)
-    prim.batch_core = (core_in, core_out)
+
+
+def batch_partitioned(prim, rule: Callable) -> Callable:
+    """`rule` (prim's lowering on one device), split over the first batch dim under
+    multi-device jit (`register` first)."""
 
     def lowering(ctx, *args, **params):
         if _plain_multi_device_jit(ctx):
-            cin, cout = _cores(prim, params)
-            in_b, out_b = _batched(ctx.avals_in, cin), _batched(ctx.avals_out, cout)
-            # Results either all keep the batch or all sum over it (no op mixes them).
-            if any(in_b) and (all(out_b) or not any(out_b)):
+            in_b, out_b = _batch_flags(prim, ctx.avals_in, ctx.avals_out, params)
+            if _splittable(in_b, out_b):
                 f = _partitioned(prim, params, ctx.avals_in, ctx.avals_out, in_b, out_b)
                 return mlir.lower_fun(f, multiple_results=prim.multiple_results)(ctx, *args)
         return rule(ctx, *args, **params)
