@@ -125,6 +125,96 @@ def test_matches_flax_layer_norm_and_index_none(platform):
     np.testing.assert_allclose(np.asarray(every), want, rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
 
 
+def ln64_bwd(x, scale, live_rows, dy, residual=None, bias=None, eps=1e-6):
+    """float64 cotangents of ln64 for the output cotangent dy: (dh, d scale, d offset,
+    d bias), dh = d(x + residual + bias) on the live rows, 0 elsewhere; the vector sums
+    over every row of every batch entry."""
+    h = f64(x)
+    if residual is not None:
+        h = h + f64(residual)
+    if bias is not None:
+        h = h + f64(bias)
+    mean = h.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt(np.maximum((h * h).mean(-1, keepdims=True) - mean * mean, 0) + eps)
+    xhat = (h - mean) * rstd
+    g = np.where(live_rows[..., None], f64(dy), 0.0)
+    gs = g * f64(scale)
+    dh = rstd * (gs - gs.mean(-1, keepdims=True) - xhat * (gs * xhat).mean(-1, keepdims=True))
+    rows = tuple(range(dh.ndim - 1))
+    return dh, (g * xhat).sum(rows), g.sum(rows), dh.sum(rows)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("density", [0.0, 0.4, 1.0])
+@pytest.mark.parametrize("m,h,tile_h", SHAPES)
+def test_backward_matches_reference(platform, dtype, density, m, h, tile_h):
+    """The gradient runs the backward target (pit_row_layer_norm_bwd: the live rows only)
+    and matches float64 formulas: x's and the residual's cotangent (zeros on dead rows),
+    the bias's, scale's and offset's sums."""
+    rng, seed = fresh_rng()
+    lead = (2,)
+    x, res, scale, offset, bias = operands(rng, lead, m, h, dtype)
+    live = row_mask(rng, lead, m, tile_h, density)
+    dy = randn(rng, x.shape, dtype)
+
+    def f(x, res, bias, scale, offset, mask, dy):
+        idx = pit_jax.index(mask[..., None], (tile_h, 1))
+        _, vjp = jax.vjp(lambda *a: pit_jax.layer_norm(a[0], a[3], a[4], idx, residual=a[1], bias=a[2]),
+                         x, res, bias, scale, offset)
+        return vjp(dy)
+
+    args = put(platform, x, res, bias, scale, offset, live, dy)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert "pit_row_layer_norm_bwd[" in jaxpr and "pit_row_layer_norm_lin[" not in jaxpr
+    dx, dres, dbias, dscale, doffset = jax.jit(f)(*args)
+    want_h, want_s, want_o, want_b = ln64_bwd(x, scale, live, f64(np.asarray(jnp.asarray(dy))), res, bias)
+    check_close(dx, want_h, dtype, f"seed={seed} dx")
+    np.testing.assert_array_equal(f64(dres), f64(dx), err_msg=f"seed={seed}: d residual is d x")
+    assert not f64(dx)[~live].any(), f"seed={seed}: dead rows get no gradient"
+    # The sums add up to M rounded terms: float32 accumulation of float32 terms.
+    for got, want, name in ((dscale, want_s, "scale"), (doffset, want_o, "offset"), (dbias, want_b, "bias")):
+        check_close(got, want, jnp.float32 if dtype == jnp.float32 else dtype, f"seed={seed} d{name}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("capacity", [7, 16])
+def test_backward_capacity_below_the_row_blocks(platform, capacity):
+    """A list too short for every block: rows past the capacity get no gradient."""
+    rng, seed = fresh_rng()
+    m, h = 40, 32
+    x, res, scale, offset, _ = operands(rng, (), m, h, jnp.float32)
+    live = row_mask(rng, (), m, 1, 0.5)
+    dy = randn(rng, x.shape, jnp.float32)
+    idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
+    f = jax.jit(lambda a, s, o: jax.vjp(lambda a, s, o: pit_jax.layer_norm(a, s, o, idx, residual=res), a, s, o)[1](dy))
+    dx, dscale, doffset = f(*put(platform, x, scale, offset))
+    listed = np.zeros(m, bool)
+    tiles, n = np.asarray(idx.tiles), min(int(idx.count), capacity)
+    listed[tiles[:n]] = True
+    want_h, want_s, want_o, _ = ln64_bwd(x, scale, listed, dy, res)
+    check_close(dx, want_h, jnp.float32, f"seed={seed} dx")
+    check_close(dscale, want_s, jnp.float32, f"seed={seed} dscale")
+    check_close(doffset, want_o, jnp.float32, f"seed={seed} doffset")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_backward_is_deterministic(platform):
+    """The column sums are added in a fixed order: the same bits on every run."""
+    rng, _ = fresh_rng()
+    m, h = 3000, 768
+    x, res, scale, offset, bias = operands(rng, (), m, h, jnp.bfloat16)
+    live = row_mask(rng, (), m, 1, 0.3)
+    idx = pit_jax.index(put(platform, live[:, None]), "row")
+    loss = lambda a, r, s, o, b: jnp.sum(jnp.sin(pit_jax.layer_norm(a, s, o, idx, residual=r, bias=b)))  # noqa: E731
+    g = jax.jit(jax.grad(loss, argnums=range(5)))
+    args = put(platform, x, res, scale, offset, bias)
+    first = [np.asarray(v) for v in g(*args)]
+    for _ in range(3):
+        for u, v in zip(first, g(*args)):
+            np.testing.assert_array_equal(u, np.asarray(v))
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_transforms(platform):
     rng, seed = fresh_rng()
@@ -271,6 +361,30 @@ def test_raw_target_refuses_bad_input(platform, case):
             jax.block_until_ready(jax.jit(RAW_BAD[case])())
 
 
+def _raw_bwd(x, dy, *, dvec=(3, 8), work=(2, 3, 8), scale=8, dtype=jnp.float32):
+    outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(dvec, dtype),
+            jax.ShapeDtypeStruct(work, jnp.float32))
+    call = jax.ffi.ffi_call("pit_row_layer_norm_bwd", outs)
+    return call(x, _F(0), _F(0), _F(scale), _I(4), _I(), dy, tile_h=np.int64(1), epsilon=np.float32(1e-6))
+
+
+RAW_BAD_BWD = {
+    "dy must have x's shape and dtype": lambda: _raw_bwd(_F(4, 8), jnp.ones((4, 8), jnp.bfloat16)),
+    "dvec must be float32 \\[\\.\\.\\., 3, H\\]": lambda: _raw_bwd(_F(4, 8), _F(4, 8), dvec=(2, 8)),
+    "dvec must be float32": lambda: _raw_bwd(_F(4, 8), _F(4, 8), dtype=jnp.bfloat16),
+    "work must be float32 \\[\\.\\.\\., warps, 3, H\\]": lambda: _raw_bwd(_F(4, 8), _F(4, 8), work=(3, 8)),
+    "scale must be \\[8\\]": lambda: _raw_bwd(_F(4, 8), _F(4, 8), scale=7),
+}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", list(RAW_BAD_BWD))
+def test_raw_backward_target_refuses_bad_input(platform, case):
+    with jax.default_device(jax.devices(platform)[0]):
+        with pytest.raises(Exception, match="pit_row_layer_norm_bwd: .*" + case):
+            jax.block_until_ready(jax.jit(RAW_BAD_BWD[case])())
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_empty_shapes(platform):
     """No rows, no batch entries, no features: an empty result, no error."""
@@ -282,3 +396,11 @@ def test_empty_shapes(platform):
     idx = pit_jax.index(put(platform, jnp.zeros((5, 1), bool)), "row")  # no live row
     y = jax.jit(lambda a: pit_jax.layer_norm(a, jnp.ones(8), jnp.zeros(8), idx))(put(platform, jnp.ones((5, 8))))
     assert not np.asarray(y).any()
+    # gradients of empty and all-dead cases: zeros, no error
+    grad = jax.jit(jax.grad(lambda a, s: jnp.sum(pit_jax.layer_norm(a, s, jnp.zeros_like(s), idx) ** 2), (0, 1)))
+    dx, ds = grad(put(platform, jnp.ones((5, 8))), jnp.ones(8))
+    assert not np.asarray(dx).any() and not np.asarray(ds).any()
+    for shape in ((0, 8), (2, 0, 8)):
+        dx, ds = jax.jit(jax.grad(lambda a, s: jnp.sum(pit_jax.layer_norm(a, s, jnp.zeros(8))), (0, 1)))(
+            put(platform, jnp.ones(shape)), jnp.ones(8))
+        assert dx.shape == shape and not np.asarray(ds).any()

@@ -260,6 +260,15 @@ def test_jit_index_and_layer_norm_per_entry(mesh):
     np.testing.assert_array_equal(np.asarray(count), np.asarray(want_count))
     np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-5)
     assert "all-gather" not in _compiled(f, *args)
+    # The backward target (pit_row_layer_norm_bwd): per-entry sums of the shared scale's
+    # and offset's cotangents, summed over the batch outside it.
+    loss = lambda x, res, s, o: jnp.sum(jnp.sin(pit_jax.layer_norm(x, s, o, pit_jax.index(x, "row"), residual=res)))
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    got = g(*args, _put(mesh, scale, P()), _put(mesh, offset, P()))
+    want = jax.grad(loss, argnums=(0, 1, 2, 3))(jnp.asarray(x), jnp.asarray(res), scale, offset)
+    for u, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+    assert "all-gather" not in _compiled(g, *args, _put(mesh, scale, P()), _put(mesh, offset, P()))
 
 
 def test_jit_sread_swrite_and_parts_per_entry(mesh):

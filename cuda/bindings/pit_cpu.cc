@@ -11,6 +11,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCpu);
     targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCpu);
     targets["pit_row_layer_norm"] = pit::HandlerCapsule(PitRowLayerNormCpu);
+    targets["pit_row_layer_norm_bwd"] = pit::HandlerCapsule(PitRowLayerNormBwdCpu);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_row_gather_matmul3"] = pit::HandlerCapsule(PitRowGatherMatmul3Cpu);

@@ -24,4 +24,15 @@ struct RowLayerNormParams {
   void* y = nullptr;                       // [batch, rows, cols]
 };
 
+// pit_row_layer_norm_bwd: the cotangents of the forward on the same rows. `fwd` carries
+// x, residual, bias, scale and the index (its offset and y are unused).
+struct RowLayerNormBwdParams {
+  RowLayerNormParams fwd;
+  const void* dy = nullptr;  // [batch, rows, cols], x's dtype: the forward's cotangent
+  void* dh = nullptr;        // [batch, rows, cols], x's dtype: d(x + residual + bias), 0 on dead rows
+  float* dvec = nullptr;     // [batch, 3, cols]: sums over the entry's live rows of d scale, d offset, d bias
+  float* work = nullptr;     // [batch, warps, 3, cols]: each warp's partial sums (summed in a fixed order)
+  int64_t warps = 1;         // warps per batch entry
+};
+
 }  // namespace pit

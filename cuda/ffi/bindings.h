@@ -114,6 +114,22 @@ auto RowLayerNorm(B b) {
 }
 
 template <class B>
+auto RowLayerNormBwd(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x
+      .template Arg<AnyBuffer>()  // residual (or [0])
+      .template Arg<AnyBuffer>()  // bias (or [0])
+      .template Arg<AnyBuffer>()  // scale
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Arg<AnyBuffer>()  // dy
+      .template Ret<AnyBuffer>()  // dh
+      .template Ret<AnyBuffer>()  // dvec [..., 3, H]: d scale, d offset, d bias
+      .template Ret<AnyBuffer>()  // work [..., warps, 3, H]
+      .template Attr<int64_t>("tile_h")
+      .template Attr<float>("epsilon");
+}
+
+template <class B>
 auto SddMatmul(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // a
       .template Arg<AnyBuffer>()  // b

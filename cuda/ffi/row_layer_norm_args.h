@@ -13,9 +13,18 @@
 
 namespace pit {
 
+template <class Dims>
+inline bool SameDims(const Dims& a, const Dims& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
 // A float32 vector operand [cols] (or [0] where `optional`): its data, or null when empty.
-inline ffi::ErrorOr<const float*> DecodeRowVector(ffi::AnyBuffer v, int64_t cols, bool optional, const char* name) {
-  const std::string what = std::string("pit_row_layer_norm: ") + name;
+inline ffi::ErrorOr<const float*> DecodeRowVector(const std::string& target, ffi::AnyBuffer v, int64_t cols,
+                                                  bool optional, const char* name) {
+  const std::string what = target + ": " + name;
   if (v.element_type() != ffi::DataType::F32) return InvalidArg(what + " must be float32");
   const auto d = v.dimensions();
   if (optional && v.element_count() == 0) return static_cast<const float*>(nullptr);
@@ -25,38 +34,31 @@ inline ffi::ErrorOr<const float*> DecodeRowVector(ffi::AnyBuffer v, int64_t cols
   return static_cast<const float*>(v.untyped_data());
 }
 
-// x [..., M, H], residual (x's shape, or [0]), bias / scale / offset float32 [H] (bias
-// may be [0]), tiles [..., capacity], count [...]: a flat list of row blocks of tile_h rows.
-inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNorm(ffi::AnyBuffer x, ffi::AnyBuffer residual,
-                                                           ffi::AnyBuffer bias, ffi::AnyBuffer scale,
-                                                           ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count,
-                                                           ffi::Result<ffi::AnyBuffer>& y, int64_t tile_h,
-                                                           float epsilon) {
-  const std::string target = "pit_row_layer_norm";
+// The operands both targets share: x [..., M, H], residual (x's shape, or [0]), bias /
+// scale float32 [H] (bias may be [0]), tiles [..., capacity], count [...] (a flat list of
+// row blocks of tile_h rows), tile_h and epsilon. Leaves offset and y unset.
+inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNormOperands(const std::string& target, ffi::AnyBuffer x,
+                                                                   ffi::AnyBuffer residual, ffi::AnyBuffer bias,
+                                                                   ffi::AnyBuffer scale, S32Buffer tiles,
+                                                                   S32Buffer count, int64_t tile_h, float epsilon) {
   auto dtype = DecodeDType(x.element_type(), target + ": x");
   if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
-  auto m = AsBatchedMatrix(x.dimensions(), "pit_row_layer_norm: x");
+  auto m = AsBatchedMatrix(x.dimensions(), (target + ": x").c_str());
   if (m.has_error()) return ffi::Unexpected<ffi::Error>(m.error());
-  if (y->element_type() != x.element_type() || y->element_count() != x.element_count())
-    return InvalidArg(target + ": y must have x's shape and dtype");
   if (residual.element_count() != 0) {
     if (residual.element_type() != x.element_type()) return InvalidArg(target + ": residual must have x's dtype");
-    const auto rd = residual.dimensions(), xd = x.dimensions();
-    bool same = rd.size() == xd.size();
-    for (size_t i = 0; same && i < rd.size(); ++i) same = rd[i] == xd[i];
-    if (!same) return InvalidArg(target + ": residual must have x's shape (or be [0] for none)");
+    if (!SameDims(residual.dimensions(), x.dimensions()))
+      return InvalidArg(target + ": residual must have x's shape (or be [0] for none)");
   }
   if (m->rows > 0 && (tile_h < 1 || tile_h > m->rows))
     return InvalidArg(target + ": tile_h must be in [1, M] = [1, " + std::to_string(m->rows) + "], got " +
                       std::to_string(tile_h));
   if (!(epsilon >= 0.f) || !std::isfinite(epsilon))
     return InvalidArg(target + ": epsilon must be finite and >= 0");
-  auto b = DecodeRowVector(bias, m->cols, true, "bias");
+  auto b = DecodeRowVector(target, bias, m->cols, true, "bias");
   if (b.has_error()) return ffi::Unexpected<ffi::Error>(b.error());
-  auto s = DecodeRowVector(scale, m->cols, false, "scale");
+  auto s = DecodeRowVector(target, scale, m->cols, false, "scale");
   if (s.has_error()) return ffi::Unexpected<ffi::Error>(s.error());
-  auto o = DecodeRowVector(offset, m->cols, false, "offset");
-  if (o.has_error()) return ffi::Unexpected<ffi::Error>(o.error());
   const auto td = tiles.dimensions();
   if (td.size() < 1) return InvalidArg(target + ": tiles must be [..., capacity]");
   RowLayerNormParams p;
@@ -75,10 +77,56 @@ inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNorm(ffi::AnyBuffer x, ffi
   p.residual = residual.element_count() != 0 ? residual.untyped_data() : nullptr;
   p.bias = *b;
   p.scale = *s;
-  p.offset = *o;
   p.epsilon = epsilon;
-  p.y = y->untyped_data();
   return p;
+}
+
+// pit_row_layer_norm: the shared operands, offset float32 [H], y (x's shape and dtype).
+inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNorm(ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                                                           ffi::AnyBuffer bias, ffi::AnyBuffer scale,
+                                                           ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count,
+                                                           ffi::Result<ffi::AnyBuffer>& y, int64_t tile_h,
+                                                           float epsilon) {
+  const std::string target = "pit_row_layer_norm";
+  auto p = DecodeRowLayerNormOperands(target, x, residual, bias, scale, tiles, count, tile_h, epsilon);
+  if (p.has_error()) return p;
+  if (y->element_type() != x.element_type() || y->element_count() != x.element_count())
+    return InvalidArg(target + ": y must have x's shape and dtype");
+  auto o = DecodeRowVector(target, offset, p->cols, false, "offset");
+  if (o.has_error()) return ffi::Unexpected<ffi::Error>(o.error());
+  p->offset = *o;
+  p->y = y->untyped_data();
+  return p;
+}
+
+// pit_row_layer_norm_bwd: the shared operands, dy (x's shape and dtype); results dh (x's
+// shape and dtype), dvec float32 [..., 3, H], work float32 [..., warps, 3, H].
+inline ffi::ErrorOr<RowLayerNormBwdParams> DecodeRowLayerNormBwd(
+    ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale, S32Buffer tiles,
+    S32Buffer count, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer>& dh, ffi::Result<ffi::AnyBuffer>& dvec,
+    ffi::Result<ffi::AnyBuffer>& work, int64_t tile_h, float epsilon) {
+  const std::string target = "pit_row_layer_norm_bwd";
+  auto p = DecodeRowLayerNormOperands(target, x, residual, bias, scale, tiles, count, tile_h, epsilon);
+  if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
+  if (dy.element_type() != x.element_type() || !SameDims(dy.dimensions(), x.dimensions()))
+    return InvalidArg(target + ": dy must have x's shape and dtype");
+  if (dh->element_type() != x.element_type() || dh->element_count() != x.element_count())
+    return InvalidArg(target + ": dh must have x's shape and dtype");
+  const int64_t vec = 3 * p->cols;
+  if (dvec->element_type() != ffi::DataType::F32 || dvec->element_count() != p->batch * vec)
+    return InvalidArg(target + ": dvec must be float32 [..., 3, H] (x's batch dims)");
+  const auto wd = work->dimensions();
+  if (work->element_type() != ffi::DataType::F32 || wd.size() < 3 || wd[wd.size() - 3] < 1 ||
+      work->element_count() != p->batch * wd[wd.size() - 3] * vec)
+    return InvalidArg(target + ": work must be float32 [..., warps, 3, H] with warps >= 1 (x's batch dims)");
+  RowLayerNormBwdParams q;
+  q.fwd = *p;
+  q.dy = dy.untyped_data();
+  q.dh = dh->untyped_data();
+  q.dvec = static_cast<float*>(dvec->untyped_data());
+  q.work = static_cast<float*>(work->untyped_data());
+  q.warps = wd[wd.size() - 3];
+  return q;
 }
 
 }  // namespace pit

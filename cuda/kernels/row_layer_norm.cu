@@ -103,17 +103,16 @@ __device__ void NormalizeRow(const RowLayerNormParams& p, int64_t row, int lane)
   }
 }
 
-// NormalizeRow for rows of at most 32 * V * kChunks elements: the row stays in
-// registers, and every load of a lane (x, residual and the float32 vectors) is issued
-// before the first use, so a row costs one memory latency rather than one per chunk and
-// pass (the two-pass loop above was latency-bound: ~10 us per BERT-sized call).
+// Rows of at most 32 * V * kChunks elements, held in registers: h = x + residual + bias
+// for the lane's chunks (float32) and the row's statistics. Every load of the lane is
+// issued before the first use, so a row costs one memory latency rather than one per
+// chunk and pass (a two-pass loop was latency-bound: ~10 us per BERT-sized call).
 template <typename T, int V, int kChunks>
-__device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row, int lane) {
+__device__ __forceinline__ RowStats LoadRowInRegisters(const RowLayerNormParams& p, int64_t row, int lane,
+                                                       float (&h)[kChunks][V]) {
   static_assert(V % 4 == 0, "float32 vectors of 4");
   const T* x = static_cast<const T*>(p.x) + row * p.cols;
   const T* r = p.residual ? static_cast<const T*>(p.residual) + row * p.cols : nullptr;
-  T* y = static_cast<T*>(p.y) + row * p.cols;
-  float h[kChunks][V];
   float t[kChunks][V];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
@@ -143,7 +142,15 @@ __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row
       for (int i = 0; i < V; ++i) s += h[j][i], s2 += h[j][i] * h[j][i];
     }
   }
-  const RowStats st = WarpRowStats(s, s2, p.cols, p.epsilon);
+  return WarpRowStats(s, s2, p.cols, p.epsilon);
+}
+
+// NormalizeRow for rows held in registers (LoadRowInRegisters).
+template <typename T, int V, int kChunks>
+__device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row, int lane) {
+  T* y = static_cast<T*>(p.y) + row * p.cols;
+  float h[kChunks][V];
+  const RowStats st = LoadRowInRegisters<T, V, kChunks>(p, row, lane, h);
   const float mean = st.mean, rstd = st.rstd;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
@@ -164,10 +171,15 @@ __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row
 }
 
 template <typename T, int V>
-__device__ void ZeroRow(const RowLayerNormParams& p, int64_t row, int lane) {
-  T* y = static_cast<T*>(p.y) + row * p.cols;
+__device__ void ZeroRowOf(void* out, int64_t row, int64_t cols, int lane) {
+  T* y = static_cast<T*>(out) + row * cols;
   const float z[V] = {};
-  for (int64_t c = static_cast<int64_t>(lane) * V; c < p.cols; c += 32 * V) StoreF<T, V>(y + c, z);
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < cols; c += 32 * V) StoreF<T, V>(y + c, z);
+}
+
+template <typename T, int V>
+__device__ void ZeroRow(const RowLayerNormParams& p, int64_t row, int lane) {
+  ZeroRowOf<T, V>(p.y, row, p.cols, lane);
 }
 
 // kChunks > 0: rows held in registers (NormalizeRowInRegisters); 0: the two-pass loop.
@@ -234,6 +246,255 @@ cudaError_t Launch(const RowLayerNormParams& p, bool dead_tail, cudaStream_t str
   return cudaGetLastError();
 }
 
+
+// ---- backward -----------------------------------------------------------------------
+// Per live row, with h = x + residual + bias, xhat = (h - mean) * rstd, g = dy:
+//   dh = rstd * (g scale - mean(g scale) - xhat * mean(g scale xhat)),
+// and the row adds g xhat, g and dh to the column sums of d scale, d offset and d bias.
+// A warp takes every warps-th list slot; the column sums go through `work` in a fixed
+// order (no atomics).
+
+constexpr int kBwdWarps = 8;
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The row held in registers (LoadRowInRegisters), dy's loads issued first.
+template <typename T, int V, int kChunks>
+__device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, int lane,
+                                  float (&acc)[3][kChunks][V]) {
+  const RowLayerNormParams& p = q.fwd;
+  const int64_t n = p.cols;
+  const T* dy = static_cast<const T*>(q.dy) + row * n;
+  float h[kChunks][V], g[kChunks][V];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+    if (c < n) LoadF<T, V>(dy + c, g[j]);
+  }
+  const RowStats st = LoadRowInRegisters<T, V, kChunks>(p, row, lane, h);
+  float a1 = 0.f, a2 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+    if (c < n) {
+#pragma unroll
+      for (int i = 0; i < V; i += 4) {
+        const float4 sc = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
+        const float scv[4] = {sc.x, sc.y, sc.z, sc.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float xhat = (h[j][i + e] - st.mean) * st.rstd;
+          acc[0][j][i + e] += g[j][i + e] * xhat;
+          acc[1][j][i + e] += g[j][i + e];
+          const float gs = g[j][i + e] * scv[e];
+          h[j][i + e] = xhat;
+          g[j][i + e] = gs;
+          a1 += gs, a2 += gs * xhat;
+        }
+      }
+    }
+  }
+  const float inv_n = 1.f / static_cast<float>(n);
+  a1 = WarpSum(a1) * inv_n, a2 = WarpSum(a2) * inv_n;
+  T* dh = static_cast<T*>(q.dh) + row * n;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+    if (c < n) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        h[j][i] = st.rstd * (g[j][i] - a1 - h[j][i] * a2);
+        acc[2][j][i] += h[j][i];
+      }
+      StoreF<T, V>(dh + c, h[j]);
+    }
+  }
+}
+
+// Any row length and alignment: three passes over the row (the later ones from L1/L2),
+// the column sums read and written in the warp's own slice `sums` [3, cols] (each lane
+// owns its columns, so there is no race).
+template <typename T, int V>
+__device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, float* sums) {
+  const RowLayerNormParams& p = q.fwd;
+  const int64_t n = p.cols;
+  const T* x = static_cast<const T*>(p.x) + row * n;
+  const T* r = p.residual ? static_cast<const T*>(p.residual) + row * n : nullptr;
+  const T* dy = static_cast<const T*>(q.dy) + row * n;
+  float s = 0.f, s2 = 0.f;
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
+    float h[V];
+    Sum<T, V>(p, x, r, c, h);
+#pragma unroll
+    for (int i = 0; i < V; ++i) s += h[i], s2 += h[i] * h[i];
+  }
+  const RowStats st = WarpRowStats(s, s2, n, p.epsilon);
+  float a1 = 0.f, a2 = 0.f;
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
+    float h[V], g[V];
+    Sum<T, V>(p, x, r, c, h);
+    LoadF<T, V>(dy + c, g);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float xhat = (h[i] - st.mean) * st.rstd, gs = g[i] * __ldg(p.scale + c + i);
+      a1 += gs, a2 += gs * xhat;
+    }
+  }
+  const float inv_n = 1.f / static_cast<float>(n);
+  a1 = WarpSum(a1) * inv_n, a2 = WarpSum(a2) * inv_n;
+  T* dh = static_cast<T*>(q.dh) + row * n;
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
+    float h[V], g[V];
+    Sum<T, V>(p, x, r, c, h);
+    LoadF<T, V>(dy + c, g);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float xhat = (h[i] - st.mean) * st.rstd;
+      const float d = st.rstd * (g[i] * __ldg(p.scale + c + i) - a1 - xhat * a2);
+      sums[c + i] += g[i] * xhat;
+      sums[n + c + i] += g[i];
+      sums[2 * n + c + i] += d;
+      h[i] = d;
+    }
+    StoreF<T, V>(dh + c, h);
+  }
+}
+
+// grid (ceil(warps / kBwdWarps), batch entries): warp w of entry b takes the live list
+// slots w, w + warps, ... (dh was zeroed before, so dead rows cost no warp). Rows held in registers (kChunks > 0): each
+// warp keeps its column sums in registers, the block's warps add theirs into shared
+// memory one after another, and block x writes slice x of work. Otherwise each warp adds
+// into its own slice of work as it goes.
+template <typename T, int V, int kChunks>
+__global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const RowLayerNormBwdParams q) {
+  const RowLayerNormParams& p = q.fwd;
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kBwdWarps + wib;
+  const bool active = warp < q.warps;  // every thread stays for the block's barriers
+  const int64_t n = p.cols;
+  constexpr int kC = kChunks > 0 ? kChunks : 1;
+  extern __shared__ float red[];  // [3, n] (kChunks > 0)
+  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    float acc[3][kC][V];
+    float* sums = nullptr;
+    if constexpr (kChunks > 0) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+#pragma unroll
+        for (int j = 0; j < kC; ++j)
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[k][j][i] = 0.f;
+    } else if (active) {
+      sums = q.work + (b * q.warps + warp) * 3 * n;
+      for (int64_t c = lane; c < 3 * n; c += 32) sums[c] = 0.f;
+    }
+    int64_t live = __ldg(p.count + b);
+    live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
+    for (int64_t slot = active ? warp : live; slot < live; slot += q.warps) {
+      const int64_t id = __ldg(p.tiles + b * p.capacity + slot);
+      if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
+      const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
+      for (int64_t r = r0; r < r1; ++r) {
+        if constexpr (kChunks > 0)
+          BwdRowInRegisters<T, V, kChunks>(q, b * p.rows + r, lane, acc);
+        else
+          BwdRow<T, V>(q, b * p.rows + r, lane, sums);
+      }
+    }
+    if constexpr (kChunks > 0) {
+      for (int w = 0; w < kBwdWarps; ++w) {  // in warp order: the same sums on every run
+        if (wib == w) {  // 16-byte shared accesses: a lane's V floats are contiguous
+#pragma unroll
+          for (int k = 0; k < 3; ++k)
+#pragma unroll
+            for (int j = 0; j < kC; ++j) {
+              const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+              if (c < n) {
+#pragma unroll
+                for (int i = 0; i < V; i += 4) {
+                  float4* dst = reinterpret_cast<float4*>(red + k * n + c + i);
+                  float4 v = w == 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : *dst;
+                  v.x += acc[k][j][i], v.y += acc[k][j][i + 1], v.z += acc[k][j][i + 2], v.w += acc[k][j][i + 3];
+                  *dst = v;
+                }
+              }
+            }
+        }
+        __syncthreads();
+      }
+      float* slice = q.work + (b * q.warps + blockIdx.x) * 3 * n;
+      for (int64_t c = threadIdx.x; c < 3 * n; c += blockDim.x) slice[c] = red[c];
+      __syncthreads();  // red is reused by the next entry
+    }
+  }
+}
+
+// dvec[b, i] = sum over w of work[b, w, i], in the same order on every run: a block of
+// 32 columns x 8 threads, thread y summing the slices y, y + 8, ..., then the 8 partial
+// sums in order.
+constexpr int kSumSplit = 8;
+
+__global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* work, int64_t slices,
+                                                                  int64_t stride, int64_t n, int64_t batch,
+                                                                  float* dvec) {
+  __shared__ float part[kSumSplit][33];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
+    const float* w = work + b * stride * n;
+    float s = 0.f;
+    if (i < n) {
+#pragma unroll 4
+      for (int64_t k = threadIdx.y; k < slices; k += kSumSplit) s += w[k * n + i];
+    }
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < n) {
+      float t = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSumSplit; ++j) t += part[j][threadIdx.x];
+      dvec[b * n + i] = t;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T>
+cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
+  const RowLayerNormParams& p = q.fwd;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
+  const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x, 16) &&
+                   Aligned(p.residual, 16) && Aligned(q.dy, 16) && Aligned(q.dh, 16);
+  const int64_t chunks = (p.cols + 32 * kVec - 1) / (32 * kVec);
+  const bool regs = vec && Aligned(p.bias, 16) && Aligned(p.scale, 16) && Aligned(q.work, 16);
+  const unsigned ys = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
+  const int64_t blocks = (q.warps + kBwdWarps - 1) / kBwdWarps;
+  const dim3 grid(static_cast<unsigned>(blocks), ys), block(kBwdWarps * 32);
+  const size_t red = static_cast<size_t>(3 * p.cols) * sizeof(float);  // <= 12 KB on the register path
+  if (regs && chunks <= 1)
+    RowLayerNormBwdKernel<T, kVec, 1><<<grid, block, red, stream>>>(q);
+  else if (regs && chunks == 2)
+    RowLayerNormBwdKernel<T, kVec, 2><<<grid, block, red, stream>>>(q);
+  else if (regs && chunks == 3)
+    RowLayerNormBwdKernel<T, kVec, 3><<<grid, block, red, stream>>>(q);
+  else if (regs && chunks == 4)
+    RowLayerNormBwdKernel<T, kVec, 4><<<grid, block, red, stream>>>(q);
+  else if (vec)
+    RowLayerNormBwdKernel<T, kVec, 0><<<grid, block, 0, stream>>>(q);
+  else
+    RowLayerNormBwdKernel<T, 1, 0><<<grid, block, 0, stream>>>(q);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const int64_t n = 3 * p.cols;
+  const int64_t slices = regs && chunks <= 4 ? blocks : q.warps;  // a block's slice, or a warp's
+  SumSlicesKernel<<<dim3(static_cast<unsigned>((n + 31) / 32), ys), dim3(32, kSumSplit), 0, stream>>>(
+      q.work, slices, q.warps, n, p.batch, q.dvec);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchRowLayerNorm(const RowLayerNormParams& p, cudaStream_t stream) {
@@ -253,6 +514,31 @@ cudaError_t LaunchRowLayerNorm(const RowLayerNormParams& p, cudaStream_t stream)
       return Launch<__nv_bfloat16>(p, dead_tail, stream);
     case DType::kF16:
       return Launch<__half>(p, dead_tail, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace pit
+
+namespace pit {
+
+cudaError_t LaunchRowLayerNormBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
+  const RowLayerNormParams& p = q.fwd;
+  if (p.batch * p.cols == 0) return cudaSuccess;
+  // Dead rows: zeros at the copy rate (a memset), so the warps visit live rows only.
+  if (p.rows > 0) {
+    cudaError_t e = cudaMemsetAsync(q.dh, 0, static_cast<size_t>(p.batch * p.rows * p.cols * DTypeBytes(p.dtype)), stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (p.rows == 0 || p.capacity == 0)  // no row: every sum is 0
+    return cudaMemsetAsync(q.dvec, 0, static_cast<size_t>(p.batch * 3 * p.cols * 4), stream);
+  switch (p.dtype) {
+    case DType::kF32:
+      return LaunchBwd<float>(q, stream);
+    case DType::kBF16:
+      return LaunchBwd<__nv_bfloat16>(q, stream);
+    case DType::kF16:
+      return LaunchBwd<__half>(q, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -16,4 +16,10 @@ namespace pit {
 // otherwise y is zeroed first.
 cudaError_t LaunchRowLayerNorm(const RowLayerNormParams& p, cudaStream_t stream);
 
+// The cotangents of LaunchRowLayerNorm on the same rows: dh = d(x + residual + bias) (zeros
+// on every other row) and, per batch entry, the sums over its live rows of d scale, d
+// offset and d bias. Each warp sums its rows into its own slice of `work`, a second
+// kernel adds the slices in a fixed order: the sums do not depend on scheduling.
+cudaError_t LaunchRowLayerNormBwd(const RowLayerNormBwdParams& q, cudaStream_t stream);
+
 }  // namespace pit

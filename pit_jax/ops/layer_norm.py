@@ -8,7 +8,8 @@ tokens, the products skip the padding, and so do the residual adds and layer nor
 between them (XLA would run those over every row). `index=None` normalizes every row.
 Statistics in float32 with Flax's default variance (E[h^2] - E[h]^2), one rounding to
 x's dtype; `flax.linen.LayerNorm(epsilon=...)` gives the same value on live rows.
-Differentiable (the gradient runs the jnp expression over all rows) and vmap-able.
+Differentiable (the gradient runs `pit_row_layer_norm_bwd` on the same rows; forward mode
+and second order the jnp expression over all rows) and vmap-able.
 """
 
 from __future__ import annotations

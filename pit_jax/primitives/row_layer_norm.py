@@ -9,10 +9,13 @@ of `tile_h` rows, x's batch dims). Float32 math (variance E[h^2] - E[h]^2, as Fl
 LayerNorm computes it by default), one rounding to x's dtype. This is what keeps a padded
 model's residual adds and layer norms off its padding rows: XLA runs them over every row.
 
-Autodiff differentiates the same expression written in jnp (`reference`), so a
-differentiated step runs it over all rows; only a forward that is not differentiated
-skips the padding. vmap moves the mapped axis into the batch dims (x, residual and the
-index); a mapped bias, scale or offset falls back to the jnp expression.
+Autodiff: the JVP is a linear primitive (`row_layer_norm_lin_p`, the jnp tangent map,
+only evaluated in forward mode) whose transpose is the backward target
+`pit_row_layer_norm_bwd` (`row_layer_norm_bwd_p`): the cotangents on the listed rows
+only, with the column sums for scale, offset and bias added in a fixed order. Second
+order differentiates the backward's jnp expression. vmap moves the mapped axis into
+the batch dims (x, residual and the index); a mapped bias, scale or offset falls back to
+the jnp expression.
 """
 
 from __future__ import annotations
@@ -27,10 +30,15 @@ from jax.interpreters import ad, batching, xla
 
 from pit_jax import reference as _ref
 from pit_jax.primitives import _lowering, _products
-from pit_jax.primitives._vma import Primitive, zero_tangent
+from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
 from pit_jax.primitives.swrite import swrite
 
 row_layer_norm_p = Primitive("pit_row_layer_norm")
+row_layer_norm_lin_p = Primitive("pit_row_layer_norm_lin")
+row_layer_norm_bwd_p = Primitive("pit_row_layer_norm_bwd")
+row_layer_norm_bwd_p.multiple_results = True
+
+TANGENTS = ("x", "residual", "bias", "scale", "offset")  # the differentiable operands, in order
 
 
 def _check(x, residual, bias, scale, offset, tiles, count, *, tile_h):
@@ -98,18 +106,158 @@ def row_layer_norm(x, residual, bias, scale, offset, tiles, count, *, tile_h, ep
 
 
 def _jvp(primals, tangents, **params):
-    live = [i for i, t in enumerate(tangents[:5]) if type(t) is not ad.Zero]
+    out = row_layer_norm_p.bind(*primals, **params)
+    live = tuple(i for i, t in enumerate(tangents[:5]) if type(t) is not ad.Zero)
     if not live:
-        out = row_layer_norm_p.bind(*primals, **params)
         return out, zero_tangent(out)
+    x, residual, bias, scale, _, tiles, count = primals
+    t_out = row_layer_norm_lin_p.bind(x, residual, bias, scale, tiles, count, *(tangents[i] for i in live),
+                                      live=live, **params)
+    return out, t_out
+
+
+# -- the tangent map and its transpose -----------------------------------------------------
+
+
+def _tangent_map(x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon):
+    """jnp: the forward's tangent for the tangents of the operands `live` names (indices
+    into TANGENTS), over every row."""
+    primals = [x, residual, bias, scale, jnp.zeros_like(scale)]
 
     def f(*vals):
         args = list(primals)
         for i, v in zip(live, vals):
             args[i] = v
-        return reference(*args, **params, native_mask=True)
+        return reference(*args, tiles, count, tile_h=tile_h, epsilon=epsilon, native_mask=True)
 
-    return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+    return jax.jvp(f, [primals[i] for i in live], list(tans))[1]
+
+
+def _lin_abstract_eval(x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon):
+    _check(x, residual, bias, scale, scale, tiles, count, tile_h=tile_h)
+    return ShapedArray(x.shape, x.dtype)
+
+
+def _lin_transpose(ct, x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon):
+    none = [None] * 6
+    if type(ct) is ad.Zero:
+        return none + [None if not ad.is_undefined_primal(t) else ad.Zero(t.aval) for t in tans]
+    dh, dvec = row_layer_norm_bwd(x, residual, bias, scale, tiles, count, ct, tile_h=tile_h, epsilon=epsilon)
+    dvec = jnp.sum(dvec, axis=tuple(range(dvec.ndim - 2)))  # a shared vector's: over the batch dims too
+    by_name = {"x": dh, "residual": dh, "bias": dvec[2], "scale": dvec[0], "offset": dvec[1]}
+    return none + [by_name[TANGENTS[i]].astype(t.aval.dtype) if ad.is_undefined_primal(t) else None
+                   for i, t in zip(live, tans)]
+
+
+def _lin_batch(args, dims, *, live, **params):
+    return jax.vmap(functools.partial(_tangent_map, live=live, **params), in_axes=tuple(dims))(*args), 0
+
+
+def _lin_core(*, live, **_):
+    ranks = {"x": 2, "residual": 2, "bias": 1, "scale": 1, "offset": 1}
+    return (2, 2, 1, 1, 1, 0, *(ranks[TANGENTS[i]] for i in live)), (2,)
+
+
+# -- the backward target -------------------------------------------------------------------
+
+# Warps per batch entry of the backward kernel (blocks of 8): a few list slots each, so a
+# warp's rows are few; at most 1024, so the column sums' slices (one [3, H] per block,
+# or per warp for long rows) stay small.
+_ROWS_PER_WARP, _MAX_WARPS, _BLOCK = 4, 1024, 8
+
+
+def bwd_warps(capacity, tile_h):
+    """The backward kernel's warps per batch entry, from the index's capacity (static)."""
+    w = max(1, min(_MAX_WARPS, -(-capacity * tile_h // _ROWS_PER_WARP)))
+    return int(-(-w // _BLOCK) * _BLOCK)
+
+
+def row_layer_norm_bwd(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon):
+    """(dh, dvec): dh = d(x + residual + bias) [..., M, H] in x's dtype (0 on unlisted
+    rows); dvec [..., 3, H] float32: per batch entry, the sums over its rows of d scale,
+    d offset and d bias."""
+    dh, dvec, _ = row_layer_norm_bwd_p.bind(x, residual, bias, scale, tiles, count, dy.astype(x.dtype),
+                                            tile_h=int(tile_h), epsilon=float(epsilon),
+                                            warps=bwd_warps(tiles.shape[-1], tile_h))
+    return dh, dvec
+
+
+def bwd_reference(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, warps=1):
+    """The backward in jnp over every row: (dh, dvec, work) as the target returns them
+    (work, the kernel's scratch, as zeros)."""
+    batch, h = tuple(x.shape[:-2]), x.shape[-1]
+    n = int(np.prod(batch)) if batch else 1
+    flat = lambda a: a.reshape((n, *a.shape[len(batch):]))  # noqa: E731
+    vec = jnp.zeros((h,), jnp.float32)
+    bias_v = bias if bias.size else vec  # adding zeros: d bias is still the sum of dh
+
+    def one(xb, rb, tb, cb, db):
+        def g(xv, sv, ov, bv):
+            return reference(xv, rb, bv, sv, ov, tb, cb, tile_h=tile_h, epsilon=epsilon, native_mask=True)
+
+        _, vjp = jax.vjp(g, xb, scale, vec, bias_v)
+        dxb, dsb, dob, dbb = vjp(db)
+        return dxb, jnp.stack([dsb, dob, dbb])
+
+    if residual.size:
+        dh, dvec = jax.vmap(one)(flat(x), flat(residual), flat(tiles), count.reshape(-1), flat(dy.astype(x.dtype)))
+    else:
+        dh, dvec = jax.vmap(lambda xb, tb, cb, db: one(xb, residual, tb, cb, db))(
+            flat(x), flat(tiles), count.reshape(-1), flat(dy.astype(x.dtype)))
+    return [dh.reshape(x.shape), dvec.reshape((*batch, 3, h)), jnp.zeros((*batch, warps, 3, h), jnp.float32)]
+
+
+def _bwd_abstract_eval(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, warps):
+    _check(x, residual, bias, scale, scale, tiles, count, tile_h=tile_h)
+    if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
+        raise ValueError(f"row_layer_norm_bwd: dy must be x's shape {tuple(x.shape)} and dtype {x.dtype}, "
+                         f"got {tuple(dy.shape)} {dy.dtype}")
+    if warps < 1:
+        raise ValueError(f"row_layer_norm_bwd: warps must be >= 1, got {warps}")
+    batch, h = tuple(x.shape[:-2]), x.shape[-1]
+    return [ShapedArray(x.shape, x.dtype), ShapedArray((*batch, 3, h), jnp.float32),
+            ShapedArray((*batch, warps, 3, h), jnp.float32)]
+
+
+def _bwd_native(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, warps):
+    batch, h = tuple(x.shape[:-2]), x.shape[-1]
+    outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((*batch, 3, h), jnp.float32),
+            jax.ShapeDtypeStruct((*batch, warps, 3, h), jnp.float32))
+    return jax.ffi.ffi_call("pit_row_layer_norm_bwd", outs)(
+        x, residual, bias, scale, tiles, count, dy, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon))
+
+
+def _bwd_jvp(primals, tangents, **params):
+    """Second order: the jvp of the backward's jnp expression."""
+    outs = row_layer_norm_bwd_p.bind(*primals, **params)
+    live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero and i not in (4, 5)]
+    if not live:
+        return outs, [zero_tangent(o) for o in outs]
+
+    def f(*vals):
+        args = list(primals)
+        for i, v in zip(live, vals):
+            args[i] = v
+        return bwd_reference(*args, **params)
+
+    _, t_outs = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+    return outs, t_outs
+
+
+def _bwd_batch(args, dims, **params):
+    x, residual, bias, scale, tiles, count, dy = args
+    dx, dres, dbias, dscale, dtiles, dcount, ddy = dims
+    if any(d is not None for d in (dbias, dscale)):
+        return jax.vmap(functools.partial(bwd_reference, **params), in_axes=tuple(dims))(*args), [0, 0, 0]
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+    def front(a, d):
+        return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
+
+    x, tiles, count, dy = front(x, dx), front(tiles, dtiles), front(count, dcount), front(dy, ddy)
+    if residual.size or dres is not None:
+        residual = front(residual, dres)
+    return row_layer_norm_bwd_p.bind(x, residual, bias, scale, tiles, count, dy, **params), [0, 0, 0]
 
 
 def _batch(args, dims, **params):
@@ -133,3 +281,17 @@ row_layer_norm_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[row_layer_norm_p] = _jvp
 batching.primitive_batchers[row_layer_norm_p] = _batch
 _lowering.register_traced_lowering(row_layer_norm_p, _native, ("pit_row_layer_norm",), core=((2, 2, 1, 1, 1, 1, 0), (2,)))
+
+row_layer_norm_lin_p.def_impl(lambda *args, **params: xla.apply_primitive(row_layer_norm_lin_p, *args, **params))
+row_layer_norm_lin_p.def_abstract_eval(_lin_abstract_eval)
+ad.primitive_transposes[row_layer_norm_lin_p] = typed_cotangents(_lin_transpose)
+batching.primitive_batchers[row_layer_norm_lin_p] = _lin_batch
+_lowering.register_traced_lowering(row_layer_norm_lin_p, _tangent_map, (), core=(
+    lambda **p: _lin_core(**p)[0], lambda **p: _lin_core(**p)[1]))
+
+row_layer_norm_bwd_p.def_impl(lambda *args, **params: xla.apply_primitive(row_layer_norm_bwd_p, *args, **params))
+row_layer_norm_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+ad.primitive_jvps[row_layer_norm_bwd_p] = _bwd_jvp
+batching.primitive_batchers[row_layer_norm_bwd_p] = _bwd_batch
+_lowering.register_traced_lowering(row_layer_norm_bwd_p, _bwd_native, ("pit_row_layer_norm_bwd",),
+                                   core=((2, 2, 1, 1, 1, 0, 2), (2, 2, 3)))

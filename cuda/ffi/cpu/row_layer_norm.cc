@@ -42,6 +42,56 @@ void RowLayerNorm(const RowLayerNormParams& p) {
   }
 }
 
+// The cotangents of RowLayerNorm on its live rows (float32 math): with h = x + residual +
+// bias, xhat = (h - mean) * rstd and g = dy, dh = rstd * (g scale - mean(g scale) - xhat
+// mean(g scale xhat)); d scale, d offset, d bias sum g xhat, g and dh over the entry's rows.
+void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
+  const RowLayerNormParams& p = q.fwd;
+  const int64_t es = DTypeBytes(p.dtype), n = p.cols;
+  cpu::Zero(q.dh, p.batch * p.rows * n * es);  // dead rows
+  cpu::Zero(q.work, p.batch * q.warps * 3 * n * 4);  // the kernel's per-warp partials: unused here
+  std::vector<float> h(n), t(n), g(n);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    float* dvec = q.dvec + b * 3 * n;
+    std::fill(dvec, dvec + 3 * n, 0.f);
+    const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
+    for (int64_t s = 0; s < live; ++s) {
+      const int64_t id = p.tiles[b * p.capacity + s];
+      if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
+      for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) {
+        const int64_t off = (b * p.rows + r) * n;
+        cpu::LoadRow(p.dtype, p.x, off, n, h.data());
+        if (p.residual) {
+          cpu::LoadRow(p.dtype, p.residual, off, n, t.data());
+          for (int64_t c = 0; c < n; ++c) h[c] += t[c];
+        }
+        if (p.bias)
+          for (int64_t c = 0; c < n; ++c) h[c] += p.bias[c];
+        cpu::LoadRow(p.dtype, q.dy, off, n, g.data());
+        float sum = 0.f, sum2 = 0.f;
+        for (int64_t c = 0; c < n; ++c) sum += h[c], sum2 += h[c] * h[c];
+        const float mean = sum / static_cast<float>(n);
+        const float var = std::max(sum2 / static_cast<float>(n) - mean * mean, 0.f);
+        const float rstd = 1.f / std::sqrt(var + p.epsilon);
+        float a1 = 0.f, a2 = 0.f;
+        for (int64_t c = 0; c < n; ++c) {
+          h[c] = (h[c] - mean) * rstd;  // xhat
+          const float gs = g[c] * p.scale[c];
+          a1 += gs, a2 += gs * h[c];
+          dvec[c] += g[c] * h[c];
+          dvec[n + c] += g[c];
+        }
+        a1 /= static_cast<float>(n), a2 /= static_cast<float>(n);
+        for (int64_t c = 0; c < n; ++c) {
+          t[c] = rstd * (g[c] * p.scale[c] - a1 - h[c] * a2);
+          dvec[2 * n + c] += t[c];
+        }
+        cpu::StoreRow(p.dtype, t.data(), n, q.dh, off);
+      }
+    }
+  }
+}
+
 ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
                            ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> y,
                            int64_t tile_h, float epsilon) {
@@ -52,8 +102,23 @@ ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBu
   return ffi::Error::Success();
 }
 
+ffi::Error RowLayerNormBwdCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
+                              S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dh,
+                              ffi::Result<ffi::AnyBuffer> dvec, ffi::Result<ffi::AnyBuffer> work, int64_t tile_h,
+                              float epsilon) {
+  auto q = DecodeRowLayerNormBwd(x, residual, bias, scale, tiles, count, dy, dh, dvec, work, tile_h, epsilon);
+  if (q.has_error()) return q.error();
+  cpu::Poison(dh->untyped_data(), dh->size_bytes());
+  cpu::Poison(dvec->untyped_data(), dvec->size_bytes());
+  RowLayerNormBwd(*q);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormCpu, pit::RowLayerNormCpu,
                               pit::bind::RowLayerNorm(xla::ffi::Ffi::Bind()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormBwdCpu, pit::RowLayerNormBwdCpu,
+                              pit::bind::RowLayerNormBwd(xla::ffi::Ffi::Bind()));

@@ -22,9 +22,26 @@ ffi::Error RowLayerNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
   return gpu::LaunchStatus("pit_row_layer_norm", status);
 }
 
+ffi::Error RowLayerNormBwdCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias,
+                               ffi::AnyBuffer scale, S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy,
+                               ffi::Result<ffi::AnyBuffer> dh, ffi::Result<ffi::AnyBuffer> dvec,
+                               ffi::Result<ffi::AnyBuffer> work, int64_t tile_h, float epsilon) {
+  ++HandlerCalls();
+  auto q = DecodeRowLayerNormBwd(x, residual, bias, scale, tiles, count, dy, dh, dvec, work, tile_h, epsilon);
+  if (q.has_error()) return q.error();
+  cudaError_t status = gpu::Poison(dh->untyped_data(), dh->size_bytes(), stream);
+  if (status == cudaSuccess) status = gpu::Poison(dvec->untyped_data(), dvec->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchRowLayerNormBwd(*q, stream);
+  return gpu::LaunchStatus("pit_row_layer_norm_bwd", status);
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormCuda, pit::RowLayerNormCuda,
                               pit::bind::RowLayerNorm(pit::gpu::Binding()),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowLayerNormBwdCuda, pit::RowLayerNormBwdCuda,
+                              pit::bind::RowLayerNormBwd(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
