@@ -26,9 +26,11 @@ Variants (`impl`):
   dense_cudnn   nn.Dense + cuDNN attention with sequence lengths (bert: the best JAX
                 alternative) / dense_masked: nn.Dense on w * mask, mask recomputed (prune)
   pit           the PIT model (examples/pit_models): M-axis linears with one row index
-                per batch (+ K-axis fc2 for opt; W-axis linears for prune); bert: layer
-                norms on the valid rows in inference, XLA's in training (live_norm=False)
-  pit_live_norm (bert, training) the PIT model with live-row layer norms (the inference model)
+                per batch (+ K-axis fc2 for opt; W-axis linears for prune); bert: residual
+                adds and layer norms on the valid rows (their gradient too:
+                pit_row_layer_norm_bwd)
+  pit_xla_norm  (bert, training) the PIT model with XLA's residual adds and layer norms
+                over every row (live_norm=False)
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
   ragged        (moe) sort by expert + jax.lax.ragged_dot + unsort: the best JAX alternative;
                 for moe, `dense` is every expert on every token (E x the FLOPs, same outputs)
@@ -305,13 +307,11 @@ def bert_case(suite, workload, small):
             if impl == "dense" and out is not None:
                 ref = out
     ref_loss = None
-    # Training: "pit" keeps XLA's residual adds and layer norms (live_norm=False), whose
-    # backward costs less in this launch-bound step than differentiating the live-row
-    # norm (its gradient is the jnp expression over all rows); "pit_live_norm" is the
-    # inference model, for comparison.
-    models["pit_live_norm"] = models["pit"]
-    models["pit"] = bert.BertClassifier(cfg, "pit", attn, live_norm=False)
-    for impl in ("dense", "dense_cudnn", "pit", "pit_live_norm"):
+    # Training: "pit" is the inference model (live-row norms, whose gradient runs the
+    # backward target on the valid rows); "pit_xla_norm" keeps XLA's residual adds and
+    # layer norms over every row, for comparison.
+    models["pit_xla_norm"] = bert.BertClassifier(cfg, "pit", attn, live_norm=False)
+    for impl in ("dense", "dense_cudnn", "pit", "pit_xla_norm"):
         step = _train_step(functools.partial(bert.loss_fn, models[impl]), tx)
         out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, lengths, labels),
                         _check_loss(tol, ref_loss))

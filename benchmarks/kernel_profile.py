@@ -5,6 +5,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile bert --bf16w           # the same with the weights stored in bf16
     python -m benchmarks.kernel_profile prune --tile 32x64 --density 0.02   # pruned training step
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
+    python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -31,24 +32,79 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from benchmarks import common  # noqa: E402
 
 
-def _bert(small, bf16w=False):
+def _bert_batch(small):
+    """BERT-base (or tiny), a GLUE-like batch of 32 x 128 (4 x 32), the attention
+    implementation and float32 parameters: (cfg, (tokens, lengths, labels), attn, params)."""
     from pit_models import bert, common as mc
 
     cfg = bert.BertConfig.tiny(dtype=jnp.bfloat16) if small else bert.BertConfig.base(max_len=512)
     batch, seq = (4, 32) if small else (32, 128)
     rng = np.random.default_rng(0)
-    tokens, lengths, _ = bert.synthetic_batch(rng, cfg, batch, seq, mc.sample_lengths(rng, batch, **mc.GLUE))
+    data = bert.synthetic_batch(rng, cfg, batch, seq, mc.sample_lengths(rng, batch, **mc.GLUE))
     attn = mc.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
-    params = jax.jit(bert.BertClassifier(cfg, "dense", "xla").init)(jax.random.PRNGKey(0), tokens, lengths)
+    params = jax.jit(bert.BertClassifier(cfg, "dense", "xla").init)(jax.random.PRNGKey(0), *data[:2])
+    return cfg, data, attn, params
+
+
+def _bert(small, bf16w=False, bf16_all=False):
+    from pit_models import bert
+
+    cfg, (tokens, lengths, _), attn, params = _bert_batch(small)
     if bf16w:  # bench_workloads' infer_bf16w: weight matrices stored in bf16
         from benchmarks.bench_workloads import bf16_weights
 
         params = bf16_weights(params)
+    if bf16_all:  # every parameter in bf16, biases and norm parameters too
+        params = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)
     out = {}
     for name, mode, attention in (("dense", "dense", "xla"), ("dense_cudnn", "dense", attn), ("pit", "pit", attn)):
         m = bert.BertClassifier(cfg, mode, attention)
         out[name] = (jax.jit(lambda p, t, ln, m=m: m.apply(p, t, ln)[1]), (params, tokens, lengths))
     return out
+
+
+def _bert_train(small):
+    import functools
+
+    import optax
+    from pit_models import bert
+
+    from benchmarks.bench_workloads import _train_step
+
+    cfg, (tokens, lengths, labels), attn, params = _bert_batch(small)
+    tx = optax.adamw(1e-4)
+    args = (params, jax.jit(tx.init)(params), tokens, lengths, labels)
+    out = {}
+    # as bench_workloads' BERT "train" rows: pit_xla_norm keeps XLA's norms (live_norm=False)
+    for name, mode, attention, kw in (("dense", "dense", "xla", {}), ("dense_cudnn", "dense", attn, {}),
+                                      ("pit", "pit", attn, {}), ("pit_xla_norm", "pit", attn, {"live_norm": False})):
+        m = bert.BertClassifier(cfg, mode, attention, **kw)
+        out[name] = (jax.jit(_train_step(functools.partial(bert.loss_fn, m), tx)), args)
+    # the optimizer update alone (adamw over every parameter), as in the steps above
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+
+    def update(p, s, g):
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    out["adamw_only"] = (jax.jit(update), (params, args[1], grads))
+    return out
+
+
+def _category(name):
+    """A kernel's kind, by its name: what part of a step it belongs to."""
+    n = name.lower()
+    if "pit" in n:
+        return "pit_jax"
+    if any(s in n for s in ("gemm", "nvjet", "xmma", "cutlass", "cublas")):
+        return "cuBLAS"
+    if any(s in n for s in ("cudnn", "fmha", "flash", "sdpa")):
+        return "cuDNN"
+    if "memcpy" in n or "memset" in n:
+        return "memcpy/memset"
+    if any(s in n for s in ("fusion", "loop_", "input_", "reduce", "transpose", "convert", "copy")):
+        return "XLA fusion"
+    return "other"
 
 
 def _prune(small, tile_name, density):
@@ -86,29 +142,37 @@ def profile(fn, args, *, calls, top):
     res = {"dispatch_ms": statistics.median(disp), "wall_ms": statistics.median(wall)}
     kernels = common.trace_kernels(lambda: fn(*args), calls)
     if kernels:
-        tot, cnt = collections.Counter(), collections.Counter()
+        tot, cnt, cat = collections.Counter(), collections.Counter(), collections.Counter()
         for name, _, dur in kernels:
             tot[name[:100]] += dur
             cnt[name[:100]] += 1
+            cat[_category(name)] += dur
         start = min(ts for _, ts, _ in kernels)
         end = max(ts + dur for _, ts, dur in kernels)
         res.update(kernel_ms=sum(tot.values()) / calls * 1e-3, span_ms=(end - start) / calls * 1e-3,
-                   kernels=len(kernels) / calls, top=[(n, tot[n] / calls, cnt[n] / calls) for n, _ in tot.most_common(top)])
+                   kernels=len(kernels) / calls,
+                   categories={k: v / calls * 1e-3 for k, v in cat.most_common()}, top=[(n, tot[n] / calls, cnt[n] / calls) for n, _ in tot.most_common(top)])
     return res
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("workload", choices=("bert", "prune"))
+    ap.add_argument("workload", choices=("bert", "bert_train", "prune"))
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default="32x64", help="prune: pruning block")
     ap.add_argument("--density", type=float, default=0.02, help="prune: live fraction of blocks")
     ap.add_argument("--bf16w", action="store_true", help="bert: weight matrices stored in bf16 (infer_bf16w)")
+    ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
     ap.add_argument("--only", default=None, help="comma-separated variants")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args(argv)
-    variants = _bert(args.small, args.bf16w) if args.workload == "bert" else _prune(args.small, args.tile, args.density)
+    if args.workload == "bert":
+        variants = _bert(args.small, args.bf16w, args.bf16_all)
+    elif args.workload == "bert_train":
+        variants = _bert_train(args.small)
+    else:
+        variants = _prune(args.small, args.tile, args.density)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
     print(f"{args.workload} on {common.device_info()['device']}, jax {jax.__version__}")
@@ -119,6 +183,8 @@ def main(argv=None):
         if "kernel_ms" in r:
             line += f", kernel {r['kernel_ms']:.3f} ms, span {r['span_ms']:.3f} ms, {r['kernels']:.0f} kernels"
         print(line, flush=True)
+        if "categories" in r:
+            print("  by kind (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["categories"].items()))
         for kname, us, n in r.get("top", []):
             print(f"  {us:9.1f} us  x{n:5.0f}  {kname}")
     return results

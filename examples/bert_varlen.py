@@ -90,9 +90,9 @@ def main(argv=None):
         "dense": bert.BertClassifier(cfg, "dense", "xla"),
         "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
     }
-    # Fine-tuning keeps XLA's layer norms: the live-row norms' gradient (jnp over all rows)
-    # cost more than it saved in the launch-bound batch-32 step (docs/workloads.md).
-    train_models = dict(models, pit=bert.BertClassifier(cfg, "pit", attn, live_norm=False))
+    # Fine-tuning runs the same models: the live-row norms' gradient is a backward kernel
+    # on the valid rows too (pit_row_layer_norm_bwd).
+    train_models = models
     params = models["dense"].init(jax.random.PRNGKey(args.seed), tokens, lengths)
     tx = optax.adamw(lr)
 
