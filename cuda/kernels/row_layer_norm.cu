@@ -364,10 +364,45 @@ __device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, fl
   }
 }
 
+// A warp's column sums acc[3][chunks][V] (lane's columns c = (j * 32 + lane) * V) to / added
+// from dst[3, n] with 16-byte accesses (a lane's V floats are contiguous).
+template <int V, int kC>
+__device__ __forceinline__ void AccToShared(const float (&acc)[3][kC][V], float* dst, int64_t n, int lane) {
+#pragma unroll
+  for (int k = 0; k < 3; ++k)
+#pragma unroll
+    for (int j = 0; j < kC; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+      if (c < n) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4)
+          *reinterpret_cast<float4*>(dst + k * n + c + i) =
+              make_float4(acc[k][j][i], acc[k][j][i + 1], acc[k][j][i + 2], acc[k][j][i + 3]);
+      }
+    }
+}
+
+template <int V, int kC>
+__device__ __forceinline__ void AccFromShared(float (&acc)[3][kC][V], const float* src, int64_t n, int lane) {
+#pragma unroll
+  for (int k = 0; k < 3; ++k)
+#pragma unroll
+    for (int j = 0; j < kC; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
+      if (c < n) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(src + k * n + c + i);
+          acc[k][j][i] += v.x, acc[k][j][i + 1] += v.y, acc[k][j][i + 2] += v.z, acc[k][j][i + 3] += v.w;
+        }
+      }
+    }
+}
+
 // grid (ceil(warps / kBwdWarps), batch entries): warp w of entry b takes the live list
-// slots w, w + warps, ... (dh was zeroed before, so dead rows cost no warp). Rows held in registers (kChunks > 0): each
-// warp keeps its column sums in registers, the block's warps add theirs into shared
-// memory one after another, and block x writes slice x of work. Otherwise each warp adds
+// slots w, w + warps, ... (dh was zeroed before, so dead rows cost no warp). Rows held in
+// registers (kChunks > 0): each warp keeps its column sums in registers, the block adds
+// them up in a fixed tree, and block x writes slice x of work. Otherwise each warp adds
 // into its own slice of work as it goes.
 template <typename T, int V, int kChunks>
 __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const RowLayerNormBwdParams q) {
@@ -377,7 +412,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
   const bool active = warp < q.warps;  // every thread stays for the block's barriers
   const int64_t n = p.cols;
   constexpr int kC = kChunks > 0 ? kChunks : 1;
-  extern __shared__ float red[];  // [3, n] (kChunks > 0)
+  extern __shared__ float red[];  // [kBwdWarps / 2, 3, n] (kChunks > 0)
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
     float acc[3][kC][V];
     float* sums = nullptr;
@@ -406,29 +441,16 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
       }
     }
     if constexpr (kChunks > 0) {
-      for (int w = 0; w < kBwdWarps; ++w) {  // in warp order: the same sums on every run
-        if (wib == w) {  // 16-byte shared accesses: a lane's V floats are contiguous
-#pragma unroll
-          for (int k = 0; k < 3; ++k)
-#pragma unroll
-            for (int j = 0; j < kC; ++j) {
-              const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
-              if (c < n) {
-#pragma unroll
-                for (int i = 0; i < V; i += 4) {
-                  float4* dst = reinterpret_cast<float4*>(red + k * n + c + i);
-                  float4 v = w == 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : *dst;
-                  v.x += acc[k][j][i], v.y += acc[k][j][i + 1], v.z += acc[k][j][i + 2], v.w += acc[k][j][i + 3];
-                  *dst = v;
-                }
-              }
-            }
-        }
+      // A fixed tree over the block's warps (the upper half hands its sums to the lower
+      // half through shared memory), then warp 0 writes the block's slice: the same
+      // sums on every run.
+      for (int half = kBwdWarps / 2; half > 0; half /= 2) {
+        if (wib >= half && wib < 2 * half) AccToShared<V, kC>(acc, red + (wib - half) * 3 * n, n, lane);
+        __syncthreads();
+        if (wib < half) AccFromShared<V, kC>(acc, red + wib * 3 * n, n, lane);
         __syncthreads();
       }
-      float* slice = q.work + (b * q.warps + blockIdx.x) * 3 * n;
-      for (int64_t c = threadIdx.x; c < 3 * n; c += blockDim.x) slice[c] = red[c];
-      __syncthreads();  // red is reused by the next entry
+      if (wib == 0) AccToShared<V, kC>(acc, q.work + (b * q.warps + blockIdx.x) * 3 * n, n, lane);
     }
   }
 }
@@ -473,7 +495,8 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
   const unsigned ys = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
   const int64_t blocks = (q.warps + kBwdWarps - 1) / kBwdWarps;
   const dim3 grid(static_cast<unsigned>(blocks), ys), block(kBwdWarps * 32);
-  const size_t red = static_cast<size_t>(3 * p.cols) * sizeof(float);  // <= 12 KB on the register path
+  // kBwdWarps / 2 warps' sums in shared memory: <= 48 KB on the register path (H <= 1024)
+  const size_t red = static_cast<size_t>(kBwdWarps / 2 * 3 * p.cols) * sizeof(float);
   if (regs && chunks <= 1)
     RowLayerNormBwdKernel<T, kVec, 1><<<grid, block, red, stream>>>(q);
   else if (regs && chunks == 2)

@@ -39,6 +39,7 @@ row_layer_norm_bwd_p = Primitive("pit_row_layer_norm_bwd")
 row_layer_norm_bwd_p.multiple_results = True
 
 TANGENTS = ("x", "residual", "bias", "scale", "offset")  # the differentiable operands, in order
+_TANGENT_RANKS = (2, 2, 1, 1, 1)  # their own ranks (no batch dims), for _partition
 
 
 def _check(x, residual, bias, scale, offset, tiles, count, *, tile_h):
@@ -154,8 +155,7 @@ def _lin_batch(args, dims, *, live, **params):
 
 
 def _lin_core(*, live, **_):
-    ranks = {"x": 2, "residual": 2, "bias": 1, "scale": 1, "offset": 1}
-    return (2, 2, 1, 1, 1, 0, *(ranks[TANGENTS[i]] for i in live)), (2,)
+    return (2, 2, 1, 1, 1, 0, *(_TANGENT_RANKS[i] for i in live)), (2,)
 
 
 # -- the backward target -------------------------------------------------------------------
