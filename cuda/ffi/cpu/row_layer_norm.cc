@@ -12,34 +12,48 @@
 namespace pit {
 namespace {
 
-void RowLayerNorm(const RowLayerNormParams& p) {
-  const int64_t es = DTypeBytes(p.dtype);
-  cpu::Zero(p.y, p.batch * p.rows * p.cols * es);  // dead rows
-  std::vector<float> h(p.cols), t(p.cols);
+// Calls f(b, off) for every row of the listed row blocks of each batch entry b (off: the
+// row's first element).
+template <class F>
+void ForListedRows(const RowLayerNormParams& p, F&& f) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
     for (int64_t s = 0; s < live; ++s) {
       const int64_t id = p.tiles[b * p.capacity + s];
       if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
-      for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) {
-        const int64_t off = (b * p.rows + r) * p.cols;
-        cpu::LoadRow(p.dtype, p.x, off, p.cols, h.data());
-        if (p.residual) {
-          cpu::LoadRow(p.dtype, p.residual, off, p.cols, t.data());
-          for (int64_t c = 0; c < p.cols; ++c) h[c] += t[c];
-        }
-        if (p.bias)
-          for (int64_t c = 0; c < p.cols; ++c) h[c] += p.bias[c];
-        float sum = 0.f, sum2 = 0.f;
-        for (int64_t c = 0; c < p.cols; ++c) sum += h[c], sum2 += h[c] * h[c];
-        const float mean = sum / static_cast<float>(p.cols);
-        const float var = std::max(sum2 / static_cast<float>(p.cols) - mean * mean, 0.f);
-        const float rstd = 1.f / std::sqrt(var + p.epsilon);
-        for (int64_t c = 0; c < p.cols; ++c) h[c] = (h[c] - mean) * (rstd * p.scale[c]) + p.offset[c];
-        cpu::StoreRow(p.dtype, h.data(), p.cols, p.y, off);
-      }
+      for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) f(b, (b * p.rows + r) * p.cols);
     }
   }
+}
+
+struct Stats {
+  float mean, rstd;
+};
+
+// h = x + residual + bias of the row at `off` (float32; t: scratch), and its statistics.
+Stats LoadRowSum(const RowLayerNormParams& p, int64_t off, std::vector<float>& h, std::vector<float>& t) {
+  cpu::LoadRow(p.dtype, p.x, off, p.cols, h.data());
+  if (p.residual) {
+    cpu::LoadRow(p.dtype, p.residual, off, p.cols, t.data());
+    for (int64_t c = 0; c < p.cols; ++c) h[c] += t[c];
+  }
+  if (p.bias)
+    for (int64_t c = 0; c < p.cols; ++c) h[c] += p.bias[c];
+  float sum = 0.f, sum2 = 0.f;
+  for (int64_t c = 0; c < p.cols; ++c) sum += h[c], sum2 += h[c] * h[c];
+  const float mean = sum / static_cast<float>(p.cols);
+  const float var = std::max(sum2 / static_cast<float>(p.cols) - mean * mean, 0.f);
+  return {mean, 1.f / std::sqrt(var + p.epsilon)};
+}
+
+void RowLayerNorm(const RowLayerNormParams& p) {
+  cpu::Zero(p.y, p.batch * p.rows * p.cols * DTypeBytes(p.dtype));  // dead rows
+  std::vector<float> h(p.cols), t(p.cols);
+  ForListedRows(p, [&](int64_t, int64_t off) {
+    const Stats st = LoadRowSum(p, off, h, t);
+    for (int64_t c = 0; c < p.cols; ++c) h[c] = (h[c] - st.mean) * (st.rstd * p.scale[c]) + p.offset[c];
+    cpu::StoreRow(p.dtype, h.data(), p.cols, p.y, off);
+  });
 }
 
 // The cotangents of RowLayerNorm on its live rows (float32 math): with h = x + residual +
@@ -47,49 +61,30 @@ void RowLayerNorm(const RowLayerNormParams& p) {
 // mean(g scale xhat)); d scale, d offset, d bias sum g xhat, g and dh over the entry's rows.
 void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
   const RowLayerNormParams& p = q.fwd;
-  const int64_t es = DTypeBytes(p.dtype), n = p.cols;
-  cpu::Zero(q.dh, p.batch * p.rows * n * es);  // dead rows
+  const int64_t n = p.cols;
+  cpu::Zero(q.dh, p.batch * p.rows * n * DTypeBytes(p.dtype));  // dead rows
   cpu::Zero(q.work, p.batch * q.warps * 3 * n * 4);  // the kernel's per-warp partials: unused here
+  std::fill(q.dvec, q.dvec + p.batch * 3 * n, 0.f);
   std::vector<float> h(n), t(n), g(n);
-  for (int64_t b = 0; b < p.batch; ++b) {
+  ForListedRows(p, [&](int64_t b, int64_t off) {
     float* dvec = q.dvec + b * 3 * n;
-    std::fill(dvec, dvec + 3 * n, 0.f);
-    const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
-    for (int64_t s = 0; s < live; ++s) {
-      const int64_t id = p.tiles[b * p.capacity + s];
-      if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
-      for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) {
-        const int64_t off = (b * p.rows + r) * n;
-        cpu::LoadRow(p.dtype, p.x, off, n, h.data());
-        if (p.residual) {
-          cpu::LoadRow(p.dtype, p.residual, off, n, t.data());
-          for (int64_t c = 0; c < n; ++c) h[c] += t[c];
-        }
-        if (p.bias)
-          for (int64_t c = 0; c < n; ++c) h[c] += p.bias[c];
-        cpu::LoadRow(p.dtype, q.dy, off, n, g.data());
-        float sum = 0.f, sum2 = 0.f;
-        for (int64_t c = 0; c < n; ++c) sum += h[c], sum2 += h[c] * h[c];
-        const float mean = sum / static_cast<float>(n);
-        const float var = std::max(sum2 / static_cast<float>(n) - mean * mean, 0.f);
-        const float rstd = 1.f / std::sqrt(var + p.epsilon);
-        float a1 = 0.f, a2 = 0.f;
-        for (int64_t c = 0; c < n; ++c) {
-          h[c] = (h[c] - mean) * rstd;  // xhat
-          const float gs = g[c] * p.scale[c];
-          a1 += gs, a2 += gs * h[c];
-          dvec[c] += g[c] * h[c];
-          dvec[n + c] += g[c];
-        }
-        a1 /= static_cast<float>(n), a2 /= static_cast<float>(n);
-        for (int64_t c = 0; c < n; ++c) {
-          t[c] = rstd * (g[c] * p.scale[c] - a1 - h[c] * a2);
-          dvec[2 * n + c] += t[c];
-        }
-        cpu::StoreRow(p.dtype, t.data(), n, q.dh, off);
-      }
+    const Stats st = LoadRowSum(p, off, h, t);
+    cpu::LoadRow(p.dtype, q.dy, off, n, g.data());
+    float a1 = 0.f, a2 = 0.f;
+    for (int64_t c = 0; c < n; ++c) {
+      h[c] = (h[c] - st.mean) * st.rstd;  // xhat
+      const float gs = g[c] * p.scale[c];
+      a1 += gs, a2 += gs * h[c];
+      dvec[c] += g[c] * h[c];
+      dvec[n + c] += g[c];
     }
-  }
+    a1 /= static_cast<float>(n), a2 /= static_cast<float>(n);
+    for (int64_t c = 0; c < n; ++c) {
+      t[c] = st.rstd * (g[c] * p.scale[c] - a1 - h[c] * a2);
+      dvec[2 * n + c] += t[c];
+    }
+    cpu::StoreRow(p.dtype, t.data(), n, q.dh, off);
+  });
 }
 
 ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
