@@ -90,9 +90,6 @@ def main(argv=None):
         "dense": bert.BertClassifier(cfg, "dense", "xla"),
         "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
     }
-    # Fine-tuning runs the same models: the live-row norms' gradient is a backward kernel
-    # on the valid rows too (pit_row_layer_norm_bwd).
-    train_models = models
     params = models["dense"].init(jax.random.PRNGKey(args.seed), tokens, lengths)
     tx = optax.adamw(lr)
 
@@ -136,7 +133,7 @@ def main(argv=None):
                 print(f"  {name} inference failed: {type(e).__name__}: {e}", file=sys.stderr)
             bar.step(f"inference {name}")
             try:
-                train[name] = common.latency_ms(train_step(train_models[name]),
+                train[name] = common.latency_ms(train_step(models[name]),
                                                 (params, opt_state, tokens, lengths, labels))["median_ms"]
             except Exception as e:  # noqa: BLE001
                 train[name] = None
@@ -145,7 +142,7 @@ def main(argv=None):
     result.update(infer_ms=infer, train_ms=train)
 
     # 4. fine-tune with pit on fresh batches.
-    step = jax.jit(train_step(train_models["pit"]))
+    step = jax.jit(train_step(models["pit"]))
     losses = []
     p, s = params, opt_state
     for _ in range(steps):

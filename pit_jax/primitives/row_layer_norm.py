@@ -245,35 +245,31 @@ def _bwd_jvp(primals, tangents, **params):
 
 
 def _bwd_batch(args, dims, **params):
-    x, residual, bias, scale, tiles, count, dy = args
-    dx, dres, dbias, dscale, dtiles, dcount, ddy = dims
-    if any(d is not None for d in (dbias, dscale)):
+    if any(d is not None for d in dims[2:4]):  # a mapped bias or scale: the jnp expression
         return jax.vmap(functools.partial(bwd_reference, **params), in_axes=tuple(dims))(*args), [0, 0, 0]
+    args = _mapped_to_front(args, dims, batched=(0, 1, 4, 5, 6))  # x, residual, tiles, count, dy
+    return row_layer_norm_bwd_p.bind(*args, **params), [0, 0, 0]
+
+
+def _mapped_to_front(args, dims, *, batched):
+    """The operands with vmap's axis as one more leading batch dim of those at the
+    positions `batched` (broadcast where unmapped); an absent residual (position 1, [0])
+    stays absent."""
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
-    def front(a, d):
+    def front(i, a, d):
+        if i not in batched or (i == 1 and not a.size and d is None):
+            return a
         return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
 
-    x, tiles, count, dy = front(x, dx), front(tiles, dtiles), front(count, dcount), front(dy, ddy)
-    if residual.size or dres is not None:
-        residual = front(residual, dres)
-    return row_layer_norm_bwd_p.bind(x, residual, bias, scale, tiles, count, dy, **params), [0, 0, 0]
+    return [front(i, a, d) for i, (a, d) in enumerate(zip(args, dims))]
 
 
 def _batch(args, dims, **params):
-    x, residual, bias, scale, offset, tiles, count = args
-    dx, dres, dbias, dscale, doffset, dtiles, dcount = dims
-    if any(d is not None for d in (dbias, dscale, doffset)):
+    if any(d is not None for d in dims[2:5]):  # a mapped bias, scale or offset: the jnp expression
         return jax.vmap(functools.partial(reference, **params), in_axes=tuple(dims))(*args), 0
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-
-    def front(a, d):
-        return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
-
-    x, tiles, count = front(x, dx), front(tiles, dtiles), front(count, dcount)
-    if residual.size or dres is not None:
-        residual = front(residual, dres)
-    return row_layer_norm_p.bind(x, residual, bias, scale, offset, tiles, count, **params), 0
+    args = _mapped_to_front(args, dims, batched=(0, 1, 5, 6))  # x, residual, tiles, count
+    return row_layer_norm_p.bind(*args, **params), 0
 
 
 row_layer_norm_p.def_impl(lambda *args, **params: xla.apply_primitive(row_layer_norm_p, *args, **params))
