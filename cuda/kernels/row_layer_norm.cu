@@ -66,14 +66,17 @@ struct RowStats {
   float mean, rstd;
 };
 
+// The sum of v over the warp's lanes, every lane getting it.
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // A row's mean and 1 / sqrt(variance + eps) from its lanes' partial sums of h and h^2
 // (float32; the biased variance, as Flax's LayerNorm), every lane getting the result.
 __device__ __forceinline__ RowStats WarpRowStats(float s, float s2, int64_t cols, float epsilon) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-  }
+  s = WarpSum(s), s2 = WarpSum(s2);
   const float inv_n = 1.f / static_cast<float>(cols);
   const float mean = s * inv_n;
   const float var = fmaxf(s2 * inv_n - mean * mean, 0.f);
@@ -171,15 +174,10 @@ __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row
 }
 
 template <typename T, int V>
-__device__ void ZeroRowOf(void* out, int64_t row, int64_t cols, int lane) {
-  T* y = static_cast<T*>(out) + row * cols;
-  const float z[V] = {};
-  for (int64_t c = static_cast<int64_t>(lane) * V; c < cols; c += 32 * V) StoreF<T, V>(y + c, z);
-}
-
-template <typename T, int V>
 __device__ void ZeroRow(const RowLayerNormParams& p, int64_t row, int lane) {
-  ZeroRowOf<T, V>(p.y, row, p.cols, lane);
+  T* y = static_cast<T*>(p.y) + row * p.cols;
+  const float z[V] = {};
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < p.cols; c += 32 * V) StoreF<T, V>(y + c, z);
 }
 
 // kChunks > 0: rows held in registers (NormalizeRowInRegisters); 0: the two-pass loop.
@@ -246,7 +244,6 @@ cudaError_t Launch(const RowLayerNormParams& p, bool dead_tail, cudaStream_t str
   return cudaGetLastError();
 }
 
-
 // ---- backward -----------------------------------------------------------------------
 // Per live row, with h = x + residual + bias, xhat = (h - mean) * rstd, g = dy:
 //   dh = rstd * (g scale - mean(g scale) - xhat * mean(g scale xhat)),
@@ -255,12 +252,6 @@ cudaError_t Launch(const RowLayerNormParams& p, bool dead_tail, cudaStream_t str
 // order (no atomics).
 
 constexpr int kBwdWarps = 8;
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // The row held in registers (LoadRowInRegisters), dy's loads issued first.
 template <typename T, int V, int kChunks>
@@ -364,10 +355,11 @@ __device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, fl
   }
 }
 
-// A warp's column sums acc[3][chunks][V] (lane's columns c = (j * 32 + lane) * V) to / added
-// from dst[3, n] with 16-byte accesses (a lane's V floats are contiguous).
+// A warp's column sums acc[3][chunks][V] (lane's columns c = (j * 32 + lane) * V) stored to /
+// added from [3, n] (shared or global memory) with 16-byte accesses (a lane's V floats are
+// contiguous).
 template <int V, int kC>
-__device__ __forceinline__ void AccToShared(const float (&acc)[3][kC][V], float* dst, int64_t n, int lane) {
+__device__ __forceinline__ void StoreSums(const float (&acc)[3][kC][V], float* dst, int64_t n, int lane) {
 #pragma unroll
   for (int k = 0; k < 3; ++k)
 #pragma unroll
@@ -383,7 +375,7 @@ __device__ __forceinline__ void AccToShared(const float (&acc)[3][kC][V], float*
 }
 
 template <int V, int kC>
-__device__ __forceinline__ void AccFromShared(float (&acc)[3][kC][V], const float* src, int64_t n, int lane) {
+__device__ __forceinline__ void AddSums(float (&acc)[3][kC][V], const float* src, int64_t n, int lane) {
 #pragma unroll
   for (int k = 0; k < 3; ++k)
 #pragma unroll
@@ -445,12 +437,12 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
       // half through shared memory), then warp 0 writes the block's slice: the same
       // sums on every run.
       for (int half = kBwdWarps / 2; half > 0; half /= 2) {
-        if (wib >= half && wib < 2 * half) AccToShared<V, kC>(acc, red + (wib - half) * 3 * n, n, lane);
+        if (wib >= half && wib < 2 * half) StoreSums<V, kC>(acc, red + (wib - half) * 3 * n, n, lane);
         __syncthreads();
-        if (wib < half) AccFromShared<V, kC>(acc, red + wib * 3 * n, n, lane);
+        if (wib < half) AddSums<V, kC>(acc, red + wib * 3 * n, n, lane);
         __syncthreads();
       }
-      if (wib == 0) AccToShared<V, kC>(acc, q.work + (b * q.warps + blockIdx.x) * 3 * n, n, lane);
+      if (wib == 0) StoreSums<V, kC>(acc, q.work + (b * q.warps + blockIdx.x) * 3 * n, n, lane);
     }
   }
 }
@@ -491,7 +483,8 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
   const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x, 16) &&
                    Aligned(p.residual, 16) && Aligned(q.dy, 16) && Aligned(q.dh, 16);
   const int64_t chunks = (p.cols + 32 * kVec - 1) / (32 * kVec);
-  const bool regs = vec && Aligned(p.bias, 16) && Aligned(p.scale, 16) && Aligned(q.work, 16);
+  // Rows of up to 4 vectors per lane in registers (their sums too); otherwise three passes.
+  const bool regs = vec && chunks <= 4 && Aligned(p.bias, 16) && Aligned(p.scale, 16) && Aligned(q.work, 16);
   const unsigned ys = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
   const int64_t blocks = (q.warps + kBwdWarps - 1) / kBwdWarps;
   const dim3 grid(static_cast<unsigned>(blocks), ys), block(kBwdWarps * 32);
@@ -503,7 +496,7 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
     RowLayerNormBwdKernel<T, kVec, 2><<<grid, block, red, stream>>>(q);
   else if (regs && chunks == 3)
     RowLayerNormBwdKernel<T, kVec, 3><<<grid, block, red, stream>>>(q);
-  else if (regs && chunks == 4)
+  else if (regs)
     RowLayerNormBwdKernel<T, kVec, 4><<<grid, block, red, stream>>>(q);
   else if (vec)
     RowLayerNormBwdKernel<T, kVec, 0><<<grid, block, 0, stream>>>(q);
@@ -512,7 +505,7 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const int64_t n = 3 * p.cols;
-  const int64_t slices = regs && chunks <= 4 ? blocks : q.warps;  // a block's slice, or a warp's
+  const int64_t slices = regs ? blocks : q.warps;  // a block's slice, or a warp's
   SumSlicesKernel<<<dim3(static_cast<unsigned>((n + 31) / 32), ys), dim3(32, kSumSplit), 0, stream>>>(
       q.work, slices, q.warps, n, p.batch, q.dvec);
   return cudaGetLastError();
