@@ -2,8 +2,9 @@
 
 On the M axis a named activation (with its [N] bias, if any) runs in the row-gather
 kernel's epilogue (primitives/row_linear.py): live rows get act(product + bias), dead rows
-act(bias) without a product. Everything else (a bias alone, callables, batched biases,
-the K and W axes, the gradients) is the unfused expression. Fresh random data every run; native outputs are
+act(bias) without a product; differentiated, the product with its bias, then the
+activation and its derivative on the live rows (pit_row_activation). Everything else (a
+bias alone, callables, batched biases, the K and W axes) is the unfused expression. Fresh random data every run; native outputs are
 poisoned (NaN) before each kernel.
 """
 
@@ -156,9 +157,10 @@ def _loss_ref(x, w, b, name):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("name", ["gelu_exact", "silu", None])
+@pytest.mark.parametrize("name", NAMES)
 def test_gradients_and_vmap(platform, name):
-    """grad w.r.t. x, w and bias, vmap, vmap(grad): against the pure-JAX expression."""
+    """grad w.r.t. x, w and bias (the fused product, then pit_row_activation on the live
+    rows), vmap, vmap(grad): against the pure-JAX expression."""
     rng, seed = fresh_rng()
     x, w, b, mask = rows_case(rng, (3,), 30, 20, 24, 0.4, jnp.float32)
     args = put(platform, x, w, b)

@@ -12,6 +12,8 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCpu);
     targets["pit_row_layer_norm"] = pit::HandlerCapsule(PitRowLayerNormCpu);
     targets["pit_row_layer_norm_bwd"] = pit::HandlerCapsule(PitRowLayerNormBwdCpu);
+    targets["pit_row_activation"] = pit::HandlerCapsule(PitRowActivationCpu);
+    targets["pit_row_activation_bwd"] = pit::HandlerCapsule(PitRowActivationBwdCpu);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_row_gather_matmul3"] = pit::HandlerCapsule(PitRowGatherMatmul3Cpu);

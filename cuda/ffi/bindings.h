@@ -130,6 +130,28 @@ auto RowLayerNormBwd(B b) {
 }
 
 template <class B>
+auto RowActivation(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // z
+      .template Arg<AnyBuffer>()  // fill (or [0])
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Ret<AnyBuffer>()  // y
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("activation");
+}
+
+template <class B>
+auto RowActivationBwd(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // z
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Arg<AnyBuffer>()  // dy
+      .template Ret<AnyBuffer>()  // dz
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("activation");
+}
+
+template <class B>
 auto SddMatmul(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // a
       .template Arg<AnyBuffer>()  // b

@@ -46,6 +46,25 @@ __device__ __forceinline__ float Activate(float v, int act) {
   }
 }
 
+// d act / dv at v (float32): the derivatives jax.nn's formulas have under autodiff
+// (relu: 1 where v > 0, else 0); kAct as ActivateT.
+template <int kAct>
+__device__ __forceinline__ float ActivateGradT(float v) {
+  if constexpr (kAct == static_cast<int>(Activation::kRelu)) {
+    return v > 0.0f ? 1.0f : 0.0f;
+  } else if constexpr (kAct == static_cast<int>(Activation::kGeluTanh)) {
+    const float k = 0.7978845608028654f, t = tanhf(k * (v + 0.044715f * v * v * v));
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
+  } else if constexpr (kAct == static_cast<int>(Activation::kGeluErf)) {
+    return 0.5f * (1.0f + erff(v * 0.7071067811865476f)) + v * 0.3989422804014327f * expf(-0.5f * v * v);
+  } else if constexpr (kAct == static_cast<int>(Activation::kSilu)) {
+    const float sg = 1.0f / (1.0f + expf(-v));
+    return sg * (1.0f + v * (1.0f - sg));
+  } else {
+    return 1.0f;
+  }
+}
+
 struct EpilogueDev {
   const void* bias = nullptr;  // [n_limit] in `dtype`, or null
   const char* dead = nullptr;  // [n_limit] in `dtype`: the dead rows' value, or null (zeros)

@@ -9,10 +9,11 @@ the activation before the one rounding to x's dtype; dead rows are written act(b
 (zeros without a bias) and cost no product. This is what keeps a padded model's bias
 and activation off its padding rows: XLA would run them over every row.
 
-Autodiff differentiates the unfused expression (stile_matmul, then the bias and the
-activation in XLA), so a differentiated step runs the activation on all rows; only a
-forward that is not differentiated is fused. vmap batches like stile_matmul; a vmapped
-bias falls back to the unfused expression.
+Autodiff: the primal comes from the fused kernel (with an activation: z = x @ w + bias
+from it, then `row_activation` on the live rows, whose gradient also runs on the live
+rows only); the tangent is the linear map (stile_matmul of the tangents, plus the bias's),
+transposed to PIT products. vmap batches like stile_matmul; a vmapped bias falls back to
+the unfused expression.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jax.interpreters import ad, batching, xla
 from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
+from pit_jax.primitives.row_activation import row_activation
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
 row_linear_p = Primitive("pit_row_linear")
@@ -103,12 +105,47 @@ def unfused_jvp(primals, tangents, params, finish=lambda y: y):
     return jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
 
 
+def _linear_tangent(primals, tangents, *, tile_h, allow_tf32):
+    """The tangent of (x ∘ rows) @ w + bias (the bias on every row): linear in the
+    tangents of x, w and bias (not all symbolic zeros)."""
+    x, w, bias, *idx = primals
+    dx, dw, db = tangents[:3]
+    mm = functools.partial(stile_matmul, idx=idx, sparse="a", tile=_tile(x, tile_h), allow_tf32=allow_tf32,
+                           out_batch=x.ndim - 2)
+    terms = ([mm(dx, w)] if type(dx) is not ad.Zero else []) + ([mm(x, dw)] if type(dw) is not ad.Zero else [])
+    t = functools.reduce(jnp.add, terms) if terms else None
+    if type(db) is not ad.Zero and bias.shape[-1]:
+        shape = (*x.shape[:-1], w.shape[-1])
+        t = jnp.broadcast_to(db.astype(x.dtype), shape) if t is None else t + db.astype(t.dtype)
+    return t
+
+
 def _jvp(primals, tangents, **params):
-    out = unfused_jvp(primals, tangents, params)
-    if out is None:
+    """The primal from the fused kernel (bias in its epilogue; with an activation, z = x @ w
+    + bias then `row_activation` on the live rows), the tangent from the linear map, so a
+    differentiated step runs neither the bias nor the activation over every row."""
+    if all(type(t) is ad.Zero for t in tangents[:3]):
         out = row_linear_p.bind(*primals, **params)
         return out, zero_tangent(out)
-    return out
+    x, w, bias, *idx = primals
+    act, tile_h = params["activation"], params["tile_h"]
+    z = row_linear_p.bind(*primals, **dict(params, activation=None))
+    z_dot = _linear_tangent(primals, tangents, tile_h=tile_h, allow_tf32=params["allow_tf32"])
+    if z_dot is None:  # only a bias tangent, and no bias
+        return (z, zero_tangent(z)) if act is None else (row_linear_p.bind(*primals, **params), zero_tangent(z))
+    if act is None:
+        return z, z_dot
+    rows = functools.partial(row_activation, tiles=idx[0], count=idx[1], tile_h=tile_h, activation=act)
+    db = tangents[2]
+    if not bias.shape[-1]:
+        return jax.jvp(lambda z: rows(z, None), (z,), (z_dot,))
+    # the dead rows' value, act(bias) in float32 rounded once: what the fused kernel writes
+    dead = lambda b: _activations.ACTIVATIONS[act](b.astype(jnp.float32)).astype(x.dtype)  # noqa: E731
+    if type(db) is ad.Zero:
+        fill = dead(bias)
+        return jax.jvp(lambda z: rows(z, fill), (z,), (z_dot,))
+    fill, fill_dot = jax.jvp(dead, (bias,), (db,))
+    return jax.jvp(rows, (z, fill), (z_dot, fill_dot))
 
 
 def mapped_to_batch(args, dims):

@@ -247,5 +247,23 @@ inline float Activate(float v, Activation act) {
   }
 }
 
+// d Activate / dv (the device's ActivateGrad, on the host).
+inline float ActivateGrad(float v, Activation act) {
+  switch (act) {
+    case Activation::kRelu: return v > 0.0f ? 1.0f : 0.0f;
+    case Activation::kGeluTanh: {
+      const float k = 0.7978845608028654f, t = std::tanh(k * (v + 0.044715f * v * v * v));
+      return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
+    }
+    case Activation::kGeluErf:
+      return 0.5f * (1.0f + std::erf(v * 0.7071067811865476f)) + v * 0.3989422804014327f * std::exp(-0.5f * v * v);
+    case Activation::kSilu: {
+      const float sg = 1.0f / (1.0f + std::exp(-v));
+      return sg * (1.0f + v * (1.0f - sg));
+    }
+    default: return 1.0f;
+  }
+}
+
 }  // namespace cpu
 }  // namespace pit

@@ -1,0 +1,79 @@
+// pit_row_activation(_bwd) on the CPU: the same semantics as the kernels (float32 math,
+// one rounding), row by row.
+#include <algorithm>
+#include <vector>
+
+#include "cuda/ffi/bindings.h"
+#include "cuda/ffi/cpu/cpu_common.h"
+#include "cuda/ffi/cpu/handlers.h"
+#include "cuda/ffi/row_activation_args.h"
+
+namespace pit {
+namespace {
+
+// Calls f(row) for every row of the listed row blocks of batch entry b (global row ids).
+template <class F>
+void ForListedRows(const RowActivationParams& p, int64_t b, F&& f) {
+  const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
+  for (int64_t s = 0; s < live; ++s) {
+    const int64_t id = p.tiles[b * p.capacity + s];
+    if (id < 0 || id >= p.tile_rows) continue;  // not a row block of z
+    for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) f(b * p.rows + r);
+  }
+}
+
+void RowActivation(const RowActivationParams& p) {
+  const int64_t n = p.cols;
+  std::vector<float> v(n);
+  if (p.fill) {
+    cpu::LoadRow(p.dtype, p.fill, 0, n, v.data());
+  } else {
+    std::fill(v.begin(), v.end(), 0.f);
+  }
+  for (int64_t row = 0; row < p.batch * p.rows; ++row) cpu::StoreRow(p.dtype, v.data(), n, p.out, row * n);
+  for (int64_t b = 0; b < p.batch; ++b)
+    ForListedRows(p, b, [&](int64_t row) {
+      cpu::LoadRow(p.dtype, p.z, row * n, n, v.data());
+      for (float& e : v) e = cpu::Activate(e, p.act);
+      cpu::StoreRow(p.dtype, v.data(), n, p.out, row * n);
+    });
+}
+
+void RowActivationBwd(const RowActivationParams& p) {
+  const int64_t n = p.cols;
+  cpu::Zero(p.out, p.batch * p.rows * n * DTypeBytes(p.dtype));
+  std::vector<float> v(n), g(n);
+  for (int64_t b = 0; b < p.batch; ++b)
+    ForListedRows(p, b, [&](int64_t row) {
+      cpu::LoadRow(p.dtype, p.z, row * n, n, v.data());
+      cpu::LoadRow(p.dtype, p.dy, row * n, n, g.data());
+      for (int64_t c = 0; c < n; ++c) v[c] = g[c] * cpu::ActivateGrad(v[c], p.act);
+      cpu::StoreRow(p.dtype, v.data(), n, p.out, row * n);
+    });
+}
+
+ffi::Error RowActivationCpu(ffi::AnyBuffer z, ffi::AnyBuffer fill, S32Buffer tiles, S32Buffer count,
+                            ffi::Result<ffi::AnyBuffer> y, int64_t tile_h, int64_t activation) {
+  auto p = DecodeRowActivation(z, fill, tiles, count, y, tile_h, activation);
+  if (p.has_error()) return p.error();
+  cpu::Poison(y->untyped_data(), y->size_bytes());
+  RowActivation(*p);
+  return ffi::Error::Success();
+}
+
+ffi::Error RowActivationBwdCpu(ffi::AnyBuffer z, S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy,
+                               ffi::Result<ffi::AnyBuffer> dz, int64_t tile_h, int64_t activation) {
+  auto p = DecodeRowActivationBwd(z, tiles, count, dy, dz, tile_h, activation);
+  if (p.has_error()) return p.error();
+  cpu::Poison(dz->untyped_data(), dz->size_bytes());
+  RowActivationBwd(*p);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowActivationCpu, pit::RowActivationCpu,
+                              pit::bind::RowActivation(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowActivationBwdCpu, pit::RowActivationBwdCpu,
+                              pit::bind::RowActivationBwd(xla::ffi::Ffi::Bind()));

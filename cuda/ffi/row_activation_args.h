@@ -1,0 +1,83 @@
+// Decoding and validation of pit_row_activation and pit_row_activation_bwd, shared by
+// their CPU and CUDA handlers (docs/kernels.md specifies both).
+#pragma once
+
+#include <string>
+
+#include "cuda/common/matmul_params.h"
+#include "cuda/common/row_activation_params.h"
+#include "cuda/ffi/ffi_common.h"
+#include "cuda/ffi/matmul_args.h"
+#include "cuda/ffi/row_layer_norm_args.h"
+#include "cuda/ffi/sread_swrite_args.h"
+
+namespace pit {
+
+// z [..., M, N], tiles [..., capacity], count [...] (a flat list of row blocks of tile_h
+// rows), out (z's shape and dtype), activation (1-4: relu, gelu tanh, gelu erf, silu).
+inline ffi::ErrorOr<RowActivationParams> DecodeRowActivationCommon(const std::string& target, ffi::AnyBuffer z,
+                                                                   S32Buffer tiles, S32Buffer count,
+                                                                   ffi::Result<ffi::AnyBuffer>& out, int64_t tile_h,
+                                                                   int64_t activation) {
+  auto dtype = DecodeDType(z.element_type(), target + ": z");
+  if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
+  auto m = AsBatchedMatrix(z.dimensions(), (target + ": z").c_str());
+  if (m.has_error()) return ffi::Unexpected<ffi::Error>(m.error());
+  if (out->element_type() != z.element_type() || out->element_count() != z.element_count())
+    return InvalidArg(target + ": the result must have z's shape and dtype");
+  if (m->rows > 0 && (tile_h < 1 || tile_h > m->rows))
+    return InvalidArg(target + ": tile_h must be in [1, M] = [1, " + std::to_string(m->rows) + "], got " +
+                      std::to_string(tile_h));
+  if (activation < 1 || activation >= kNumActivations)
+    return InvalidArg(target + ": activation must be 1-" + std::to_string(kNumActivations - 1) +
+                      " (relu, gelu, gelu_exact, silu), got " + std::to_string(activation));
+  const auto td = tiles.dimensions();
+  if (td.size() < 1) return InvalidArg(target + ": tiles must be [..., capacity]");
+  RowActivationParams p;
+  p.dtype = *dtype;
+  p.batch = m->batch;
+  p.rows = m->rows;
+  p.cols = m->cols;
+  p.tile_h = tile_h < 1 ? 1 : tile_h;
+  p.tile_rows = CeilDiv(p.rows, p.tile_h);
+  p.capacity = td.back();
+  auto err = CheckTileOperands(target, tiles, count, p.batch, p.capacity);
+  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
+  p.tiles = tiles.typed_data();
+  p.count = count.typed_data();
+  p.act = static_cast<Activation>(activation);
+  p.z = z.untyped_data();
+  p.out = out->untyped_data();
+  return p;
+}
+
+// pit_row_activation: z, fill ([N] in z's dtype, or [0]: zeros), tiles, count -> y.
+inline ffi::ErrorOr<RowActivationParams> DecodeRowActivation(ffi::AnyBuffer z, ffi::AnyBuffer fill, S32Buffer tiles,
+                                                             S32Buffer count, ffi::Result<ffi::AnyBuffer>& y,
+                                                             int64_t tile_h, int64_t activation) {
+  const std::string target = "pit_row_activation";
+  auto p = DecodeRowActivationCommon(target, z, tiles, count, y, tile_h, activation);
+  if (p.has_error()) return p;
+  if (fill.element_count() != 0) {
+    const auto d = fill.dimensions();
+    if (fill.element_type() != z.element_type() || d.size() != 1 || d[0] != p->cols)
+      return InvalidArg(target + ": fill must be [" + std::to_string(p->cols) + "] (z's last dim) in z's dtype, or [0]");
+    p->fill = fill.untyped_data();
+  }
+  return p;
+}
+
+// pit_row_activation_bwd: z, tiles, count, dy (z's shape and dtype) -> dz.
+inline ffi::ErrorOr<RowActivationParams> DecodeRowActivationBwd(ffi::AnyBuffer z, S32Buffer tiles, S32Buffer count,
+                                                                ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer>& dz,
+                                                                int64_t tile_h, int64_t activation) {
+  const std::string target = "pit_row_activation_bwd";
+  auto p = DecodeRowActivationCommon(target, z, tiles, count, dz, tile_h, activation);
+  if (p.has_error()) return p;
+  if (dy.element_type() != z.element_type() || !SameDims(dy.dimensions(), z.dimensions()))
+    return InvalidArg(target + ": dy must have z's shape and dtype");
+  p->dy = dy.untyped_data();
+  return p;
+}
+
+}  // namespace pit

@@ -1,0 +1,194 @@
+// pit_row_activation(_bwd) on the GPU: one warp per list slot, 16-byte vectors along the
+// row where rows are 16-byte aligned. A live slot reads its rows once (z, and dy for the
+// derivative) and writes them once; the forward's dead slots (the list's tail at full
+// capacity) write the fill value, so padding rows are never read nor activated.
+#include "cuda/kernels/row_activation.h"
+
+#include <cstdint>
+
+#include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/epilogue.cuh"
+
+namespace pit {
+namespace {
+
+using gemm::Elem;
+
+constexpr int kWarps = 8;
+
+template <typename T, int V>
+__device__ __forceinline__ void Load(const T* p, float (&f)[V]) {
+  using W = typename Elem<T>::Word;
+  if constexpr (V * sizeof(W) == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const W* w = reinterpret_cast<const W*>(&u);
+#pragma unroll
+    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
+  } else {
+    const W* w = reinterpret_cast<const W*>(p);
+#pragma unroll
+    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void Store(T* p, const float (&f)[V]) {
+  using W = typename Elem<T>::Word;
+  W w[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) w[i] = Elem<T>::FromFloat(f[i]);
+  if constexpr (V * sizeof(W) == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(w);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) reinterpret_cast<W*>(p)[i] = w[i];
+  }
+}
+
+// The row block of list slot `unit` (b * capacity + slot): whether its rows are listed
+// (live) or the dead tail's, and the block id; false when the slot names no block.
+__device__ __forceinline__ bool SlotBlock(const RowActivationParams& p, int64_t unit, bool dead_tail, bool* live,
+                                          int64_t* id) {
+  const int64_t b = unit / p.capacity, slot = unit - b * p.capacity;
+  int64_t n_live = __ldg(p.count + b);
+  n_live = n_live < 0 ? 0 : (n_live > p.capacity ? p.capacity : n_live);
+  const int32_t entry = __ldg(p.tiles + unit);
+  if (slot < n_live) {
+    *live = true, *id = entry;
+  } else if (dead_tail) {
+    *live = false, *id = -1 - static_cast<int64_t>(entry);
+  } else {
+    return false;
+  }
+  return *id >= 0 && *id < p.tile_rows;
+}
+
+// kBwd false: y = act(z) on live rows, fill on dead-tail rows; true: dz = dy * act'(z) on
+// live rows (dead rows were zeroed before).
+template <typename T, int V, int kAct, bool kBwd>
+__global__ void __launch_bounds__(kWarps * 32) RowActivationKernel(const RowActivationParams p, bool dead_tail) {
+  const int lane = threadIdx.x & 31;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (unit >= p.batch * p.capacity) return;
+  bool live;
+  int64_t id;
+  if (!SlotBlock(p, unit, dead_tail, &live, &id)) return;
+  if (kBwd && !live) return;
+  const int64_t b = unit / p.capacity, n = p.cols;
+  const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t off = (b * p.rows + r) * n;
+    T* out = static_cast<T*>(p.out) + off;
+    for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
+      float v[V];
+      if (!live) {  // the forward's dead row: the fill value
+        if (p.fill) {
+          Load<T, V>(static_cast<const T*>(p.fill) + c, v);
+        } else {
+#pragma unroll
+          for (int i = 0; i < V; ++i) v[i] = 0.f;
+        }
+      } else if constexpr (kBwd) {
+        float g[V];
+        Load<T, V>(static_cast<const T*>(p.z) + off + c, v);
+        Load<T, V>(static_cast<const T*>(p.dy) + off + c, g);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] = g[i] * ActivateGradT<kAct>(v[i]);
+      } else {
+        Load<T, V>(static_cast<const T*>(p.z) + off + c, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] = ActivateT<kAct>(v[i]);
+      }
+      Store<T, V>(out + c, v);
+    }
+  }
+}
+
+// Every row = fill (for a list too short to name the dead blocks).
+template <typename T, int V>
+__global__ void FillRowsKernel(const RowActivationParams p) {
+  const int64_t vecs = p.cols / V, total = p.batch * p.rows * vecs;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / vecs, c = (i - row * vecs) * V;
+    float v[V];
+    Load<T, V>(static_cast<const T*>(p.fill) + c, v);
+    Store<T, V>(static_cast<T*>(p.out) + row * p.cols + c, v);
+  }
+}
+
+bool Aligned(const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) % 16) == 0; }
+
+template <typename T, int V, bool kBwd>
+cudaError_t LaunchAct(const RowActivationParams& p, bool dead_tail, cudaStream_t stream) {
+  const int64_t units = p.batch * p.capacity;
+  const dim3 grid(static_cast<unsigned>((units + kWarps - 1) / kWarps)), block(kWarps * 32);
+  switch (p.act) {
+    case Activation::kRelu:
+      RowActivationKernel<T, V, static_cast<int>(Activation::kRelu), kBwd><<<grid, block, 0, stream>>>(p, dead_tail);
+      break;
+    case Activation::kGeluTanh:
+      RowActivationKernel<T, V, static_cast<int>(Activation::kGeluTanh), kBwd><<<grid, block, 0, stream>>>(p, dead_tail);
+      break;
+    case Activation::kGeluErf:
+      RowActivationKernel<T, V, static_cast<int>(Activation::kGeluErf), kBwd><<<grid, block, 0, stream>>>(p, dead_tail);
+      break;
+    case Activation::kSilu:
+      RowActivationKernel<T, V, static_cast<int>(Activation::kSilu), kBwd><<<grid, block, 0, stream>>>(p, dead_tail);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, bool kBwd>
+cudaError_t Launch(const RowActivationParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
+  const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.z) &&
+                   Aligned(p.fill) && Aligned(p.dy) && Aligned(p.out);
+  const int64_t bytes = p.batch * p.rows * p.cols * DTypeBytes(p.dtype);
+  // The list's tail names the dead blocks only when it can hold every block.
+  const bool dead_tail = !kBwd && p.capacity == p.tile_rows;
+  if (kBwd || (!dead_tail && !p.fill)) {
+    cudaError_t e = cudaMemsetAsync(p.out, 0, static_cast<size_t>(bytes), stream);
+    if (e != cudaSuccess) return e;
+  } else if (!dead_tail) {
+    const int64_t total = p.batch * p.rows * (vec ? p.cols / kVec : p.cols);
+    const unsigned blocks = static_cast<unsigned>(total / 256 + 1 < 4096 ? total / 256 + 1 : 4096);
+    if (vec)
+      FillRowsKernel<T, kVec><<<blocks, 256, 0, stream>>>(p);
+    else
+      FillRowsKernel<T, 1><<<blocks, 256, 0, stream>>>(p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (p.batch * p.capacity == 0) return cudaSuccess;
+  return vec ? LaunchAct<T, kVec, kBwd>(p, dead_tail, stream) : LaunchAct<T, 1, kBwd>(p, dead_tail, stream);
+}
+
+template <bool kBwd>
+cudaError_t LaunchFor(const RowActivationParams& p, cudaStream_t stream) {
+  if (p.batch * p.rows * p.cols == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kF32:
+      return Launch<float, kBwd>(p, stream);
+    case DType::kBF16:
+      return Launch<__nv_bfloat16, kBwd>(p, stream);
+    case DType::kF16:
+      return Launch<__half, kBwd>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t LaunchRowActivation(const RowActivationParams& p, cudaStream_t stream) {
+  return LaunchFor<false>(p, stream);
+}
+
+cudaError_t LaunchRowActivationBwd(const RowActivationParams& p, cudaStream_t stream) {
+  return LaunchFor<true>(p, stream);
+}
+
+}  // namespace pit

@@ -1,0 +1,159 @@
+"""pit_row_activation(_bwd): an activation and its derivative on the live rows (what the
+M-axis product with an activation runs in a differentiated step), against float64."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, put, randn
+
+import pit_jax
+from pit_jax.primitives.row_activation import row_activation
+
+pytestmark = pytest.mark.usefixtures("poison_outputs")
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+NAMES = ["relu", "gelu", "gelu_exact", "silu"]
+# (M, N, tile_h): N a multiple of 8 (16-byte vectors) or not, M not a multiple of tile_h.
+SHAPES = [(1, 8, 1), (37, 96, 1), (50, 100, 4), (130, 3072, 1), (33, 64, 32)]
+
+
+def grad64(v, name):
+    """d act / dv in float64 (jax.nn's formulas; relu: 1 where v > 0)."""
+    if name == "relu":
+        return (v > 0).astype(np.float64)
+    if name == "gelu":
+        k = math.sqrt(2 / math.pi)
+        t = np.tanh(k * (v + 0.044715 * v ** 3))
+        return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * 0.044715 * v * v)
+    if name == "gelu_exact":
+        from math import erf
+        return 0.5 * (1 + np.vectorize(erf)(v / math.sqrt(2))) + v * np.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+    s = 1 / (1 + np.exp(-v))
+    return s * (1 + v * (1 - s))
+
+
+def case(rng, lead, m, n, tile_h, density, dtype):
+    z = randn(rng, (*lead, m, n), dtype)
+    fill = randn(rng, (n,), dtype)
+    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
+    live = np.repeat(blocks, tile_h, -1)[..., :m]
+    return z, fill, live
+
+
+def apply(z, fill, live, tile_h, name, capacity=None):
+    idx = pit_jax.index(live[..., None], (tile_h, 1), capacity=capacity)
+    tiles, count = pit_jax.ops.sread_swrite.flat_index(idx, tuple(z.shape[:-2]), "test", "z")
+    return row_activation(z, fill, tiles, count, tile_h=tile_h, activation=name)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("density", [0.0, 0.4, 1.0])
+@pytest.mark.parametrize("m,n,tile_h", SHAPES)
+def test_value_and_gradients(platform, dtype, name, density, m, n, tile_h):
+    rng, seed = fresh_rng()
+    z, fill, live = case(rng, (2,), m, n, tile_h, density, dtype)
+    dy = randn(rng, z.shape, dtype)
+
+    def f(z, fill, live, dy):
+        y, vjp = jax.vjp(lambda z, f: apply(z, f, live, tile_h, name), z, fill)
+        return (y, *vjp(dy))
+
+    args = put(platform, z, fill, live, dy)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert "pit_row_activation_bwd[" in jaxpr and "pit_row_activation_lin[" not in jaxpr
+    y, dz, dfill = jax.jit(f)(*args)
+    want_y = np.where(live[..., None], activation64(f64(z), name), f64(fill))
+    check_close(y, want_y, dtype, f"seed={seed} y")
+    g = f64(np.asarray(jnp.asarray(dy)))
+    check_close(dz, np.where(live[..., None], g * grad64(f64(z), name), 0.0), dtype, f"seed={seed} dz")
+    assert not f64(dz)[~live].any(), f"seed={seed}: dead rows get no gradient"
+    check_close(dfill, np.where(live[..., None], 0.0, g).sum((0, 1)), dtype, f"seed={seed} dfill")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("capacity", [3, 10])
+def test_capacity_below_the_row_blocks(platform, capacity):
+    """A list too short for every block: rows past the capacity are fill (the forward
+    fills every row first) and get no gradient."""
+    rng, seed = fresh_rng()
+    z, fill, live = case(rng, (), 40, 24, 1, 0.5, jnp.float32)
+    dy = randn(rng, z.shape, jnp.float32)
+    idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
+    listed = np.zeros(40, bool)
+    listed[np.asarray(idx.tiles)[:min(int(idx.count), capacity)]] = True
+    f = jax.jit(lambda z, fill: jax.vjp(lambda z, f: apply(z, f, live, 1, "gelu", capacity), z, fill))
+    y, vjp = f(*put(platform, z, fill))
+    dz, dfill = vjp(put(platform, dy))
+    check_close(y, np.where(listed[:, None], activation64(f64(z), "gelu"), f64(fill)), jnp.float32, f"seed={seed}")
+    check_close(dz, np.where(listed[:, None], f64(dy) * grad64(f64(z), "gelu"), 0.0), jnp.float32, f"seed={seed}")
+    check_close(dfill, np.where(listed[:, None], 0.0, f64(dy)).sum(0), jnp.float32, f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_transforms(platform):
+    """No fill (zeros), vmap of the value and of the gradient, jvp and a second-order
+    derivative, against the jnp reference."""
+    rng, seed = fresh_rng()
+    z, _, live = case(rng, (3,), 20, 16, 1, 0.5, jnp.float32)
+    z, live = put(platform, z, live)
+
+    def f(z, live):
+        return apply(z, None, live, 1, "silu")
+
+    def ref(z, live):
+        return jnp.where(live[..., None], jax.nn.silu(z), 0.0)
+
+    loss = lambda fn: (lambda z, live: jnp.sum(jnp.sin(fn(z, live))))  # noqa: E731
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(z, live)), np.asarray(ref(z, live)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(f))(z, live)), np.asarray(ref(z, live)), rtol=1e-5,
+                               atol=1e-6)
+    vg = jax.jit(jax.vmap(jax.grad(loss(f))))(z, live)
+    np.testing.assert_allclose(np.asarray(vg), np.asarray(jax.vmap(jax.grad(loss(ref)))(z, live)), rtol=1e-4,
+                               atol=1e-6, err_msg=f"seed={seed}")
+    v = jnp.asarray(np.random.default_rng().standard_normal(z.shape), jnp.float32)
+    t, t_ref = jax.jvp(lambda z: f(z, live), (z,), (v,))[1], jax.jvp(lambda z: ref(z, live), (z,), (v,))[1]
+    np.testing.assert_allclose(np.asarray(t), np.asarray(t_ref), rtol=1e-4, atol=1e-6)
+    hvp = lambda fn: jax.jvp(lambda z: jax.grad(loss(fn))(z, live), (z,), (v,))[1]  # noqa: E731
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda: hvp(f))()), np.asarray(hvp(ref)), rtol=1e-4, atol=1e-5)
+
+
+def _raw(target, outs, *args, activation=3, tile_h=1):
+    return jax.ffi.ffi_call(target, outs)(*args, tile_h=np.int64(tile_h), activation=np.int64(activation))
+
+
+_F = lambda *s: jnp.ones(s, jnp.float32)  # noqa: E731
+_I = lambda *s: jnp.zeros(s, jnp.int32)  # noqa: E731
+_Y = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+RAW_BAD = {
+    ("pit_row_activation", "activation must be 1-4"): lambda: _raw("pit_row_activation", _Y, _F(4, 8), _F(0), _I(4),
+                                                                    _I(), activation=0),
+    ("pit_row_activation", "fill must be \\[8\\]"): lambda: _raw("pit_row_activation", _Y, _F(4, 8), _F(7), _I(4),
+                                                                  _I()),
+    ("pit_row_activation", "the result must have z's shape and dtype"): lambda: _raw(
+        "pit_row_activation", jax.ShapeDtypeStruct((4, 8), jnp.bfloat16), _F(4, 8), _F(0), _I(4), _I()),
+    ("pit_row_activation", "tile_h must be in \\[1, M\\]"): lambda: _raw("pit_row_activation", _Y, _F(4, 8), _F(0),
+                                                                          _I(4), _I(), tile_h=5),
+    ("pit_row_activation_bwd", "dy must have z's shape and dtype"): lambda: _raw(
+        "pit_row_activation_bwd", _Y, _F(4, 8), _I(4), _I(), _F(4, 7)),
+}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case_", list(RAW_BAD), ids=lambda c: c[1][:30])
+def test_raw_targets_refuse_bad_input(platform, case_):
+    with jax.default_device(jax.devices(platform)[0]):
+        with pytest.raises(Exception, match=case_[0] + ": .*" + case_[1]):
+            jax.block_until_ready(jax.jit(RAW_BAD[case_])())
+
+
+def test_bad_activation_is_a_clear_error():
+    z = jnp.ones((4, 8))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        row_activation(z, None, jnp.zeros((4,), jnp.int32), jnp.zeros((), jnp.int32), tile_h=1, activation="tanh")
