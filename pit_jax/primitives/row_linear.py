@@ -115,8 +115,12 @@ def _linear_tangent(primals, tangents, *, tile_h, allow_tf32):
     terms = ([mm(dx, w)] if type(dx) is not ad.Zero else []) + ([mm(x, dw)] if type(dw) is not ad.Zero else [])
     t = functools.reduce(jnp.add, terms) if terms else None
     if type(db) is not ad.Zero and bias.shape[-1]:
-        shape = (*x.shape[:-1], w.shape[-1])
-        t = jnp.broadcast_to(db.astype(x.dtype), shape) if t is None else t + db.astype(t.dtype)
+        # The bias on every row as a product with a ones column: its transpose (the bias's
+        # gradient) is then a [1, M] x [M, N] product, one read of the cotangent, where a
+        # broadcast's is XLA's column reduction.
+        ones = jnp.ones((*x.shape[:-1], 1), x.dtype)
+        tb = jnp.matmul(ones, db.astype(x.dtype)[None, :])
+        t = tb if t is None else t + tb
     return t
 
 
