@@ -159,6 +159,36 @@ def test_kernel_parts_gpu(dtype, m, k, tile_h, density, batch):
         assert rel_err(y, want) < TOL[jnp.dtype(dtype).name], f"seed={seed}"
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_kernel_parts_gradients_gpu(dtype):
+    """Training through the kernel's three results (BERT's qkv shape): the differentiated
+    step takes its primal from pit_row_gather_matmul3 (no split of one product over every
+    row) and its gradients for x, w and the bias (live and dead rows: the bias is on every
+    row) match float64."""
+    rng, seed = fresh_rng()
+    m, k = 4096, 768
+    x, live = tiled_sparse(rng, (m, k), (1, k), 0.27, dtype)
+    w, b = randn(rng, (k, 2304), dtype), randn(rng, (2304,), dtype)
+    cot = rng.standard_normal((m, 2304)).astype(np.float32)
+    mask = live.astype(np.float64)
+
+    def loss(x, w, b):
+        ys = pit_jax.sparse_dense(x, w, pit_jax.index(x, (1, None)), bias=b, out_parts=3)
+        return sum(jnp.sum(y.astype(jnp.float32) * c) for y, c in zip(ys, jnp.split(cot, 3, axis=-1)))
+
+    args = put("gpu", x, w, b)
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    assert "pit_row_gather_matmul3" in step.lower(*args).as_text(), "the primal is not the three-part kernel"
+    val, grads = step(*args)
+    xm, c64 = f64(x) * mask, cot.astype(np.float64)
+    want = {"dx": (c64 @ f64(w).T) * mask, "dw": xm.T @ c64, "dbias": c64.sum(0)}
+    for what, got in zip(("dx", "dw", "dbias"), grads):
+        assert rel_err(got, want[what]) < TOL[jnp.dtype(dtype).name], f"seed={seed}: {what}"
+    terms = (xm @ f64(w) + f64(b)) * c64
+    assert abs(float(val) - terms.sum()) < TOL[jnp.dtype(dtype).name] * np.abs(terms).sum(), f"seed={seed}: loss"
+
+
 def test_raw_target_three_parts_on_cpu():
     """pit_row_gather_matmul3 called directly (CPU handler): the single target's result,
     split; mismatched results are an error naming the target."""

@@ -9,7 +9,8 @@ sm90_row_gather.md). On an sm_90a GPU, with 16-bit types, P = 3 and N / 3 a mult
 256 the row-gather kernel writes the three results itself (`pit_row_gather_matmul3`);
 everywhere else this is the single product and a split, with the same values.
 
-Autodiff and vmap follow row_linear: the JVP differentiates the unfused expression, split;
+Autodiff and vmap follow row_linear: the primal from the kernel that writes the parts, the
+tangent from the linear map, split (its transpose concatenates the parts' cotangents);
 vmap moves the mapped axis into the batch dims.
 """
 
@@ -23,8 +24,8 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering, _products
-from pit_jax.primitives._vma import Primitive, zero_tangent
-from pit_jax.primitives.row_linear import _check, _native, mapped_to_batch, unfused, unfused_jvp
+from pit_jax.primitives._vma import Primitive
+from pit_jax.primitives.row_linear import _check, _native, _split, fused_jvp, mapped_to_batch, unfused
 
 row_linear_parts_p = Primitive("pit_row_linear_parts")
 row_linear_parts_p.multiple_results = True
@@ -58,10 +59,6 @@ def kernel_writes_parts(x, w, tiles, tile_h, parts) -> bool:
     )
 
 
-def _split(y, parts):
-    return list(jnp.split(y, parts, axis=-1))
-
-
 def _native_parts(x, w, bias, *idx, tile_h, activation, allow_tf32, parts, cuda=False):
     if not (cuda and kernel_writes_parts(x, w, idx[0], tile_h, parts)):
         y = _native(x, w, bias, *idx, tile_h=tile_h, activation=activation, allow_tf32=allow_tf32, cuda=cuda)
@@ -83,11 +80,8 @@ def row_linear_parts(x, w, bias, idx, *, tile_h, parts, activation=None, allow_t
 
 
 def _jvp(primals, tangents, *, parts, **params):
-    out = unfused_jvp(primals, tangents, params, finish=lambda y: _split(y, parts))
-    if out is None:
-        outs = row_linear_parts_p.bind(*primals, parts=parts, **params)
-        return outs, [zero_tangent(o) for o in outs]
-    return out
+    bind = functools.partial(row_linear_parts_p.bind, parts=parts)
+    return fused_jvp(primals, tangents, params, lambda *a, **p: list(bind(*a, **p)), parts)
 
 
 def _batch(args, dims, *, parts, **params):
