@@ -1,7 +1,8 @@
 // pit_row_activation(_bwd) on the GPU: one warp per list slot, 16-byte vectors along the
 // row where rows are 16-byte aligned. A live slot reads its rows once (z, and dy for the
-// derivative) and writes them once; the forward's dead slots (the list's tail at full
-// capacity) write the fill value, so padding rows are never read nor activated.
+// derivative) and writes them once; the dead slots (the list's tail at full capacity)
+// write the fill value (the backward: zeros), so padding rows are never read nor activated
+// and no memset runs first.
 #include "cuda/kernels/row_activation.h"
 
 #include <cstdint>
@@ -64,7 +65,8 @@ __device__ __forceinline__ bool SlotBlock(const RowActivationParams& p, int64_t 
 }
 
 // kBwd false: y = act(z) on live rows, fill on dead-tail rows; true: dz = dy * act'(z) on
-// live rows (dead rows were zeroed before).
+// live rows, zeros on dead-tail rows (fill is null). Without a dead tail the other rows
+// were zeroed or filled before.
 template <typename T, int V, int kAct, bool kBwd>
 __global__ void __launch_bounds__(kWarps * 32) RowActivationKernel(const RowActivationParams p, bool dead_tail) {
   const int lane = threadIdx.x & 31;
@@ -73,7 +75,6 @@ __global__ void __launch_bounds__(kWarps * 32) RowActivationKernel(const RowActi
   bool live;
   int64_t id;
   if (!SlotBlock(p, unit, dead_tail, &live, &id)) return;
-  if (kBwd && !live) return;
   const int64_t b = unit / p.capacity, n = p.cols;
   const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
   for (int64_t r = r0; r < r1; ++r) {
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kWarps * 32) RowActivationKernel(const RowActi
     T* out = static_cast<T*>(p.out) + off;
     for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
       float v[V];
-      if (!live) {  // the forward's dead row: the fill value
+      if (!live) {  // a dead-tail row: the fill value (zeros in the backward)
         if (p.fill) {
           Load<T, V>(static_cast<const T*>(p.fill) + c, v);
         } else {
@@ -148,9 +149,10 @@ cudaError_t Launch(const RowActivationParams& p, cudaStream_t stream) {
   const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.z) &&
                    Aligned(p.fill) && Aligned(p.dy) && Aligned(p.out);
   const int64_t bytes = p.batch * p.rows * p.cols * DTypeBytes(p.dtype);
-  // The list's tail names the dead blocks only when it can hold every block.
-  const bool dead_tail = !kBwd && p.capacity == p.tile_rows;
-  if (kBwd || (!dead_tail && !p.fill)) {
+  // The list's tail names the dead blocks only when it can hold every block; then every
+  // row is written once by its slot (no memset first).
+  const bool dead_tail = p.capacity == p.tile_rows;
+  if (!dead_tail && (kBwd || !p.fill)) {
     cudaError_t e = cudaMemsetAsync(p.out, 0, static_cast<size_t>(bytes), stream);
     if (e != cudaSuccess) return e;
   } else if (!dead_tail) {
