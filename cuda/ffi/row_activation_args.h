@@ -4,12 +4,8 @@
 
 #include <string>
 
-#include "cuda/common/matmul_params.h"
 #include "cuda/common/row_activation_params.h"
-#include "cuda/ffi/ffi_common.h"
-#include "cuda/ffi/matmul_args.h"
-#include "cuda/ffi/row_layer_norm_args.h"
-#include "cuda/ffi/sread_swrite_args.h"
+#include "cuda/ffi/row_blocks_args.h"
 
 namespace pit {
 
@@ -19,32 +15,15 @@ inline ffi::ErrorOr<RowActivationParams> DecodeRowActivationCommon(const std::st
                                                                    S32Buffer tiles, S32Buffer count,
                                                                    ffi::Result<ffi::AnyBuffer>& out, int64_t tile_h,
                                                                    int64_t activation) {
-  auto dtype = DecodeDType(z.element_type(), target + ": z");
-  if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
-  auto m = AsBatchedMatrix(z.dimensions(), (target + ": z").c_str());
-  if (m.has_error()) return ffi::Unexpected<ffi::Error>(m.error());
+  auto rb = DecodeRowBlocks(target, "z", z, tiles, count, tile_h);
+  if (rb.has_error()) return ffi::Unexpected<ffi::Error>(rb.error());
   if (out->element_type() != z.element_type() || out->element_count() != z.element_count())
     return InvalidArg(target + ": the result must have z's shape and dtype");
-  if (m->rows > 0 && (tile_h < 1 || tile_h > m->rows))
-    return InvalidArg(target + ": tile_h must be in [1, M] = [1, " + std::to_string(m->rows) + "], got " +
-                      std::to_string(tile_h));
   if (activation < 1 || activation >= kNumActivations)
     return InvalidArg(target + ": activation must be 1-" + std::to_string(kNumActivations - 1) +
                       " (relu, gelu, gelu_exact, silu), got " + std::to_string(activation));
-  const auto td = tiles.dimensions();
-  if (td.size() < 1) return InvalidArg(target + ": tiles must be [..., capacity]");
   RowActivationParams p;
-  p.dtype = *dtype;
-  p.batch = m->batch;
-  p.rows = m->rows;
-  p.cols = m->cols;
-  p.tile_h = tile_h < 1 ? 1 : tile_h;
-  p.tile_rows = CeilDiv(p.rows, p.tile_h);
-  p.capacity = td.back();
-  auto err = CheckTileOperands(target, tiles, count, p.batch, p.capacity);
-  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
-  p.tiles = tiles.typed_data();
-  p.count = count.typed_data();
+  static_cast<RowBlocks&>(p) = *rb;
   p.act = static_cast<Activation>(activation);
   p.z = z.untyped_data();
   p.out = out->untyped_data();

@@ -7,19 +7,10 @@
 
 #include "cuda/common/matmul_params.h"
 #include "cuda/ffi/ffi_common.h"
-#include "cuda/ffi/matmul_args.h"
-#include "cuda/ffi/sread_swrite_args.h"
+#include "cuda/ffi/row_blocks_args.h"
 #include "cuda/common/row_layer_norm_params.h"
 
 namespace pit {
-
-template <class Dims>
-inline bool SameDims(const Dims& a, const Dims& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
 
 // A float32 vector operand [cols] (or [0] where `optional`): its data, or null when empty.
 inline ffi::ErrorOr<const float*> DecodeRowVector(const std::string& target, ffi::AnyBuffer v, int64_t cols,
@@ -41,38 +32,21 @@ inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNormOperands(const std::st
                                                                    ffi::AnyBuffer residual, ffi::AnyBuffer bias,
                                                                    ffi::AnyBuffer scale, S32Buffer tiles,
                                                                    S32Buffer count, int64_t tile_h, float epsilon) {
-  auto dtype = DecodeDType(x.element_type(), target + ": x");
-  if (dtype.has_error()) return ffi::Unexpected<ffi::Error>(dtype.error());
-  auto m = AsBatchedMatrix(x.dimensions(), (target + ": x").c_str());
-  if (m.has_error()) return ffi::Unexpected<ffi::Error>(m.error());
+  auto rb = DecodeRowBlocks(target, "x", x, tiles, count, tile_h);
+  if (rb.has_error()) return ffi::Unexpected<ffi::Error>(rb.error());
   if (residual.element_count() != 0) {
     if (residual.element_type() != x.element_type()) return InvalidArg(target + ": residual must have x's dtype");
     if (!SameDims(residual.dimensions(), x.dimensions()))
       return InvalidArg(target + ": residual must have x's shape (or be [0] for none)");
   }
-  if (m->rows > 0 && (tile_h < 1 || tile_h > m->rows))
-    return InvalidArg(target + ": tile_h must be in [1, M] = [1, " + std::to_string(m->rows) + "], got " +
-                      std::to_string(tile_h));
   if (!(epsilon >= 0.f) || !std::isfinite(epsilon))
     return InvalidArg(target + ": epsilon must be finite and >= 0");
-  auto b = DecodeRowVector(target, bias, m->cols, true, "bias");
+  auto b = DecodeRowVector(target, bias, rb->cols, true, "bias");
   if (b.has_error()) return ffi::Unexpected<ffi::Error>(b.error());
-  auto s = DecodeRowVector(target, scale, m->cols, false, "scale");
+  auto s = DecodeRowVector(target, scale, rb->cols, false, "scale");
   if (s.has_error()) return ffi::Unexpected<ffi::Error>(s.error());
-  const auto td = tiles.dimensions();
-  if (td.size() < 1) return InvalidArg(target + ": tiles must be [..., capacity]");
   RowLayerNormParams p;
-  p.dtype = *dtype;
-  p.batch = m->batch;
-  p.rows = m->rows;
-  p.cols = m->cols;
-  p.tile_h = tile_h < 1 ? 1 : tile_h;
-  p.tile_rows = CeilDiv(p.rows, p.tile_h);
-  p.capacity = td.back();
-  auto err = CheckTileOperands(target, tiles, count, p.batch, p.capacity);
-  if (err.failure()) return ffi::Unexpected<ffi::Error>(err);
-  p.tiles = tiles.typed_data();
-  p.count = count.typed_data();
+  static_cast<RowBlocks&>(p) = *rb;
   p.x = x.untyped_data();
   p.residual = residual.element_count() != 0 ? residual.untyped_data() : nullptr;
   p.bias = *b;

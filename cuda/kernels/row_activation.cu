@@ -9,60 +9,16 @@
 
 #include "cuda/kernels/elem_types.cuh"
 #include "cuda/kernels/epilogue.cuh"
+#include "cuda/kernels/row_blocks.cuh"
 
 namespace pit {
 namespace {
 
 using gemm::Elem;
+using gemm::LoadF;
+using gemm::StoreF;
 
 constexpr int kWarps = 8;
-
-template <typename T, int V>
-__device__ __forceinline__ void Load(const T* p, float (&f)[V]) {
-  using W = typename Elem<T>::Word;
-  if constexpr (V * sizeof(W) == 16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const W* w = reinterpret_cast<const W*>(&u);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
-  } else {
-    const W* w = reinterpret_cast<const W*>(p);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void Store(T* p, const float (&f)[V]) {
-  using W = typename Elem<T>::Word;
-  W w[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) w[i] = Elem<T>::FromFloat(f[i]);
-  if constexpr (V * sizeof(W) == 16) {
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(w);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) reinterpret_cast<W*>(p)[i] = w[i];
-  }
-}
-
-// The row block of list slot `unit` (b * capacity + slot): whether its rows are listed
-// (live) or the dead tail's, and the block id; false when the slot names no block.
-__device__ __forceinline__ bool SlotBlock(const RowActivationParams& p, int64_t unit, bool dead_tail, bool* live,
-                                          int64_t* id) {
-  const int64_t b = unit / p.capacity, slot = unit - b * p.capacity;
-  int64_t n_live = __ldg(p.count + b);
-  n_live = n_live < 0 ? 0 : (n_live > p.capacity ? p.capacity : n_live);
-  const int32_t entry = __ldg(p.tiles + unit);
-  if (slot < n_live) {
-    *live = true, *id = entry;
-  } else if (dead_tail) {
-    *live = false, *id = -1 - static_cast<int64_t>(entry);
-  } else {
-    return false;
-  }
-  return *id >= 0 && *id < p.tile_rows;
-}
 
 // kBwd false: y = act(z) on live rows, fill on dead-tail rows; true: dz = dy * act'(z) on
 // live rows, zeros on dead-tail rows (fill is null). Without a dead tail the other rows
@@ -84,23 +40,23 @@ __global__ void __launch_bounds__(kWarps * 32) RowActivationKernel(const RowActi
       float v[V];
       if (!live) {  // a dead-tail row: the fill value (zeros in the backward)
         if (p.fill) {
-          Load<T, V>(static_cast<const T*>(p.fill) + c, v);
+          LoadF<T, V>(static_cast<const T*>(p.fill) + c, v);
         } else {
 #pragma unroll
           for (int i = 0; i < V; ++i) v[i] = 0.f;
         }
       } else if constexpr (kBwd) {
         float g[V];
-        Load<T, V>(static_cast<const T*>(p.z) + off + c, v);
-        Load<T, V>(static_cast<const T*>(p.dy) + off + c, g);
+        LoadF<T, V>(static_cast<const T*>(p.z) + off + c, v);
+        LoadF<T, V>(static_cast<const T*>(p.dy) + off + c, g);
 #pragma unroll
         for (int i = 0; i < V; ++i) v[i] = g[i] * ActivateGradT<kAct>(v[i]);
       } else {
-        Load<T, V>(static_cast<const T*>(p.z) + off + c, v);
+        LoadF<T, V>(static_cast<const T*>(p.z) + off + c, v);
 #pragma unroll
         for (int i = 0; i < V; ++i) v[i] = ActivateT<kAct>(v[i]);
       }
-      Store<T, V>(out + c, v);
+      StoreF<T, V>(out + c, v);
     }
   }
 }
@@ -113,8 +69,8 @@ __global__ void FillRowsKernel(const RowActivationParams p) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / vecs, c = (i - row * vecs) * V;
     float v[V];
-    Load<T, V>(static_cast<const T*>(p.fill) + c, v);
-    Store<T, V>(static_cast<T*>(p.out) + row * p.cols + c, v);
+    LoadF<T, V>(static_cast<const T*>(p.fill) + c, v);
+    StoreF<T, V>(static_cast<T*>(p.out) + row * p.cols + c, v);
   }
 }
 

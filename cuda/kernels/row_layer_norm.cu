@@ -8,43 +8,16 @@
 #include <cstdint>
 
 #include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/row_blocks.cuh"
 
 namespace pit {
 namespace {
 
 using gemm::Elem;
+using gemm::LoadF;
+using gemm::StoreF;
 
 constexpr int kWarps = 8;
-
-// V consecutive elements at p as floats: one 16-byte load when V words make 16 bytes.
-template <typename T, int V>
-__device__ __forceinline__ void LoadF(const T* p, float (&f)[V]) {
-  using W = typename Elem<T>::Word;
-  if constexpr (V * sizeof(W) == 16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const W* w = reinterpret_cast<const W*>(&u);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
-  } else {
-    const W* w = reinterpret_cast<const W*>(p);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void StoreF(T* p, const float (&f)[V]) {
-  using W = typename Elem<T>::Word;
-  W w[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) w[i] = Elem<T>::FromFloat(f[i]);
-  if constexpr (V * sizeof(W) == 16) {
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(w);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) reinterpret_cast<W*>(p)[i] = w[i];
-  }
-}
 
 // h[0..V) = x + residual + bias at column c (float32).
 template <typename T, int V>
@@ -186,20 +159,10 @@ __global__ void __launch_bounds__(kWarps * 32) RowLayerNormKernel(const RowLayer
   const int lane = threadIdx.x & 31;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (unit >= p.batch * p.capacity) return;
-  const int64_t b = unit / p.capacity, slot = unit - b * p.capacity;
-  int64_t live = __ldg(p.count + b);
-  live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
-  const int32_t entry = __ldg(p.tiles + unit);
-  int64_t id;
   bool normalize;
-  if (slot < live) {
-    id = entry, normalize = true;
-  } else if (dead_tail) {
-    id = -1 - static_cast<int64_t>(entry), normalize = false;
-  } else {
-    return;  // y was zeroed before
-  }
-  if (id < 0 || id >= p.tile_rows) return;  // not a row block of x
+  int64_t id;
+  if (!SlotBlock(p, unit, dead_tail, &normalize, &id)) return;  // without a dead tail y was zeroed before
+  const int64_t b = unit / p.capacity;
   const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
   for (int64_t r = r0; r < r1; ++r) {
     if (normalize) {
