@@ -186,6 +186,37 @@ def test_gradients_and_vmap(platform, name):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("name", ["gelu_exact", None])
+def test_tangents_in_some_operands(platform, parts, name):
+    """Forward mode with tangents in some operands only (the fused JVP's branches: the bias
+    alone, x alone without a bias, w alone), for one result and for three parts."""
+    rng, seed = fresh_rng()
+    x, w, b, _ = rows_case(rng, (), 40, 16, 24, 0.5, jnp.float32)
+    tx, tw, tb = (randn(rng, a.shape, jnp.float32) for a in (x, w, b))
+    X, W, B, TX, TW, TB = put(platform, x, w, b, tx, tw, tb)
+
+    def pit(x, w, b):
+        y = pit_jax.sparse_dense(x, w, bias=b, activation=name, out_parts=parts)
+        return jnp.concatenate(y, axis=-1) if parts > 1 else y
+
+    def reference(x, w, b):
+        live = jnp.any(x != 0, axis=-1, keepdims=True)
+        y = jnp.matmul(jnp.where(live, x, 0.0), w, precision="highest")
+        return JAX_ACTIVATIONS[name](y if b is None else y + b)
+
+    cases = {"bias": (lambda b: pit(X, W, b), lambda b: reference(x, w, b), (B,), (TB,), (b,), (tb,)),
+             "x, no bias": (lambda x: pit(x, W, None), lambda x: reference(x, w, None), (X,), (TX,), (x,), (tx,)),
+             "w": (lambda w: pit(X, w, B), lambda w: reference(x, w, b), (W,), (TW,), (w,), (tw,))}
+    for what, (f, fr, p, t, pr, tr) in cases.items():
+        y, ty = jax.jit(lambda p, t: jax.jvp(f, p, t))(p, t)
+        with jax.default_device(jax.devices("cpu")[0]):
+            wy, wt = jax.jvp(fr, tuple(map(jnp.asarray, pr)), tuple(map(jnp.asarray, tr)))
+        assert rel_err(y, np.asarray(wy, np.float64)) < 1e-5, f"seed={seed}: {what}: value"
+        assert rel_err(ty, np.asarray(wt, np.float64)) < 1e-4, f"seed={seed}: {what}: tangent"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 def test_flax_layers_equal_activation_of_dense(platform, dtype):
     """SparseDense(activation=...) == act(nn.Dense(x)) with the same params, padding
