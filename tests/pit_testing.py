@@ -109,6 +109,16 @@ def live_tiles(x: np.ndarray, tile) -> np.ndarray:
     return nz.reshape(*lead, tr, h, tc, w).any(axis=(-3, -1))
 
 
+def listed_rows(index, rows: int) -> np.ndarray:
+    """bool [rows]: the rows a row index (micro-tile (1, ...)) lists within its capacity,
+    i.e. its first min(count, capacity) slots (a list too short for every live row drops
+    the rest)."""
+    tiles = np.asarray(index.tiles)
+    listed = np.zeros(rows, bool)
+    listed[tiles[:min(int(index.count), tiles.shape[-1])]] = True
+    return listed
+
+
 def check_list(slots: np.ndarray, count: int, expected: np.ndarray, what: str, capacity: int | None = None,
                universe: int | None = None):
     """`slots[:count]` is exactly the set `expected` (any order, no duplicates); the rest is

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from pit_testing import PLATFORMS, check_close, f64, fresh_rng, put, randn
+from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, put, randn
 
 import pit_jax
 
@@ -100,9 +100,7 @@ def test_capacity_below_the_row_blocks(platform, capacity):
     live = row_mask(rng, (), m, 1, 0.5)
     idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
     y = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, idx, residual=r))(*put(platform, x, res))
-    listed = np.zeros(m, bool)
-    tiles, n = np.asarray(idx.tiles), min(int(idx.count), capacity)
-    listed[tiles[:n]] = True
+    listed = listed_rows(idx, m)
     assert (listed <= live).all()
     check_close(y, ln64(x, scale, offset, listed, res), jnp.float32, f"seed={seed}")
 
@@ -189,9 +187,7 @@ def test_backward_capacity_below_the_row_blocks(platform, capacity):
     idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
     f = jax.jit(lambda a, s, o: jax.vjp(lambda a, s, o: pit_jax.layer_norm(a, s, o, idx, residual=res), a, s, o)[1](dy))
     dx, dscale, doffset = f(*put(platform, x, scale, offset))
-    listed = np.zeros(m, bool)
-    tiles, n = np.asarray(idx.tiles), min(int(idx.count), capacity)
-    listed[tiles[:n]] = True
+    listed = listed_rows(idx, m)
     want_h, want_s, want_o, _ = ln64_bwd(x, scale, listed, dy, res)
     check_close(dx, want_h, jnp.float32, f"seed={seed} dx")
     check_close(dscale, want_s, jnp.float32, f"seed={seed} dscale")

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, put, randn
+from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, put, randn
 
 import pit_jax
 from pit_jax.primitives.row_activation import row_activation
@@ -86,8 +86,7 @@ def test_capacity_below_the_row_blocks(platform, capacity):
     z, fill, live = case(rng, (), 40, 24, 1, 0.5, jnp.float32)
     dy = randn(rng, z.shape, jnp.float32)
     idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
-    listed = np.zeros(40, bool)
-    listed[np.asarray(idx.tiles)[:min(int(idx.count), capacity)]] = True
+    listed = listed_rows(idx, 40)
     f = jax.jit(lambda z, fill: jax.vjp(lambda z, f: apply(z, f, live, 1, "gelu", capacity), z, fill))
     y, vjp = f(*put(platform, z, fill))
     dz, dfill = vjp(put(platform, dy))
