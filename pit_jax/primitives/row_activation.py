@@ -32,7 +32,7 @@ from jax.interpreters import ad, batching, xla
 from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
-from pit_jax.primitives.row_layer_norm import _rows
+from pit_jax.primitives.row_layer_norm import _mapped_to_front, _rows
 
 row_activation_p = Primitive("pit_row_activation")
 row_activation_lin_p = Primitive("pit_row_activation_lin")
@@ -103,16 +103,9 @@ def _jvp(primals, tangents, **params):
 
 
 def _batch(args, dims, **params):
-    z, fill, tiles, count = args
-    dz, dfill, dtiles, dcount = dims
-    if dfill is not None:
+    if dims[1] is not None:  # a mapped fill: the jnp expression
         return jax.vmap(functools.partial(reference, **params), in_axes=tuple(dims))(*args), 0
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-
-    def front(a, d):
-        return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
-
-    return row_activation_p.bind(front(z, dz), fill, front(tiles, dtiles), front(count, dcount), **params), 0
+    return row_activation_p.bind(*_mapped_to_front(args, dims, batched=(0, 2, 3)), **params), 0  # z, tiles, count
 
 
 # -- the tangent map and its transpose -----------------------------------------------------
@@ -207,12 +200,7 @@ def _bwd_jvp(primals, tangents, **params):
 
 
 def _bwd_batch(args, dims, **params):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-
-    def front(a, d):
-        return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
-
-    return row_activation_bwd_p.bind(*(front(a, d) for a, d in zip(args, dims)), **params), 0
+    return row_activation_bwd_p.bind(*_mapped_to_front(args, dims, batched=range(4)), **params), 0
 
 
 row_activation_p.def_impl(lambda *args, **params: xla.apply_primitive(row_activation_p, *args, **params))

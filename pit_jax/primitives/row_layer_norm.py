@@ -247,18 +247,18 @@ def _bwd_jvp(primals, tangents, **params):
 def _bwd_batch(args, dims, **params):
     if any(d is not None for d in dims[2:4]):  # a mapped bias or scale: the jnp expression
         return jax.vmap(functools.partial(bwd_reference, **params), in_axes=tuple(dims))(*args), [0, 0, 0]
-    args = _mapped_to_front(args, dims, batched=(0, 1, 4, 5, 6))  # x, residual, tiles, count, dy
+    args = _mapped_to_front(args, dims, batched=(0, 1, 4, 5, 6), optional=(1,))  # x, residual, tiles, count, dy
     return row_layer_norm_bwd_p.bind(*args, **params), [0, 0, 0]
 
 
-def _mapped_to_front(args, dims, *, batched):
+def _mapped_to_front(args, dims, *, batched, optional=()):
     """The operands with vmap's axis as one more leading batch dim of those at the
-    positions `batched` (broadcast where unmapped); an absent residual (position 1, [0])
-    stays absent."""
+    positions `batched` (broadcast where unmapped); an absent operand at a position in
+    `optional` (empty, unmapped: the layer norm's residual) stays absent."""
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
     def front(i, a, d):
-        if i not in batched or (i == 1 and not a.size and d is None):
+        if i not in batched or (i in optional and not a.size and d is None):
             return a
         return jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
 
@@ -268,7 +268,7 @@ def _mapped_to_front(args, dims, *, batched):
 def _batch(args, dims, **params):
     if any(d is not None for d in dims[2:5]):  # a mapped bias, scale or offset: the jnp expression
         return jax.vmap(functools.partial(reference, **params), in_axes=tuple(dims))(*args), 0
-    args = _mapped_to_front(args, dims, batched=(0, 1, 5, 6))  # x, residual, tiles, count
+    args = _mapped_to_front(args, dims, batched=(0, 1, 5, 6), optional=(1,))  # x, residual, tiles, count
     return row_layer_norm_p.bind(*args, **params), 0
 
 
