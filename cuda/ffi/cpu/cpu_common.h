@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/common/matmul_params.h"
+#include "cuda/common/row_blocks.h"
 #include "cuda/ffi/ffi_common.h"
 
 namespace pit {
@@ -224,6 +225,21 @@ inline void UpdateRows(int rows, const float* const* l, float* const* out, const
 inline int64_t LiveCount(int32_t count, int64_t capacity) {
   if (count <= 0) return 0;
   return count < capacity ? count : capacity;
+}
+
+// Calls f(b, off) for every row of the row blocks listed for each batch entry b, in list
+// order (off: the row's first element); slots past the count and ids out of range are
+// skipped. The row-wise targets' walk (cuda/common/row_blocks.h).
+template <class F>
+void ForListedRows(const RowBlocks& p, F&& f) {
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t live = LiveCount(p.count[b], p.capacity);
+    for (int64_t s = 0; s < live; ++s) {
+      const int64_t id = p.tiles[b * p.capacity + s];
+      if (id < 0 || id >= p.tile_rows) continue;  // not a row block of the matrix
+      for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) f(b, (b * p.rows + r) * p.cols);
+    }
+  }
 }
 
 // memset that accepts the null data of an empty buffer.

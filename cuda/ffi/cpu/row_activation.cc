@@ -11,17 +11,6 @@
 namespace pit {
 namespace {
 
-// Calls f(row) for every row of the listed row blocks of batch entry b (global row ids).
-template <class F>
-void ForListedRows(const RowActivationParams& p, int64_t b, F&& f) {
-  const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
-  for (int64_t s = 0; s < live; ++s) {
-    const int64_t id = p.tiles[b * p.capacity + s];
-    if (id < 0 || id >= p.tile_rows) continue;  // not a row block of z
-    for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) f(b * p.rows + r);
-  }
-}
-
 void RowActivation(const RowActivationParams& p) {
   const int64_t n = p.cols;
   std::vector<float> v(n);
@@ -31,25 +20,23 @@ void RowActivation(const RowActivationParams& p) {
     std::fill(v.begin(), v.end(), 0.f);
   }
   for (int64_t row = 0; row < p.batch * p.rows; ++row) cpu::StoreRow(p.dtype, v.data(), n, p.out, row * n);
-  for (int64_t b = 0; b < p.batch; ++b)
-    ForListedRows(p, b, [&](int64_t row) {
-      cpu::LoadRow(p.dtype, p.z, row * n, n, v.data());
-      for (float& e : v) e = cpu::Activate(e, p.act);
-      cpu::StoreRow(p.dtype, v.data(), n, p.out, row * n);
-    });
+  cpu::ForListedRows(p, [&](int64_t, int64_t off) {
+    cpu::LoadRow(p.dtype, p.z, off, n, v.data());
+    for (float& e : v) e = cpu::Activate(e, p.act);
+    cpu::StoreRow(p.dtype, v.data(), n, p.out, off);
+  });
 }
 
 void RowActivationBwd(const RowActivationParams& p) {
   const int64_t n = p.cols;
   cpu::Zero(p.out, p.batch * p.rows * n * DTypeBytes(p.dtype));
   std::vector<float> v(n), g(n);
-  for (int64_t b = 0; b < p.batch; ++b)
-    ForListedRows(p, b, [&](int64_t row) {
-      cpu::LoadRow(p.dtype, p.z, row * n, n, v.data());
-      cpu::LoadRow(p.dtype, p.dy, row * n, n, g.data());
-      for (int64_t c = 0; c < n; ++c) v[c] = g[c] * cpu::ActivateGrad(v[c], p.act);
-      cpu::StoreRow(p.dtype, v.data(), n, p.out, row * n);
-    });
+  cpu::ForListedRows(p, [&](int64_t, int64_t off) {
+    cpu::LoadRow(p.dtype, p.z, off, n, v.data());
+    cpu::LoadRow(p.dtype, p.dy, off, n, g.data());
+    for (int64_t c = 0; c < n; ++c) v[c] = g[c] * cpu::ActivateGrad(v[c], p.act);
+    cpu::StoreRow(p.dtype, v.data(), n, p.out, off);
+  });
 }
 
 ffi::Error RowActivationCpu(ffi::AnyBuffer z, ffi::AnyBuffer fill, S32Buffer tiles, S32Buffer count,

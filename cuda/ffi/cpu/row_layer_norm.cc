@@ -12,20 +12,6 @@
 namespace pit {
 namespace {
 
-// Calls f(b, off) for every row of the listed row blocks of each batch entry b (off: the
-// row's first element).
-template <class F>
-void ForListedRows(const RowLayerNormParams& p, F&& f) {
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t live = cpu::LiveCount(p.count[b], p.capacity);
-    for (int64_t s = 0; s < live; ++s) {
-      const int64_t id = p.tiles[b * p.capacity + s];
-      if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
-      for (int64_t r = id * p.tile_h; r < std::min((id + 1) * p.tile_h, p.rows); ++r) f(b, (b * p.rows + r) * p.cols);
-    }
-  }
-}
-
 struct Stats {
   float mean, rstd;
 };
@@ -49,7 +35,7 @@ Stats LoadRowSum(const RowLayerNormParams& p, int64_t off, std::vector<float>& h
 void RowLayerNorm(const RowLayerNormParams& p) {
   cpu::Zero(p.y, p.batch * p.rows * p.cols * DTypeBytes(p.dtype));  // dead rows
   std::vector<float> h(p.cols), t(p.cols);
-  ForListedRows(p, [&](int64_t, int64_t off) {
+  cpu::ForListedRows(p, [&](int64_t, int64_t off) {
     const Stats st = LoadRowSum(p, off, h, t);
     for (int64_t c = 0; c < p.cols; ++c) h[c] = (h[c] - st.mean) * (st.rstd * p.scale[c]) + p.offset[c];
     cpu::StoreRow(p.dtype, h.data(), p.cols, p.y, off);
@@ -66,7 +52,7 @@ void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
   cpu::Zero(q.work, p.batch * q.warps * 3 * n * 4);  // the kernel's per-warp partials: unused here
   std::fill(q.dvec, q.dvec + p.batch * 3 * n, 0.f);
   std::vector<float> h(n), t(n), g(n);
-  ForListedRows(p, [&](int64_t b, int64_t off) {
+  cpu::ForListedRows(p, [&](int64_t b, int64_t off) {
     float* dvec = q.dvec + b * 3 * n;
     const Stats st = LoadRowSum(p, off, h, t);
     cpu::LoadRow(p.dtype, q.dy, off, n, g.data());
