@@ -8,7 +8,11 @@
 // Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 //        --no-time (skip timing), --only=v1,v2 (just these kernel variants, see kVariants),
 //        --case=TEXT (just the cases whose name contains TEXT),
-//        --time-epi=bias|dead|both (timing only: an epilogue bias and/or dead-row value).
+//        --time-epi=bias|dead|both (timing only: an epilogue bias and/or dead-row value),
+//        --launches=N (timing: N back-to-back launches per event pair, the median per launch:
+//        small kernels without the launch latency, as in a CUDA graph; default 1),
+//        --graph (timing: those N launches captured once in a CUDA graph and the graph
+//        replayed, so the host's launch cost is out of the time, as in XLA's command buffers).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -157,12 +161,57 @@ static const Variant kVariants[] = {
     // diagnostics (timed only; wrong results): no zero-fill, no epilogue stores, no A / B loads
     {"c2.noZero", 2, 3, 5, 0, false, 16, true},   {"c2.noStore", 2, 3, 5, 0, false, 8, true},
     {"c2.noAB", 2, 3, 5, 0, false, 3, true},      {"c2.noA", 2, 3, 5, 0, false, 1, true},
+    {"c2.empty", 2, 3, 5, 0, false, 32, true},    {"c1.empty", 1, 3, 5, 0, false, 32, true},
+    {"c1.noZero", 1, 3, 5, 0, false, 16, true},
 };
 
 
 static std::vector<std::string> g_only;  // --only=a,b,c: run just these variants
 static std::string g_case;               // --case=TEXT: run just the cases whose name contains TEXT
 static int g_time_epi = 0;               // --time-epi: 1 bias, 2 dead-row value, 3 both (timing only)
+static int g_launches = 1;               // --launches=N: launches per timed event pair
+static bool g_graph = false;             // --graph: time replays of a captured graph of the launches
+
+// Median ms per launch of `launch` (returns true on success): 30 timed repeats of
+// g_launches launches after 5 warm-up repeats; with g_graph, replays of one captured graph.
+template <typename F>
+double TimeLaunches(F launch, cudaStream_t stream, float* lo = nullptr, float* hi = nullptr) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  cudaGraphExec_t exec = nullptr;
+  bool ok = true;
+  if (g_graph) {
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < g_launches && ok; ++l) ok = launch();
+    CK(cudaStreamEndCapture(stream, &graph));
+    if (ok) CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphDestroy(graph));
+  }
+  std::vector<float> v;
+  for (int it = 0; it < 35 && ok; ++it) {
+    CK(cudaEventRecord(e0, stream));
+    if (exec) {
+      CK(cudaGraphLaunch(exec, stream));
+    } else {
+      for (int l = 0; l < g_launches && ok; ++l) ok = launch();
+    }
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= 5) v.push_back(ms / g_launches);
+  }
+  if (exec) CK(cudaGraphExecDestroy(exec));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  if (!ok || v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  if (lo) *lo = v.front();
+  if (hi) *hi = v.back();
+  return v[v.size() / 2];
+}
 bool Selected(const Variant& v) {
   if (g_only.empty()) return true;
   for (auto& n : g_only)
@@ -182,11 +231,6 @@ struct TimingRow {
   std::vector<std::pair<std::string, double>> ours;  // variant -> median ms
 };
 static std::vector<TimingRow> g_rows;
-
-float MedianMs(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 cudaDataType BlasType(DType t) {
   return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
@@ -359,9 +403,6 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
 
   // ---- timing: each variant vs cuBLAS on the compacted live rows ----
   if (do_time && cs.time) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     // The epilogue's cost (timing only: the check above ran without it).
     void* dEpi = nullptr;
     if (g_time_epi) {
@@ -379,22 +420,10 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
       for (auto* r : runnable) ok_to_time |= r == &v;
       if (v.diag & ~4) ok_to_time = cs.dtype == DType::kBF16 && !cs.trans_b;
       if (!ok_to_time || !Selected(v)) continue;
-      std::vector<float> ms_v;
-      bool ok = true;
-      for (int it = 0; it < 35 && ok; ++it) {
-        CK(cudaEventRecord(e0, stream));
-        ok = LaunchV(v, p, tl, stream) == cudaSuccess;
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 5) ms_v.push_back(ms);
-      }
-      if (!ok || ms_v.empty()) continue;
-      const double med = MedianMs(ms_v);
-      std::sort(ms_v.begin(), ms_v.end());
-      printf("       %-30s %-16s median %.4f ms (min %.4f, max %.4f)\n", cs.name.c_str(), v.name, med, ms_v.front(),
-             ms_v.back());
+      float lo = 0, hi = 0;
+      const double med = TimeLaunches([&] { return LaunchV(v, p, tl, stream) == cudaSuccess; }, stream, &lo, &hi);
+      if (med < 0) continue;
+      printf("       %-30s %-16s median %.4f ms (min %.4f, max %.4f)\n", cs.name.c_str(), v.name, med, lo, hi);
       row.ours.push_back({v.name, med});
     }
     double oracle_ms = -1;
@@ -414,26 +443,13 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
                           dB, dt, cs.trans_b ? (int)K : (int)N, dAc, dt, (int)K, &beta, dCc, dt, (int)N, compute,
                           blas::kAlgoDefault);
       };
-      std::vector<float> oracle;
-      bool blas_ok = true;
-      for (int it = 0; it < 35 && blas_ok; ++it) {
-        CK(cudaEventRecord(e0, stream));
-        blas_ok = call() == 0;
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 5) oracle.push_back(ms);
-      }
-      if (blas_ok) oracle_ms = MedianMs(oracle);
+      oracle_ms = TimeLaunches([&] { return call() == 0; }, stream);
       printf("       %-30s %-16s median %.4f ms\n", cs.name.c_str(), "cuBLAS oracle", oracle_ms);
       CK(cudaFree(dAc));
       CK(cudaFree(dCc));
     }
     row.oracle_ms = oracle_ms;
     g_rows.push_back(row);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
     if (dEpi) CK(cudaFree(dEpi));
   }
   for (int b = 0; b < cs.batch; ++b) {
@@ -552,6 +568,8 @@ int main(int argc, char** argv) {
       g_time_epi = e == "bias" ? 1 : e == "dead" ? 2 : e == "both" ? 3 : 0;
     }
     if (!strncmp(argv[i], "--only=", 7)) SplitCommaList(argv[i] + 7, g_only);
+    if (!strncmp(argv[i], "--launches=", 11)) g_launches = std::max(1, atoi(argv[i] + 11));
+    if (!strcmp(argv[i], "--graph")) g_graph = true;
   }
   bool have_blas = false;
   cudaStream_t s = StartBench(small, &have_blas);
@@ -612,6 +630,16 @@ int main(int argc, char** argv) {
         add({name, DType::kBF16, 4096, nk.first, nk.second, 1, 1, 1, 1, 1, tb, 0.27, true});
       }
     add({"bert 2304x768 parts3", DType::kBF16, 4096, 2304, 768, 1, 1, 1, 1, 1, false, 0.27, true, 3});
+    // Fixed cost against reduction length at BERT batch 32's live rows (27 % of 4096).
+    for (int n : {768, 2304})
+      for (int k : {64, 192, 384, 768, 1536, 3072}) {
+        char name[64];
+        snprintf(name, sizeof name, "sweep N%d K%d", n, k);
+        add({name, DType::kBF16, 4096, n, k, 1, 1, 1, 1, 1, false, 0.27, true});
+      }
+    // The same products at full density (4096 rows: the single-CTA form's static bound).
+    add({"sweep full N3072 K768", DType::kBF16, 4096, 3072, 768, 1, 1, 1, 1, 1, false, 1.0, true});
+    add({"sweep full N768 K3072", DType::kBF16, 4096, 768, 3072, 1, 1, 1, 1, 1, false, 1.0, true});
   }
   CheckNotSupported(s);
   for (auto& c : cases)
