@@ -489,16 +489,15 @@ __global__ void __launch_bounds__(kW3Threads, 1)
       const int ct = tid - 128;
       const int cwg = ct >> 7, cwarp = (ct >> 5) & 3, cl = ct & 31;
       char* dw_t = g.dw + static_cast<int64_t>(c) * g.dw_batch_bytes + static_cast<int64_t>(e) * g.D * g.F * 2;
-      for (int p = rank; p < 64; p += S) {
+      sm90_rg::SumPairs(base, ct, rank, S, 0, [&](int p, float2 sum) {  // ranks 0..S-1 in order
         // acc[2p], acc[2p+1] = acc[4j + 2h + {0,1}]: row lane/4 + 8h, columns 8j + 2(lane%4) + {0,1}.
         const int j = p >> 1, h = p & 1;
         const int row = d0 + cwg * 64 + cwarp * 16 + (cl >> 2) + 8 * h;
         const int col = f0 + 8 * j + 2 * (cl & 3);
-        const float2 sum = sm90_rg::SumPartials(base, ct, p, 0, S);  // ranks 0..S-1 in order
         if (row < g.D && col < g.F)
           *reinterpret_cast<uint32_t*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) =
               sm90_rg::Pack2<kKind>(sum.x, sum.y);
-      }
+      });
     }
     // ... and no CTA leaves while a peer may still read its shared memory.
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");

@@ -31,7 +31,7 @@ struct Variant {
   int diag = 0;        // timing experiments only
   bool epi_in_a = false;  // epilogue staging in the freed A stage (consumer gather only)
   bool split_k = false;   // the cluster splits K instead of M (no multicast; batch 1)
-  bool auto_split = false;  // take kSplit where the static tile space is small (see LaunchImpl)
+  bool auto_split = false;  // take kSplit or kSingle where the static tile space is small (see LaunchImpl)
 };
 
 // The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA
@@ -48,6 +48,12 @@ constexpr Variant kDefault{2, 3, 5, 0, false, 0, true, false, true};
 constexpr Variant kSplit{4, 3, 5, 0, false, 0, true, true, false};
 constexpr int kSplitTilesPerSm = 2;
 constexpr int kSplitMinKBlocks = 32;
+// Other small problems (at most kSingleTilesPerSm static tiles per SM): the default's CTAs
+// alone, without clusters. A cluster launch and its barriers cost ~1 us per call (an empty
+// kernel: 2.4 us in 2-CTA clusters, 1.2 us alone), more than the multicast saves on a
+// round or two of tiles (BERT batch 32's products: 0.7-1.0 us faster each, H100).
+constexpr Variant kSingle{1, 3, 5, 0, false, 0, true, false, false};
+constexpr int kSingleTilesPerSm = 4;
 
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
 cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in, int sms, cudaStream_t stream) {
@@ -104,10 +110,14 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
   if (g.part_n > 0) {
     if constexpr (kKind != sm90_rg::kTf32)
       if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, sm90_rg::kOutParts>(v, mb, g, sms, s);
+    if constexpr (kKind != sm90_rg::kTf32)
+      if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, sm90_rg::kOutParts>(v, mb, g, sms, s);
     return cudaErrorNotSupported;
   }
-  // The default configuration and the split-K one, for every type and layout.
+  // The default configuration (clustered, and alone for small problems) and the split-K
+  // one, for every type and layout.
   if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
+  if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
   if (is(4, 3, 5, 0, 0, true, true))
     return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
 #ifdef PIT_RG_EXPERIMENTS
@@ -125,7 +135,6 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
     if (is(1, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
     if (is(1, 3, 4, 0, 0, false)) return Launch<Config<3, 4, 0>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
     if (is(1, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
     if (is(2, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
     if (is(4, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
     if (is(4, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
@@ -138,6 +147,12 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
         return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA | kDiagNoB>(v, mb, g, sms, s);
       if (is(2, 3, 5, 0, kDiagNoA, true))
         return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA>(v, mb, g, sms, s);
+      if (is(2, 3, 5, 0, kDiagEmpty, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagEmpty>(v, mb, g, sms, s);
+      if (is(1, 3, 5, 0, kDiagEmpty, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagEmpty>(v, mb, g, sms, s);
+      if (is(1, 3, 5, 0, kDiagNoZero, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagNoZero>(v, mb, g, sms, s);
     }
   }
 #endif
@@ -214,9 +229,12 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
     g.out_row_bytes = int64_t{g.part_n} * es;
     for (int i = 0; i < p.c_parts; ++i) g.c_part[i] = static_cast<char*>(p.c_part[i]);
   }
+  const int64_t static_tiles = p.batch * int64_t{g.m_tiles} * g.n_tiles;
   if (v.auto_split && !parts && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
-      int64_t{g.m_tiles} * g.n_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
+      static_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
     v = kSplit;
+  else if (v.auto_split && static_tiles <= int64_t{kSingleTilesPerSm} * dev->sms)
+    v = kSingle;
   if (v.split_k && p.batch != 1) return kNo;
   const int m_cluster = v.split_k ? 1 : v.cluster;  // row tiles per work item
   g.m_groups = (g.m_tiles + m_cluster - 1) / m_cluster;

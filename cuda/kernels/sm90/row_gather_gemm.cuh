@@ -4,7 +4,9 @@
 //   C[b, r, :] = A[b, r, :] @ op(B[b'])   for the rows r of the listed row blocks,
 //   C[b, r, :] = 0                        for the rows of the dead blocks (list tail).
 //
-// The configuration LaunchRowGatherGemmSm90 uses (Config<3, 5, 0, true>, 2-CTA clusters):
+// The configuration LaunchRowGatherGemmSm90 uses (Config<3, 5, 0, true>, 2-CTA clusters;
+// single CTAs when the static tile space is small, where the cluster launch costs more
+// than the multicast saves):
 // persistent, one CTA per SM, 384 threads = 3 warpgroups; a tile is 128 gathered rows x
 // 256 columns, K in steps of 128 bytes (64 bf16/f16 or 32 f32).
 //   WG0 (producer, 40 registers after setmaxnreg):
@@ -100,7 +102,7 @@ struct Config {
 };
 
 // Diagnostic switches (timing experiments only; results are wrong when set).
-enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8, kDiagNoZero = 16 };
+enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8, kDiagNoZero = 16, kDiagEmpty = 32 };
 // Not a diagnostic, but carried in the same template flags: C as column parts
 // (Args::part_n > 0), compiled for the default configuration only.
 constexpr int kOutParts = 64;
@@ -666,19 +668,50 @@ __device__ __forceinline__ void StorePartials(uint32_t base, int ct, const float
                  : "memory");
 }
 
-// Pair p of thread ct summed over the partials of cluster ranks first, first + 1, ...,
-// first + n - 1, in that order (DSMEM reads: a fixed summation order, deterministic).
-__device__ __forceinline__ float2 SumPartials(uint32_t base, int ct, int p, int first, int n) {
-  const uint32_t local = base + (p * 256 + ct) * 8;
-  float x = 0.f, y = 0.f;
-  for (int s = 0; s < n; ++s) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(first + s));
-    float px, py;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "r"(remote) : "memory");
-    x += px, y += py;
+// The pairs p = rank, rank + S, ... (< 64) of consumer thread ct, each summed over the
+// partials of cluster ranks first, first + 1, ..., first + S - 1 in that order (DSMEM
+// reads: a fixed summation order, deterministic), handed to f(p, sum). The reads of
+// several pairs are issued before any is summed (8 in flight; 16 spilled registers in the
+// split-K kernels): one pair at a time, each pair waited a whole DSMEM round trip.
+template <int S, class F>
+__device__ __forceinline__ void SumPairsOf(uint32_t base, int ct, int rank, int first, F&& f) {
+  constexpr int kBatch = S >= 8 ? 1 : 8 / S;  // pairs per batch
+  constexpr int kPairs = 64 / S;                // pairs of this rank
+  static_assert(64 % S == 0 && kPairs % kBatch == 0, "S in {1, 2, 4, 8}");
+  uint32_t remote[S];  // rank first + s's view of this thread's pair 0
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote[s]) : "r"(base + ct * 8), "r"(first + s));
+#pragma unroll 1
+  for (int i0 = 0; i0 < kPairs; i0 += kBatch) {
+    float px[kBatch][S], py[kBatch][S];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+        asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(px[i][s]), "=f"(py[i][s])
+                     : "r"(remote[s] + (rank + S * (i0 + i)) * 256 * 8)
+                     : "memory");
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      float x = 0.f, y = 0.f;
+#pragma unroll
+      for (int s = 0; s < S; ++s) x += px[i][s], y += py[i][s];
+      f(rank + S * (i0 + i), make_float2(x, y));
+    }
   }
-  return make_float2(x, y);
+}
+
+// The same for a runtime S of 1, 2, 4 or 8.
+template <class F>
+__device__ __forceinline__ void SumPairs(uint32_t base, int ct, int rank, int S, int first, F&& f) {
+  switch (S) {
+    case 1: SumPairsOf<1>(base, ct, rank, first, f); break;
+    case 2: SumPairsOf<2>(base, ct, rank, first, f); break;
+    case 4: SumPairsOf<4>(base, ct, rank, first, f); break;
+    default: SumPairsOf<8>(base, ct, rank, first, f); break;
+  }
 }
 
 // Consumer-side gather of A (Config kGatherWarps == 0). Each consumer thread owns
@@ -982,12 +1015,11 @@ template <int kKind, int kAct>
 __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, uint32_t base, int ct, int rank,
                                             int S, int group_base) {
   const int lane = ct & 31;
-  for (int p = rank; p < 64; p += S) {
+  auto store = [&](int p, float2 sum) {
     // acc[2p], acc[2p+1] = acc[4j + 2h + {0,1}]: fragment row lane/4 + 8h, columns 8j + 2(lane%4) + {0,1}.
     const int j = p >> 1, h = p & 1;
-    const float2 sum = SumPartials(base, ct, p, group_base, S);
     const int row = h ? st.row8 : st.row0, col = st.n0 + 8 * j + 2 * (lane & 3);
-    if (row < 0 || col >= g.N) continue;
+    if (row < 0 || col >= g.N) return;
     float x = sum.x, y = sum.y;
     if constexpr (kAct >= 0) {
       if (g.epi.bias) {  // the pair's two biases (col even, N % 8 == 0: aligned)
@@ -1007,6 +1039,11 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
     } else {
       *reinterpret_cast<uint32_t*>(dst + static_cast<int64_t>(col) * 2) = Pack2<kKind>(x, y);
     }
+  };
+  if (S == 2) {  // SplitOf: 2 or 4 here (S = 1 does not reduce)
+    SumPairsOf<2>(base, ct, rank, group_base, store);
+  } else {
+    SumPairsOf<4>(base, ct, rank, group_base, store);
   }
 }
 
@@ -1047,6 +1084,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     __syncthreads();
   } else {
     ClusterSync();  // the peers' barriers are initialized before any multicast or remote arrive
+  }
+  if constexpr (kDiag & kDiagEmpty) {  // the launch and set-up alone
+    if constexpr (kCluster > 1) ClusterSync();
+    return;
   }
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
