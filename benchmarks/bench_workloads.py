@@ -37,9 +37,10 @@ Variants (`impl`):
 Each variant is compiled ONCE (`jit(...).lower(...).compile()`): the memory numbers are
 that executable's XLA memory plan (arguments + outputs + temporaries, `mem_mb`), and the
 timing is of that executable called back to back (median of `reps` runs of ~20 ms each;
-the weights of these models overflow L2, so there is no rotation); prune times each
-case's variants in interleaved rounds (`Suite.run_interleaved`: its step is host-bound
-and drifted by 10-30 % within one sequential run on the H100). `peak_mb` is the
+the weights of these models overflow L2, so there is no rotation); bert and prune time
+each case's variants in interleaved rounds (`Suite.run_interleaved`: a host-bound step
+drifted by 10-30 % within one sequential run on the H100, and BERT's training step
+read 7.2 and 8.2 ms in two runs whose kernel time differed by 0.15 ms). `peak_mb` is the
 device allocator's process-wide peak after the variant ran (never reset: it only grows;
 read it as an upper bound). Outputs of pit are checked against dense (valid tokens) /
 dense_masked (prune) in the same run. JSON and a PNG are (re)written after every case.
@@ -298,26 +299,36 @@ def bert_case(suite, workload, small):
     # mixed precision); "infer_bf16w": the weight matrices (kernels, embeddings) stored in
     # bf16 once, as a server holds them, with biases and norm parameters left in float32.
     for mode, p_in in (("infer", params), ("infer_bf16w", bf16_weights(params))):
-        ref = None
-        for impl in ("dense", "dense_cudnn", "pit"):
-            m = models[impl]
-            chk = None if ref is None else _check_rows(tol, ref, valid)
-            out = suite.run(dict(base, mode=mode), impl, lambda p, t, ln, m=m: m.apply(p, t, ln)[1],
-                            (p_in, tokens, lengths), chk)
-            if impl == "dense" and out is not None:
-                ref = out
-    ref_loss = None
+        store, check = _reference_check(lambda ref: _check_rows(tol, ref, valid))
+        suite.run_interleaved(dict(base, mode=mode), [
+            (impl, lambda p, t, ln, m=models[impl]: m.apply(p, t, ln)[1], (p_in, tokens, lengths),
+             store if impl == "dense" else check) for impl in ("dense", "dense_cudnn", "pit")])
     # Training: "pit" is the inference model (live-row norms, whose gradient runs the
     # backward target on the valid rows); "pit_xla_norm" keeps XLA's residual adds and
     # layer norms over every row, for comparison.
     models["pit_xla_norm"] = bert.BertClassifier(cfg, "pit", attn, live_norm=False)
-    for impl in ("dense", "dense_cudnn", "pit", "pit_xla_norm"):
-        step = _train_step(functools.partial(bert.loss_fn, models[impl]), tx)
-        out = suite.run(dict(base, mode="train"), impl, step, (params, opt_state, tokens, lengths, labels),
-                        _check_loss(tol, ref_loss))
-        if impl == "dense" and out is not None:
-            ref_loss = float(out[2])
-        del out
+    store, check = _reference_check(lambda ref: _check_loss(tol, float(ref[2])))
+    suite.run_interleaved(dict(base, mode="train"), [
+        (impl, _train_step(functools.partial(bert.loss_fn, models[impl]), tx),
+         (params, opt_state, tokens, lengths, labels), store if impl == "dense" else check)
+        for impl in ("dense", "dense_cudnn", "pit", "pit_xla_norm")])
+
+
+def _reference_check(make_check):
+    """(store, check) for `Suite.run_interleaved`, which runs its variants' checks in
+    order after their first calls: `store` keeps the reference variant's output, `check`
+    compares a later variant's with it through make_check(reference) (nothing without a
+    reference: the reference failed)."""
+    ref = {}
+
+    def store(out):
+        ref["out"] = out
+        return {}
+
+    def check(out):
+        return make_check(ref["out"])(out) if "out" in ref else {}
+
+    return store, check
 
 
 def opt_case(suite, small):

@@ -81,3 +81,14 @@ def test_run_interleaved_rows(tmp_path):
     assert rows["pit"]["ok"] and "speedup_vs_dense" in rows["pit"] and "speedup_vs_alternative" in rows["pit"]
     assert "no such variant" in rows["bad"]["error"] and "median_ms" not in rows["bad"]
     assert os.path.exists(suite.path)
+
+
+def test_reference_check_compares_with_the_stored_output():
+    """_reference_check: run_interleaved runs checks in variant order, so the reference
+    variant's `store` comes first; without a stored reference `check` reports nothing."""
+    from benchmarks import bench_workloads
+
+    store, check = bench_workloads._reference_check(lambda ref: lambda out: {"ok": bool(abs(out - ref) < 0.5)})
+    assert check(1.0) == {}
+    assert store(1.0) == {}
+    assert check(1.2) == {"ok": True} and check(3.0) == {"ok": False}
