@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -65,7 +66,7 @@ def test_run_interleaved_rows(tmp_path):
 
     args = argparse.Namespace(out=str(tmp_path), only="prune", small=True, deadline_s=None, moe=None, verbose=False)
     suite = bench_workloads.Suite(args)
-    case = dict(workload="prune", label="toy", mode="train", alternative="twin")
+    case = dict(workload="prune", label="toy", mode="infer", alternative="twin")
     x = jnp.ones((64, 64))
 
     def broken(v):
@@ -92,3 +93,29 @@ def test_reference_check_compares_with_the_stored_output():
     assert check(1.0) == {}
     assert store(1.0) == {}
     assert check(1.2) == {"ok": True} and check(3.0) == {"ok": False}
+
+
+def test_training_rows_run_as_a_training_loop(tmp_path):
+    """Training rows: the step's p and s are donated and carried from call to call (the
+    first call on copies, so the caller's arrays stay valid), checks on the first output."""
+    import argparse
+
+    from benchmarks import bench_workloads
+
+    args = argparse.Namespace(out=str(tmp_path), only="bert", small=True, deadline_s=None, moe=None, verbose=False)
+    suite = bench_workloads.Suite(args)
+    p0, s0, x = jnp.zeros((8,)), jnp.zeros((), jnp.int32), jnp.ones((8,))
+
+    def step(p, s, x):
+        return p + x, s + 1, jnp.sum(p)
+
+    case = dict(workload="bert", label="toy", mode="train", alternative="dense")
+    out = suite.run(case, "dense", step, (p0, s0, x), lambda o: {"ok": bool(o[2] == 0.0)})
+    assert float(out[2]) == 0.0 and suite.rows[-1]["ok"] and suite.rows[-1]["median_ms"] > 0
+    assert float(jnp.sum(p0)) == 0.0 and int(s0) == 0  # the caller's state was not donated
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(p0, s0, x).compile()
+    call = bench_workloads.Caller(compiled, (p0, s0, x), chain=True)
+    for _ in range(3):
+        call()
+    assert int(call.state[1]) == 3 and float(call.state[0][0]) == 3.0 and int(s0) == 0
