@@ -51,7 +51,7 @@ constexpr int kSplitMinKBlocks = 32;
 // Other small problems (at most kSingleTilesPerSm static tiles per SM): the default's CTAs
 // alone, without clusters. A cluster launch and its barriers cost ~1 us per call (an empty
 // kernel: 2.4 us in 2-CTA clusters, 1.2 us alone), more than the multicast saves on a
-// round or two of tiles (BERT batch 32's products: 0.7-1.0 us faster each, H100).
+// round or two of tiles (BERT batch 32's products: 0.5-0.8 us faster each, H100).
 constexpr Variant kSingle{1, 3, 5, 0, false, 0, true, false, false};
 constexpr int kSingleTilesPerSm = 4;
 

@@ -671,8 +671,8 @@ __device__ __forceinline__ void StorePartials(uint32_t base, int ct, const float
 // The pairs p = rank, rank + S, ... (< 64) of consumer thread ct, each summed over the
 // partials of cluster ranks first, first + 1, ..., first + S - 1 in that order (DSMEM
 // reads: a fixed summation order, deterministic), handed to f(p, sum). The reads of
-// several pairs are issued before any is summed (8 in flight; 16 spilled registers in the
-// split-K kernels): one pair at a time, each pair waited a whole DSMEM round trip.
+// several pairs are issued before any is summed (8 in flight; with 16 the split-K kernels
+// spilled): one pair at a time, each pair waited a whole DSMEM round trip.
 template <int S, class F>
 __device__ __forceinline__ void SumPairsOf(uint32_t base, int ct, int rank, int first, F&& f) {
   constexpr int kBatch = S >= 8 ? 1 : 8 / S;  // pairs per batch
