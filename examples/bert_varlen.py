@@ -133,8 +133,8 @@ def main(argv=None):
                 print(f"  {name} inference failed: {type(e).__name__}: {e}", file=sys.stderr)
             bar.step(f"inference {name}")
             try:
-                train[name] = common.latency_ms(train_step(models[name]),
-                                                (params, opt_state, tokens, lengths, labels))["median_ms"]
+                train[name] = common.train_step_ms(train_step(models[name]),
+                                                   (params, opt_state, tokens, lengths, labels))["median_ms"]
             except Exception as e:  # noqa: BLE001
                 train[name] = None
                 print(f"  {name} fine-tuning step failed: {type(e).__name__}: {e}", file=sys.stderr)

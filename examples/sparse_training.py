@@ -207,7 +207,7 @@ def main(argv=None):
                 fn = steps_fns[name]
                 if name == "pit":
                     fn, plans[density] = pit_step_for(density, params)
-                return common.latency_ms(fn, (params, opt_state, *data, jnp.float32(density)))["median_ms"]
+                return common.train_step_ms(fn, (params, opt_state, *data, jnp.float32(density)))["median_ms"]
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the others
                 print(f"  {name} at density {density:g} failed: {type(e).__name__}: {e}", file=sys.stderr)
                 return None

@@ -344,3 +344,18 @@ def test_switch_token_agreement_tolerates_few_rerouted_tokens():
     assert r["ok"] and r["tokens_over_tol"] == 0.01 and r["max_rel_err"] == 0.5
     out[10:15] -= 0.5  # 6 % of the tokens off is arithmetic, not routing
     assert not switch.token_agreement(out, ref, 1e-1)["ok"]
+
+
+def test_train_step_ms_runs_a_training_loop():
+    """common.train_step_ms: the step's p and s are donated and chained (the first call on
+    copies: the caller's arrays stay valid and unchanged); a positive median."""
+    calls = []
+
+    def step(p, s, x):
+        calls.append(1)  # traced once
+        return p + x, s + 1, jnp.sum(p)
+
+    p0, s0, x = jnp.zeros((4,)), jnp.zeros((), jnp.int32), jnp.ones((4,))
+    r = common.train_step_ms(step, (p0, s0, x), reps=3)
+    assert r["median_ms"] > 0 and r["reps"] == 3 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+    assert float(jnp.sum(p0)) == 0.0 and int(s0) == 0 and len(calls) == 1

@@ -166,6 +166,36 @@ def latency_ms(fn: Callable, args: Sequence, *, reps=7, budget_s=None) -> dict:
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "reps": reps}
 
 
+def train_step_ms(step: Callable, args: Sequence, *, reps=7, budget_s=None) -> dict:
+    """Median ms of a training step `step(p, s, *batch) -> (p, s, ...)` run as a training
+    loop: p and s donated and carried from step to step (the first step on copies of
+    args', which stay valid). Called with the same arguments every time instead, XLA
+    updates its command buffers on every call, and on the H100 the PIT BERT step was
+    host-bound that way (docs/benchmarks.md, "Timing"). Not for the MoE step: with
+    queued donated steps it hung on the H100 (docs/workloads.md)."""
+    jf = jax.jit(step, donate_argnums=(0, 1))
+    state = [jax.tree_util.tree_map(jnp.copy, tuple(args[:2]))]
+    rest = tuple(args[2:])
+
+    def call():
+        out = jf(*state[0], *rest)
+        state[0] = tuple(out[:2])
+        return out
+
+    jax.block_until_ready(call())
+    bc = _benchmarks_common()
+    if bc is not None:
+        samples = bc.time_calls(call, reps=reps, target_s=0.02, budget_s=budget_s)["samples"]
+    else:
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
+            "reps": len(samples)}
+
+
 def compiled_memory(fn: Callable, args: Sequence) -> Optional[dict]:
     """XLA's memory plan of `fn` compiled alone (bytes): arguments, outputs, temporaries.
     Per executable and deterministic, unlike the process-wide peak counter."""
