@@ -70,29 +70,9 @@ from pit_models import bert, common as mcommon, opt, pruning, switch  # noqa: E4
 WORKLOADS = ("bert", "bert_long", "opt", "prune", "moe")
 
 
-class Caller:
-    """Calls a compiled variant. With `chain` (a training step step(p, s, *batch) -> (p, s,
-    ...) compiled with p and s donated) as a training loop does: each call on the previous
-    call's p and s, the first on copies of args' (which stay valid). Without, on `args`
-    every time. On the H100 the BERT batch-32 step dispatched in 6.5 ms per call (5.0-8.2)
-    with the same arguments every call, 3.5 ms chained and donated (XLA updates its
-    command buffers when the buffers change)."""
-
-    def __init__(self, compiled, args, chain=False):
-        self.compiled, self.args, self.chain = compiled, args, chain
-        self.state = jax.tree_util.tree_map(jnp.copy, tuple(args[:2])) if chain else None
-
-    def __call__(self):
-        if not self.chain:
-            return self.compiled(*self.args)
-        out = self.compiled(*self.state, *self.args[2:])
-        self.state = tuple(out[:2])
-        return out
-
-
 def time_compiled(call, *, reps=7, target_s=0.02, budget_s=20.0, min_calls=20):
-    """Median ms of one call of an already compiled executable (a Caller), called back to
-    back (common.time_calls)."""
+    """Median ms of `call()` (a compiled variant, see Suite._caller), called back to back
+    (common.time_calls)."""
     jax.block_until_ready(call())
     t = common.time_calls(call, reps=reps, target_s=target_s, budget_s=budget_s, min_calls=min_calls,
                           max_calls=200)
@@ -121,12 +101,12 @@ class Suite:
     def run(self, case, impl, fn, args, check=None):
         """Compiles fn(*args), records its memory plan, times it; returns its first output.
         Training rows (mode "train": fn a step (p, s, *batch) -> (p, s, ...)) run as a
-        training loop, p and s donated and carried from call to call (Caller)."""
+        training loop, p and s donated and carried from call to call (Suite._caller)."""
         row, compiled = self._compile(case, impl, fn, args)
         out = None
         if compiled is not None:
             try:
-                call = Caller(compiled, args, chain=self._chained(case))
+                call = self._caller(case, compiled, args)
                 out = call()
                 self._after(row, out, check)
                 row.update(time_compiled(call, budget_s=min(20.0, max(3.0, (self.left() or 60) / 4))))
@@ -148,7 +128,7 @@ class Suite:
             row, compiled = self._compile(case, impl, fn, args)
             if compiled is not None:
                 try:
-                    call = Caller(compiled, args, chain=self._chained(case))
+                    call = self._caller(case, compiled, args)
                     self._after(row, call(), check)
                     ready.append((row, call))
                     continue
@@ -167,9 +147,16 @@ class Suite:
             self.rows.append(row)
             self._print(row)
 
+    def _caller(self, case, compiled, args):
+        """How a variant is called: a training row as a training loop (mcommon.ChainedStep,
+        its p and s donated by _compile), anything else on `args` every time."""
+        if self._chained(case):
+            return mcommon.ChainedStep(compiled, args)
+        return lambda: compiled(*args)
+
     @staticmethod
     def _chained(case):
-        """Training rows run as a training loop (Caller's chain), except MoE's: its PIT
+        """Training rows run as a training loop (ChainedStep), except MoE's: its PIT
         step hung on the H100 once ~25-150 steps with donated state were queued without
         a host sync (blocking every 2 steps, or the same arguments every call, did not
         hang; docs/workloads.md), so its rows keep the same-argument calls."""

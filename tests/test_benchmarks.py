@@ -115,7 +115,7 @@ def test_training_rows_run_as_a_training_loop(tmp_path):
     assert float(jnp.sum(p0)) == 0.0 and int(s0) == 0  # the caller's state was not donated
 
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(p0, s0, x).compile()
-    call = bench_workloads.Caller(compiled, (p0, s0, x), chain=True)
+    call = bench_workloads.mcommon.ChainedStep(compiled, (p0, s0, x))
     for _ in range(3):
         call()
     assert int(call.state[1]) == 3 and float(call.state[0][0]) == 3.0 and int(s0) == 0

@@ -158,42 +158,51 @@ def latency_ms(fn: Callable, args: Sequence, *, reps=7, budget_s=None) -> dict:
         return {"median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"], "reps": t["reps"]}
     jf = jax.jit(fn)
     jax.block_until_ready(jf(*args))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(jf(*args))
-        samples.append((time.perf_counter() - t0) * 1e3)
+    samples = _blocked_samples(lambda: jf(*args), reps)
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "reps": reps}
+
+
+class ChainedStep:
+    """Calls a training step `step(p, s, *batch) -> (p, s, ...)` (jitted or compiled with p
+    and s donated) as a training loop does: each call on the previous call's p and s, the
+    first on copies of args' (which stay valid). Called with the same arguments every time
+    instead, XLA updates its command buffers on every call, and on the H100 the PIT BERT
+    step was host-bound that way: dispatch 6.5 ms per step (5.0-8.2), chained and donated
+    3.5 ms (docs/benchmarks.md, "Timing")."""
+
+    def __init__(self, step: Callable, args: Sequence):
+        self.step, self.rest = step, tuple(args[2:])
+        self.state = jax.tree_util.tree_map(jnp.copy, tuple(args[:2]))
+
+    def __call__(self):
+        out = self.step(*self.state, *self.rest)
+        self.state = tuple(out[:2])
+        return out
 
 
 def train_step_ms(step: Callable, args: Sequence, *, reps=7, budget_s=None) -> dict:
     """Median ms of a training step `step(p, s, *batch) -> (p, s, ...)` run as a training
-    loop: p and s donated and carried from step to step (the first step on copies of
-    args', which stay valid). Called with the same arguments every time instead, XLA
-    updates its command buffers on every call, and on the H100 the PIT BERT step was
-    host-bound that way (docs/benchmarks.md, "Timing"). Not for the MoE step: with
-    queued donated steps it hung on the H100 (docs/workloads.md)."""
-    jf = jax.jit(step, donate_argnums=(0, 1))
-    state = [jax.tree_util.tree_map(jnp.copy, tuple(args[:2]))]
-    rest = tuple(args[2:])
-
-    def call():
-        out = jf(*state[0], *rest)
-        state[0] = tuple(out[:2])
-        return out
-
+    loop (ChainedStep, p and s donated). Not for the MoE step: with queued donated steps
+    it hung on the H100 (docs/workloads.md)."""
+    call = ChainedStep(jax.jit(step, donate_argnums=(0, 1)), args)
     jax.block_until_ready(call())
     bc = _benchmarks_common()
     if bc is not None:
         samples = bc.time_calls(call, reps=reps, target_s=0.02, budget_s=budget_s)["samples"]
     else:
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(call())
-            samples.append((time.perf_counter() - t0) * 1e3)
+        samples = _blocked_samples(call, reps)
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
             "reps": len(samples)}
+
+
+def _blocked_samples(call: Callable, reps: int) -> list:
+    """ms of `reps` calls, each waited for (where the benchmarks folder is not shipped)."""
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
 
 
 def compiled_memory(fn: Callable, args: Sequence) -> Optional[dict]:
