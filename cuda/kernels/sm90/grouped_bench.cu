@@ -155,14 +155,18 @@ static double g_copy_gbs = 0;
 struct Variant {
   const char* name;
   int cluster;  // 0: LaunchGroupedGemmSm90 (cluster from the shapes)
-  int band, diag;  // band: see LaunchVariant; diag != 0: timed only (wrong results)
+  int band, diag;  // band: see LaunchVariant; diag: sm90_grouped::kDiag* (1: timed only, 2: checked only)
 };
+constexpr int kDiagNoStore = 1, kDiagLag = 2;  // sm90_grouped's values
 // auto = the launcher's default (c1.b8). cN: N-CTA cluster; .bN: bands of N items (.rf: one
-// band per expert, row tiles fastest); .noStore: no epilogue stores (diag).
+// band per expert, row tiles fastest); .noStore: no epilogue stores (wrong results);
+// .lag: warps 1-3 of warpgroup 1 sleep before every tile they skip, so warp 0 runs ahead
+// (once a hang: the B stages were released per warpgroup).
 static const Variant kVariants[] = {{"auto", 0, 0, 0},      {"c1", 1, 0, 0},          {"c2", 2, 0, 0},
                                     {"c2.b2", 2, 2, 0},     {"c2.b4", 2, 4, 0},       {"c2.b8", 2, 8, 0},
                                     {"c2.rf", 2, 1 << 20, 0}, {"c1.b4", 1, 4, 0},     {"c1.b16", 1, 16, 0},
-                                    {"c2.noStore", 2, 0, 1}, {"c1.b8.noStore", 1, 8, 1}, {"generic", -1, 0, 0}};
+                                    {"c2.noStore", 2, 0, 1}, {"c1.b8.noStore", 1, 8, 1}, {"c1.b8.lag", 1, 8, 2},
+                                    {"generic", -1, 0, 0}};
 static std::vector<std::string> g_only;  // --only=a,b: just these variants
 bool Selected(const Variant& v) {
   if (g_only.empty()) return true;
@@ -336,7 +340,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   // ---- correctness of every variant: poison, run, compare every row ----
   const double tol = cs.dtype == DType::kBF16 ? 8e-3 : cs.dtype == DType::kF16 ? 2e-3 : 3e-3;
   for (const Variant& v : kVariants) {
-    if (v.diag || !Selected(v)) continue;
+    if ((v.diag & kDiagNoStore) || !Selected(v)) continue;
     if (A * F) CK(cudaMemsetAsync(dY, 0xFF, cs.batch * A * F * es, stream));
     cudaError_t e = LaunchV(v, p, stream);
     if (e == cudaErrorNotSupported && (v.cluster == 2 || v.cluster == -1)) continue;  // not compiled in
@@ -404,7 +408,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     // clock and temperature (timed back to back, whichever runs later runs hotter).
     std::vector<const Variant*> vs;
     for (const Variant& v : kVariants)
-      if (Selected(v)) vs.push_back(&v);
+      if (Selected(v) && !(v.diag & kDiagLag)) vs.push_back(&v);
     T* dA2 = nullptr;
     const bool with_blas = blas::handle && !cs.weight_bound;
     const float alpha = 1.f, beta = 0.f;

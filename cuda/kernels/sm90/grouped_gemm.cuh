@@ -73,11 +73,12 @@ struct Args {
   int groups = 0;                                      // batch * E
   int n_tiles = 0, num_kb = 0;
   int band = 0;      // > 0: walk each group in bands of `band` items, row tiles fastest inside
-  int diag = 0;      // timing experiments only (kDiagNoStore: skip the epilogue's stores)
+  int diag = 0;      // experiments only: kDiagNoStore (timing), kDiagLag (a stress test)
   int relu = 0;      // y = max(y, 0) before rounding (the FFN's activation)
 };
 
-constexpr int kDiagNoStore = 1;
+constexpr int kDiagNoStore = 1;  // skip the epilogue's stores (wrong results)
+constexpr int kDiagLag = 2;      // warps 1-3 of warpgroup 1 sleep 20 us before a tile they skip
 
 using sm90_rg::SmemAddr;
 
@@ -297,6 +298,10 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
     }
     // Warpgroup-uniform: none of its 64 rows is listed -> no math (its stores are skipped too).
     const bool math = tile.m0 + wg * 64 < tile.live;
+    if ((g.diag & kDiagLag) && !math && wg == 1 && warp != 0) {
+      __nanosleep(10000);
+      __nanosleep(10000);
+    }
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int prev_a = -1, prev_b = -1;
@@ -322,9 +327,12 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
         sm90_rg::WgmmaCommit();
         sm90_rg::WgmmaWait<1>();
       }
-      // The previous step's stage is free: refill its A, release its B.
+      // The previous step's stage is free: refill its A, release its B. Every warp releases
+      // B for itself: a warpgroup without rows in the tile skips its wgmma, so nothing keeps
+      // its warps in step, and one release per warpgroup let the stage be refilled before a
+      // late warp had waited on it (that warp then waited on the wrong phase: a hang).
       if (prev_a >= 0) loader.Issue(g, prefix, base, wg, warp, lane);
-      if (prev_a >= 0 && tid == 0) {
+      if (prev_a >= 0 && lane == 0) {
         if constexpr (kCluster == 1) {
           sm90_rg::MbarArrive(base + L::kEmptyB + prev_b * 8);
         } else {
@@ -341,7 +349,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = ActivateT<static_cast<int>(Activation::kRelu)>(acc[i]);
     }
-    if (tid == 0) {
+    if (lane == 0) {
       if constexpr (kCluster == 1) {
         sm90_rg::MbarArrive(base + L::kEmptyB + prev_b * 8);
       } else {
@@ -431,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int s = 0; s < L::kStagesB; ++s) {
       sm90_rg::MbarInit(base + L::kFullB + s * 8, 1);              // the TMA lane (+ bytes)
-      sm90_rg::MbarInit(base + L::kEmptyB + s * 8, 2 * kCluster);  // consumer warpgroups of the cluster
+      sm90_rg::MbarInit(base + L::kEmptyB + s * 8, 8 * kCluster);  // lane 0 of every consumer warp of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
