@@ -156,11 +156,8 @@ class Suite:
 
     @staticmethod
     def _chained(case):
-        """Training rows run as a training loop (ChainedStep), except MoE's: its PIT
-        step hung on the H100 once ~25-150 steps with donated state were queued without
-        a host sync (blocking every 2 steps, or the same arguments every call, did not
-        hang; docs/workloads.md), so its rows keep the same-argument calls."""
-        return case.get("mode") == "train" and case.get("workload") != "moe"
+        """Training rows run as a training loop (ChainedStep)."""
+        return case.get("mode") == "train"
 
     def _compile(self, case, impl, fn, args):
         """(row, compiled executable or None: skipped or failed, the row says why). A

@@ -102,17 +102,18 @@ def main(argv=None):
     result.update(err_out=err_out, err_grad=err_grad, tokens_over_tol=agree["tokens_over_tol"], ok=ok)
     bar.step("agreement " + ("OK" if result["ok"] else f"MISMATCH (tolerance {tol:g})"))
 
-    # 3. latency of inference and of one training step, all variants, same run.
+    # 3. latency of inference and of one training step (as a training loop: state donated
+    # and chained), all variants, same run.
     opt_state = tx.init(params)
     infer, train = {}, {}
     if not args.no_timing:
         for name, model in models.items():
-            for what, times, fn, fargs in (
-                ("inference", infer, lambda p, t, m=model: m.apply(p, t), (params, tokens)),
-                ("training step", train, train_step(model, tx), (params, opt_state, tokens, labels)),
+            for what, times, timer, fn, fargs in (
+                ("inference", infer, common.latency_ms, lambda p, t, m=model: m.apply(p, t), (params, tokens)),
+                ("training step", train, common.train_step_ms, train_step(model, tx), (params, opt_state, tokens, labels)),
             ):
                 try:
-                    times[name] = common.latency_ms(fn, fargs)["median_ms"]
+                    times[name] = timer(fn, fargs)["median_ms"]
                 except Exception as e:  # noqa: BLE001 - a failing variant must not stop the others
                     times[name] = None
                     print(f"  {name} {what} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)

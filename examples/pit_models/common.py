@@ -182,8 +182,7 @@ class ChainedStep:
 
 def train_step_ms(step: Callable, args: Sequence, *, reps=7, budget_s=None) -> dict:
     """Median ms of a training step `step(p, s, *batch) -> (p, s, ...)` run as a training
-    loop (ChainedStep, p and s donated). Not for the MoE step: with queued donated steps
-    it hung on the H100 (docs/workloads.md)."""
+    loop (ChainedStep, p and s donated)."""
     call = ChainedStep(jax.jit(step, donate_argnums=(0, 1)), args)
     jax.block_until_ready(call())
     bc = _benchmarks_common()
