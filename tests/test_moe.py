@@ -10,6 +10,12 @@ outputs are poisoned (NaN) before each kernel. Fresh random data every run.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -332,6 +338,48 @@ def test_grouped_primitives_jvp_vjp_gpu_equal_cpu():
     for name in out["cpu"]:
         for a, b in zip(out["cpu"][name], out["gpu"][name]):
             assert rel_err(b, a) < 1e-5, f"{name}, seed {seed}"
+
+
+@pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
+def test_grouped_gemm_with_lagging_warps_gpu():
+    """The sm_90a grouped GEMM under its stress switch: warps 1-3 of the second consumer
+    warpgroup sleep before each tile whose rows they do not hold (here every tile: ~16
+    tokens per expert), so warp 0 runs ahead. With one B-stage release per warpgroup this
+    hung at once (a training loop hit it every few hundred steps); it must finish and
+    agree with the reference. In a subprocess: a hang fails the test, not the suite."""
+    _, seed = fresh_rng()
+    script = textwrap.dedent(
+        f"""
+        import jax, jax.numpy as jnp, numpy as np
+        import pit_jax
+        pit_jax._native._cuda.set_grouped_gemm_lag(True)
+        rng = np.random.default_rng({seed})
+        t, d, f, e = 1024, 768, 512, 64
+        ids = jnp.asarray(rng.integers(0, e, (t, 1)), jnp.int32)
+        bf = lambda *s: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2] if len(s) > 2 else 1), jnp.bfloat16)
+        x, w_in, w_out = bf(t, d), bf(e, d, f), bf(e, f, d)
+        gates = jnp.asarray(rng.uniform(0.5, 1.0, (t, 1)), jnp.bfloat16)
+        def loss(ffn):
+            return lambda x, w_in, w_out: jnp.sum(jnp.sin(ffn(x, w_in, w_out).astype(jnp.float32)))
+        pit = lambda x, w_in, w_out: pit_jax.moe_ffn(x, gates, pit_jax.moe_index(ids, e), w_in, w_out)
+        ref = lambda x, w_in, w_out: pit_jax.reference.moe_ffn(x, gates, ids, w_in, w_out)
+        f32 = lambda a: a.astype(jnp.float32)
+        outs = jax.jit(jax.value_and_grad(loss(pit), (0, 1, 2)))(x, w_in, w_out)
+        refs = jax.jit(jax.value_and_grad(loss(ref), (0, 1, 2)))(f32(x), f32(w_in), f32(w_out))
+        err = max(float(jnp.linalg.norm(f32(a) - f32(b)) / (jnp.linalg.norm(f32(b)) + 1e-30))
+                  for a, b in zip(jax.tree_util.tree_leaves(outs), jax.tree_util.tree_leaves(refs)))
+        print("ERR", err)
+        """
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(pit_jax.__file__))))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"seed {seed}: the grouped GEMM with lagging warps did not finish in 240 s (a hang)")
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"ERR (\S+)", out.stdout)
+    assert m, out.stdout + out.stderr[-2000:]
+    assert float(m.group(1)) < 2e-2, f"seed {seed}: relative error {m.group(1)}"
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -5,6 +5,7 @@
 #include "cuda/bindings/registration.h"
 #include "cuda/ffi/ffi_common.h"
 #include "cuda/ffi/gpu/handlers.h"
+#include "cuda/kernels/sm90/grouped_gemm.h"
 
 PYBIND11_MODULE(_pit_cuda, m) {
   m.doc() = "pit_jax CUDA custom-call targets (XLA typed FFI)";
@@ -30,6 +31,8 @@ PYBIND11_MODULE(_pit_cuda, m) {
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },
         "Debug: fill outputs with NaN bytes before each kernel (tests catch unwritten elements).");
+  m.def("set_grouped_gemm_lag", [](bool on) { pit::sm90_grouped_testing::LagWarps() = on; },
+        "Debug: the sm_90a MoE grouped GEMM runs with lagging warps (a stress test; same results).");
   m.def("handler_calls", []() { return pit::HandlerCalls().load(); },
         "Debug: host invocations of the CUDA handlers so far (not re-run when replayed in a CUDA graph).");
   m.def("build_info", []() {

@@ -153,7 +153,8 @@ cudaError_t LaunchImpl(const GroupedMatmulParams& p, cudaStream_t stream, int cl
 }  // namespace
 
 cudaError_t LaunchGroupedGemmSm90(const GroupedMatmulParams& p, cudaStream_t stream) {
-  return LaunchImpl(p, stream, kDefaultCluster, kDefaultBand, 0);
+  const int diag = sm90_grouped_testing::LagWarps() ? sm90_grouped::kDiagLag : 0;
+  return LaunchImpl(p, stream, kDefaultCluster, kDefaultBand, diag);
 }
 
 namespace {
@@ -328,6 +329,11 @@ cudaError_t LaunchWgradAlways(const GroupedWgradParams& p, cudaStream_t stream) 
 cudaError_t LaunchWgradVariant(const GroupedWgradParams& p, cudaStream_t stream, int version, int split) {
   return LaunchWgradImpl(p, stream, true, version, split);
 }
+std::atomic<bool>& LagWarps() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 cudaError_t LaunchVariant(const GroupedMatmulParams& p, cudaStream_t stream, int cluster, int band, int diag) {
   if (cluster != 1 && cluster != 2) return cudaErrorNotSupported;
   return LaunchImpl(p, stream, cluster, band, diag);

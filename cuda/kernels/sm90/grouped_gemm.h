@@ -17,6 +17,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cuda/common/moe_params.h"
 
 namespace pit {
@@ -32,6 +34,10 @@ namespace sm90_grouped_testing {
 cudaError_t LaunchVariant(const GroupedMatmulParams& p, cudaStream_t stream, int cluster, int band, int diag);
 // The weight gradient without the size heuristic (runs whenever the case is covered).
 cudaError_t LaunchWgradAlways(const GroupedWgradParams& p, cudaStream_t stream);
+// Debug switch (tests): LaunchGroupedGemmSm90 runs its kernel with lagging warps (warps
+// 1-3 of consumer warpgroup 1 sleep before each tile they skip; same results), the stress
+// under which a lost B-stage release once hung at once. Off by default.
+std::atomic<bool>& LagWarps();
 }  // namespace sm90_grouped_testing
 
 }  // namespace pit
