@@ -6,6 +6,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile prune --tile 32x64 --density 0.02   # pruned training step
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
     python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
+    python -m benchmarks.kernel_profile moe_train --experts 8 --top-k 1   # Switch MoE training step
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -91,6 +92,25 @@ def _bert_train(small):
     return out
 
 
+def _moe_train(small, experts, top_k):
+    """The Switch MoE training step (adamw) of bench_workloads' moe rows: 4096 tokens
+    (32 x 128; tiny: 4 x 32), every variant on the same parameters."""
+    import functools
+
+    import optax
+    from pit_models import switch
+
+    from benchmarks.bench_workloads import _train_step
+
+    cfg = (switch.SwitchConfig.tiny if small else switch.SwitchConfig.base)(experts=experts, top_k=top_k)
+    tokens, labels = switch.synthetic_batch(np.random.default_rng(2), cfg, *((4, 32) if small else (32, 128)))
+    params = jax.jit(switch.SwitchClassifier(cfg, "dense").init)(jax.random.PRNGKey(0), tokens)
+    tx = optax.adamw(1e-4)
+    args = (params, jax.jit(tx.init)(params), tokens, labels)
+    return {mode: (jax.jit(_train_step(functools.partial(switch.loss_fn, switch.SwitchClassifier(cfg, mode)), tx)),
+                   args) for mode in ("dense", "ragged", "pit")}
+
+
 def _category(name):
     """A kernel's kind, by its name: what part of a step it belongs to."""
     n = name.lower()
@@ -157,12 +177,14 @@ def profile(fn, args, *, calls, top):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("workload", choices=("bert", "bert_train", "prune"))
+    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train"))
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default="32x64", help="prune: pruning block")
     ap.add_argument("--density", type=float, default=0.02, help="prune: live fraction of blocks")
     ap.add_argument("--bf16w", action="store_true", help="bert: weight matrices stored in bf16 (infer_bf16w)")
     ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
+    ap.add_argument("--experts", type=int, default=8, help="moe_train: experts")
+    ap.add_argument("--top-k", type=int, default=1, help="moe_train: experts per token")
     ap.add_argument("--only", default=None, help="comma-separated variants")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
@@ -171,6 +193,8 @@ def main(argv=None):
         variants = _bert(args.small, args.bf16w, args.bf16_all)
     elif args.workload == "bert_train":
         variants = _bert_train(args.small)
+    elif args.workload == "moe_train":
+        variants = _moe_train(args.small, args.experts, args.top_k)
     else:
         variants = _prune(args.small, args.tile, args.density)
     if args.only:
