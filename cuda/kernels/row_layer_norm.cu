@@ -147,10 +147,10 @@ __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row
 }
 
 template <typename T, int V>
-__device__ void ZeroRow(const RowLayerNormParams& p, int64_t row, int lane) {
-  T* y = static_cast<T*>(p.y) + row * p.cols;
+__device__ void ZeroRow(void* out, int64_t row, int64_t cols, int lane) {
+  T* y = static_cast<T*>(out) + row * cols;
   const float z[V] = {};
-  for (int64_t c = static_cast<int64_t>(lane) * V; c < p.cols; c += 32 * V) StoreF<T, V>(y + c, z);
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < cols; c += 32 * V) StoreF<T, V>(y + c, z);
 }
 
 // kChunks > 0: rows held in registers (NormalizeRowInRegisters); 0: the two-pass loop.
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32) RowLayerNormKernel(const RowLayer
         NormalizeRow<T, V>(p, b * p.rows + r, lane);
     }
     else
-      ZeroRow<T, V>(p, b * p.rows + r, lane);
+      ZeroRow<T, V>(p.y, b * p.rows + r, p.cols, lane);
   }
 }
 
@@ -354,13 +354,15 @@ __device__ __forceinline__ void AddSums(float (&acc)[3][kC][V], const float* src
     }
 }
 
-// grid (ceil(warps / kBwdWarps), batch entries): warp w of entry b takes the live list
-// slots w, w + warps, ... (dh was zeroed before, so dead rows cost no warp). Rows held in
+// grid (ceil(warps / kBwdWarps), batch entries): warp w of entry b takes the list slots
+// w, w + warps, ...: live ones, and with a dead tail the dead ones too (it writes their
+// zeros; without one, dh was zeroed before). Rows held in
 // registers (kChunks > 0): each warp keeps its column sums in registers, the block adds
 // them up in a fixed tree, and block x writes slice x of work. Otherwise each warp adds
 // into its own slice of work as it goes.
 template <typename T, int V, int kChunks>
-__global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const RowLayerNormBwdParams q) {
+__global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const RowLayerNormBwdParams q,
+                                                                         bool dead_tail) {
   const RowLayerNormParams& p = q.fwd;
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kBwdWarps + wib;
@@ -384,12 +386,18 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
     }
     int64_t live = __ldg(p.count + b);
     live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
-    for (int64_t slot = active ? warp : live; slot < live; slot += q.warps) {
-      const int64_t id = __ldg(p.tiles + b * p.capacity + slot);
+    // With a dead tail (the list at full capacity) the warps also write the dead rows'
+    // zeros, in place of a memset of all of dh before the kernel.
+    const int64_t end = dead_tail ? p.capacity : live;
+    for (int64_t slot = active ? warp : end; slot < end; slot += q.warps) {
+      const int32_t entry = __ldg(p.tiles + b * p.capacity + slot);
+      const int64_t id = slot < live ? entry : -1 - static_cast<int64_t>(entry);
       if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
       const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
       for (int64_t r = r0; r < r1; ++r) {
-        if constexpr (kChunks > 0)
+        if (slot >= live)
+          ZeroRow<T, V>(q.dh, b * p.rows + r, p.cols, lane);
+        else if constexpr (kChunks > 0)
           BwdRowInRegisters<T, V, kChunks>(q, b * p.rows + r, lane, acc);
         else
           BwdRow<T, V>(q, b * p.rows + r, lane, sums);
@@ -440,7 +448,7 @@ __global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* w
 }
 
 template <typename T>
-cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
+cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, bool dead_tail, cudaStream_t stream) {
   const RowLayerNormParams& p = q.fwd;
   constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
   const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x, 16) &&
@@ -454,17 +462,17 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
   // kBwdWarps / 2 warps' sums in shared memory: <= 48 KB on the register path (H <= 1024)
   const size_t red = static_cast<size_t>(kBwdWarps / 2 * 3 * p.cols) * sizeof(float);
   if (regs && chunks <= 1)
-    RowLayerNormBwdKernel<T, kVec, 1><<<grid, block, red, stream>>>(q);
+    RowLayerNormBwdKernel<T, kVec, 1><<<grid, block, red, stream>>>(q, dead_tail);
   else if (regs && chunks == 2)
-    RowLayerNormBwdKernel<T, kVec, 2><<<grid, block, red, stream>>>(q);
+    RowLayerNormBwdKernel<T, kVec, 2><<<grid, block, red, stream>>>(q, dead_tail);
   else if (regs && chunks == 3)
-    RowLayerNormBwdKernel<T, kVec, 3><<<grid, block, red, stream>>>(q);
+    RowLayerNormBwdKernel<T, kVec, 3><<<grid, block, red, stream>>>(q, dead_tail);
   else if (regs)
-    RowLayerNormBwdKernel<T, kVec, 4><<<grid, block, red, stream>>>(q);
+    RowLayerNormBwdKernel<T, kVec, 4><<<grid, block, red, stream>>>(q, dead_tail);
   else if (vec)
-    RowLayerNormBwdKernel<T, kVec, 0><<<grid, block, 0, stream>>>(q);
+    RowLayerNormBwdKernel<T, kVec, 0><<<grid, block, 0, stream>>>(q, dead_tail);
   else
-    RowLayerNormBwdKernel<T, 1, 0><<<grid, block, 0, stream>>>(q);
+    RowLayerNormBwdKernel<T, 1, 0><<<grid, block, 0, stream>>>(q, dead_tail);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const int64_t n = 3 * p.cols;
@@ -504,8 +512,10 @@ namespace pit {
 cudaError_t LaunchRowLayerNormBwd(const RowLayerNormBwdParams& q, cudaStream_t stream) {
   const RowLayerNormParams& p = q.fwd;
   if (p.batch * p.cols == 0) return cudaSuccess;
-  // Dead rows: zeros at the copy rate (a memset), so the warps visit live rows only.
-  if (p.rows > 0) {
+  // Dead rows: with a dead tail the kernel's warps write their zeros (BERT fine-tuning,
+  // 24 calls a step: no memset of all of dh); otherwise a memset zeroes dh first.
+  const bool dead_tail = p.capacity == p.tile_rows && p.capacity > 0;
+  if (p.rows > 0 && !dead_tail) {
     cudaError_t e = cudaMemsetAsync(q.dh, 0, static_cast<size_t>(p.batch * p.rows * p.cols * DTypeBytes(p.dtype)), stream);
     if (e != cudaSuccess) return e;
   }
@@ -513,11 +523,11 @@ cudaError_t LaunchRowLayerNormBwd(const RowLayerNormBwdParams& q, cudaStream_t s
     return cudaMemsetAsync(q.dvec, 0, static_cast<size_t>(p.batch * 3 * p.cols * 4), stream);
   switch (p.dtype) {
     case DType::kF32:
-      return LaunchBwd<float>(q, stream);
+      return LaunchBwd<float>(q, dead_tail, stream);
     case DType::kBF16:
-      return LaunchBwd<__nv_bfloat16>(q, stream);
+      return LaunchBwd<__nv_bfloat16>(q, dead_tail, stream);
     case DType::kF16:
-      return LaunchBwd<__half>(q, stream);
+      return LaunchBwd<__half>(q, dead_tail, stream);
   }
   return cudaErrorInvalidValue;
 }
