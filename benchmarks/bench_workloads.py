@@ -439,38 +439,39 @@ def _check_tokens(tol, ref):
 
 
 def moe_case(suite, small, only=None):
-    if small:
-        plan = [(4, 1), (4, 2)]
-        batch, seq = 4, 16
-    else:
-        plan = [(8, 1), (64, 1), (128, 1), (8, 2), (64, 2), (128, 2)]
-        batch, seq = 32, 128
+    plan = [(4, 1), (4, 2)] if small else [(8, 1), (64, 1), (128, 1), (8, 2), (64, 2), (128, 2)]
     if only:  # "E:k,E:k"
         plan = [tuple(int(v) for v in c.split(":")) for c in only.split(",")]
     tx = optax.adamw(1e-4)
     for experts, top_k in plan:
         try:
-            _moe_config(suite, small, experts, top_k, batch, seq, tx)
+            _moe_config(suite, small, experts, top_k, tx)
         except Exception as e:  # noqa: BLE001 - e.g. an out-of-memory surfacing late: go on with the next
             print(f"moe E{experts} top-{top_k}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             suite.rows.append(dict(workload="moe", label=f"E{experts} top-{top_k}", impl="setup",
                                    error=f"{type(e).__name__}: {str(e)[:300]}"))
 
 
-def _moe_config(suite, small, experts, top_k, batch, seq, tx):
-    """One (experts, top_k) point: inference and a training step of dense, ragged and pit."""
+def moe_point(small, experts, top_k):
+    """The Switch model of one (experts, top_k) point of the moe rows and its batch (32 x
+    128 tokens; tiny: 4 x 16): (cfg, tokens, labels, params)."""
     if small:
         cfg = switch.SwitchConfig.tiny(experts=experts, top_k=top_k, dtype=jnp.bfloat16)
     else:
         cfg = switch.SwitchConfig.base(experts=experts, top_k=top_k)
-    rng = np.random.default_rng(2)
-    tokens, labels = switch.synthetic_batch(rng, cfg, batch, seq)
+    tokens, labels = switch.synthetic_batch(np.random.default_rng(2), cfg, *((4, 16) if small else (32, 128)))
+    params = jax.jit(switch.SwitchClassifier(cfg, "pit").init)(jax.random.PRNGKey(0), tokens)
+    return cfg, tokens, labels, params
+
+
+def _moe_config(suite, small, experts, top_k, tx):
+    """One (experts, top_k) point: inference and a training step of dense, ragged and pit."""
+    cfg, tokens, labels, params = moe_point(small, experts, top_k)
     models = {m: switch.SwitchClassifier(cfg, m) for m in ("dense", "ragged", "pit")}
-    params = jax.jit(models["pit"].init)(jax.random.PRNGKey(0), tokens)
     opt_state = jax.jit(tx.init)(params)
     n_moe = sum(cfg.is_moe(i) for i in range(cfg.layers))
-    label = f"E{experts} top-{top_k} {batch * seq} tok"
-    base = dict(workload="moe", label=label, experts=experts, top_k=top_k, tokens=batch * seq,
+    label = f"E{experts} top-{top_k} {tokens.size} tok"
+    base = dict(workload="moe", label=label, experts=experts, top_k=top_k, tokens=tokens.size,
                 layers=cfg.layers, moe_layers=n_moe, alternative="ragged", dtype=jnp.dtype(cfg.dtype).name)
     tol = mcommon.tolerance(cfg.dtype)
     ref = None

@@ -93,18 +93,16 @@ def _bert_train(small):
 
 
 def _moe_train(small, experts, top_k):
-    """The Switch MoE training step (adamw) of bench_workloads' moe rows: 4096 tokens
-    (32 x 128; tiny: 4 x 32), every variant on the same parameters."""
+    """The Switch MoE training step (adamw) of bench_workloads' moe rows (its model, batch
+    and parameters: bench_workloads.moe_point), for dense, ragged and pit."""
     import functools
 
     import optax
     from pit_models import switch
 
-    from benchmarks.bench_workloads import _train_step
+    from benchmarks.bench_workloads import _train_step, moe_point
 
-    cfg = (switch.SwitchConfig.tiny if small else switch.SwitchConfig.base)(experts=experts, top_k=top_k)
-    tokens, labels = switch.synthetic_batch(np.random.default_rng(2), cfg, *((4, 32) if small else (32, 128)))
-    params = jax.jit(switch.SwitchClassifier(cfg, "dense").init)(jax.random.PRNGKey(0), tokens)
+    cfg, tokens, labels, params = moe_point(small, experts, top_k)
     tx = optax.adamw(1e-4)
     args = (params, jax.jit(tx.init)(params), tokens, labels)
     return {mode: (jax.jit(_train_step(functools.partial(switch.loss_fn, switch.SwitchClassifier(cfg, mode)), tx)),
