@@ -155,9 +155,10 @@ static double g_copy_gbs = 0;
 struct Variant {
   const char* name;
   int cluster;  // 0: LaunchGroupedGemmSm90 (cluster from the shapes)
-  int band, diag;  // band: see LaunchVariant; diag: sm90_grouped::kDiag* (1: timed only, 2: checked only)
+  int band, diag;  // band: see LaunchVariant; diag: kDiagNoStore (timed only) or kDiagLag (checked only)
 };
-constexpr int kDiagNoStore = 1, kDiagLag = 2;  // sm90_grouped's values
+using pit::sm90_grouped::kDiagLag;
+using pit::sm90_grouped::kDiagNoStore;
 // auto = the launcher's default (c1.b8). cN: N-CTA cluster; .bN: bands of N items (.rf: one
 // band per expert, row tiles fastest); .noStore: no epilogue stores (wrong results);
 // .lag: warps 1-3 of warpgroup 1 sleep before every tile they skip, so warp 0 runs ahead
@@ -165,7 +166,8 @@ constexpr int kDiagNoStore = 1, kDiagLag = 2;  // sm90_grouped's values
 static const Variant kVariants[] = {{"auto", 0, 0, 0},      {"c1", 1, 0, 0},          {"c2", 2, 0, 0},
                                     {"c2.b2", 2, 2, 0},     {"c2.b4", 2, 4, 0},       {"c2.b8", 2, 8, 0},
                                     {"c2.rf", 2, 1 << 20, 0}, {"c1.b4", 1, 4, 0},     {"c1.b16", 1, 16, 0},
-                                    {"c2.noStore", 2, 0, 1}, {"c1.b8.noStore", 1, 8, 1}, {"c1.b8.lag", 1, 8, 2},
+                                    {"c2.noStore", 2, 0, kDiagNoStore}, {"c1.b8.noStore", 1, 8, kDiagNoStore},
+                                    {"c1.b8.lag", 1, 8, kDiagLag},
                                     {"generic", -1, 0, 0}};
 static std::vector<std::string> g_only;  // --only=a,b: just these variants
 bool Selected(const Variant& v) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/epilogue.cuh"
+#include "cuda/kernels/sm90/grouped_gemm.h"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
 
 namespace pit {
@@ -73,12 +74,9 @@ struct Args {
   int groups = 0;                                      // batch * E
   int n_tiles = 0, num_kb = 0;
   int band = 0;      // > 0: walk each group in bands of `band` items, row tiles fastest inside
-  int diag = 0;      // experiments only: kDiagNoStore (timing), kDiagLag (a stress test)
+  int diag = 0;      // experiments only: kDiagNoStore (timing), kDiagLag (a stress test): grouped_gemm.h
   int relu = 0;      // y = max(y, 0) before rounding (the FFN's activation)
 };
-
-constexpr int kDiagNoStore = 1;  // skip the epilogue's stores (wrong results)
-constexpr int kDiagLag = 2;      // warps 1-3 of warpgroup 1 sleep 20 us before a tile they skip
 
 using sm90_rg::SmemAddr;
 

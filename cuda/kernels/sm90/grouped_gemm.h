@@ -23,6 +23,12 @@
 
 namespace pit {
 
+namespace sm90_grouped {
+// Args::diag of the grouped GEMM (experiments: LaunchVariant, the bench, LagWarps below).
+constexpr int kDiagNoStore = 1;  // skip the epilogue's stores (timing only: wrong results)
+constexpr int kDiagLag = 2;      // warps 1-3 of warpgroup 1 sleep 20 us before a tile they skip
+}  // namespace sm90_grouped
+
 cudaError_t LaunchGroupedGemmSm90(const GroupedMatmulParams& p, cudaStream_t stream);
 cudaError_t LaunchGroupedWgradSm90(const GroupedWgradParams& p, cudaStream_t stream);
 
@@ -30,7 +36,7 @@ namespace sm90_grouped_testing {
 // For the standalone bench only: the grouped GEMM with a given cluster size (1, or 2 CTAs
 // sharing W tiles by TMA multicast: compiled only with -DPIT_GG_EXPERIMENTS); band > 0 walks
 // each expert's work in bands of `band` row-tile sets, row tiles fastest inside a band
-// (0: column tiles fastest); diag = 1 skips the epilogue's stores (timing only: wrong results).
+// (0: column tiles fastest); diag: sm90_grouped::kDiag* above.
 cudaError_t LaunchVariant(const GroupedMatmulParams& p, cudaStream_t stream, int cluster, int band, int diag);
 // The weight gradient without the size heuristic (runs whenever the case is covered).
 cudaError_t LaunchWgradAlways(const GroupedWgradParams& p, cudaStream_t stream);
