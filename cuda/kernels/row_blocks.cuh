@@ -7,6 +7,11 @@
 
 namespace pit {
 
+// The row block of a list entry: a live slot holds its id, a dead-tail slot -1 - id.
+__device__ __forceinline__ int64_t EntryBlock(int32_t entry, bool live) {
+  return live ? entry : -1 - static_cast<int64_t>(entry);
+}
+
 // Slot `unit` (b * capacity + slot): whether it lists a live block or (with a dead tail:
 // the list at full capacity) a dead one, and the block id; false when the slot names no
 // block of the matrix (a slot past the count without a dead tail, or an id out of range).
@@ -17,9 +22,9 @@ __device__ __forceinline__ bool SlotBlock(const RowBlocks& p, int64_t unit, bool
   n_live = n_live < 0 ? 0 : (n_live > p.capacity ? p.capacity : n_live);
   const int32_t entry = __ldg(p.tiles + unit);
   if (slot < n_live) {
-    *live = true, *id = entry;
+    *live = true, *id = EntryBlock(entry, true);
   } else if (dead_tail) {
-    *live = false, *id = -1 - static_cast<int64_t>(entry);
+    *live = false, *id = EntryBlock(entry, false);
   } else {
     return false;
   }

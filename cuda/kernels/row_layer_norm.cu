@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
     const int64_t end = dead_tail ? p.capacity : live;
     for (int64_t slot = active ? warp : end; slot < end; slot += q.warps) {
       const int32_t entry = __ldg(p.tiles + b * p.capacity + slot);
-      const int64_t id = slot < live ? entry : -1 - static_cast<int64_t>(entry);
+      const int64_t id = EntryBlock(entry, slot < live);
       if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
       const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
       for (int64_t r = r0; r < r1; ++r) {
