@@ -146,6 +146,7 @@ struct Variant {
   int diag;
   bool epi_in_a;
   bool split_k = false;
+  int bn = 256;  // columns per tile
 };
 static const Variant kVariants[] = {
     {"default", 0, 0, 0, 0, false, 0, false},  // LaunchRowGatherGemmSm90 itself (a3b5g0e.c2, or split4 when small)
@@ -163,7 +164,57 @@ static const Variant kVariants[] = {
     {"c2.noAB", 2, 3, 5, 0, false, 3, true},      {"c2.noA", 2, 3, 5, 0, false, 1, true},
     {"c2.empty", 2, 3, 5, 0, false, 32, true},    {"c1.empty", 1, 3, 5, 0, false, 32, true},
     {"c1.noZero", 1, 3, 5, 0, false, 16, true},
+    // phase timestamps of each CTA (right results; printed after the variant's timing)
+    {"c1.stamp", 1, 3, 5, 0, false, 128, true},
+    // 128-column tiles (.n128): single CTAs, more B stages, split-K
+    {"a3b5g0e.n128", 1, 3, 5, 0, false, 0, true, false, 128}, {"a3b8g0e.n128", 1, 3, 8, 0, false, 0, true, false, 128},
+    {"a4b8g0e.n128", 1, 4, 8, 0, false, 0, true, false, 128}, {"split4.n128", 4, 3, 5, 0, false, 0, true, true, 128},
+    {"split4b8.n128", 4, 3, 8, 0, false, 0, true, true, 128}, {"c1.stamp.n128", 1, 3, 5, 0, false, 128, true, false, 128},
+    {"split4.stamp", 4, 3, 5, 0, false, 128, true, true}, {"split4.stamp.n128", 4, 3, 5, 0, false, 128, true, true, 128},
+    {"a3b5g0e.c2.n128", 2, 3, 5, 0, false, 0, true, false, 128}, {"a3b8g0e.c2.n128", 2, 3, 8, 0, false, 0, true, false, 128},
 };
+
+// Phase timestamps (kDiagStamp, row_gather_gemm.cuh Stamp) of the last launch: per slot,
+// min / median / max over the CTAs that wrote it, in us from the earliest CTA's entry.
+static const char* kStampNames[20] = {
+    "entry", "set-up done", "B: first TMA issued", "B: loads done", "WG0: A gathers issued", "WG0: first A stage",
+    "WG0: first B stage", "WG0: tile 1 math done", "WG0: tile 1 stored (split: reduced)", "WG0: done", "(tiles)", "WG1: done",
+    "zero warp 0 done", "zero warp 1 done", "zero warp 3 done", "(smid)", "CTA end", "B: first tile decoded",
+    "split: partials stored", "split: cluster synced"};
+void ClearStamps() {
+#ifdef PIT_RG_EXPERIMENTS
+  CK(pit::sm90_rg_testing::Stamps(nullptr, 0, true));
+#endif
+}
+void PrintStamps(const char* what) {
+#ifndef PIT_RG_EXPERIMENTS
+  (void)what;
+#else
+  std::vector<unsigned long long> st(1024 * 20);
+  CK(pit::sm90_rg_testing::Stamps(st.data(), 1024, false));
+  unsigned long long t0 = ~0ull;
+  int ctas = 0, busy = 0;
+  for (int c = 0; c < 1024; ++c)
+    if (st[c * 20 + 0]) t0 = std::min(t0, st[c * 20 + 0]), ++ctas, busy += st[c * 20 + 10] > 0;
+  if (!ctas) return;
+  printf("       stamps %s: %d CTAs, %d with tiles (us from the first entry; min / median / max)\n", what, ctas, busy);
+  for (int slot = 0; slot < 20; ++slot) {
+    if (slot == 10 || slot == 15) continue;
+    for (int want_busy = 1; want_busy >= 0; --want_busy) {
+      std::vector<double> v;
+      for (int c = 0; c < 1024; ++c) {
+        if (!st[c * 20 + 0] || (st[c * 20 + 10] > 0) != (want_busy == 1)) continue;
+        if (st[c * 20 + slot]) v.push_back((st[c * 20 + slot] - t0) * 1e-3);
+      }
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      printf("         %-24s %-7s %7.2f %7.2f %7.2f\n", kStampNames[slot], want_busy ? "busy" : "idle", v.front(),
+             v[v.size() / 2], v.back());
+    }
+  }
+#endif
+}
+
 
 
 static std::vector<std::string> g_only;  // --only=a,b,c: run just these variants
@@ -222,7 +273,7 @@ bool Selected(const Variant& v) {
 cudaError_t LaunchV(const Variant& v, const pit::MatmulParams& p, const pit::TileList& t, cudaStream_t s) {
   if (v.cluster == 0) return pit::LaunchRowGatherGemmSm90(p, t, s);
   return pit::sm90_rg_testing::LaunchVariant(p, t, s, v.cluster, v.stages_a, v.stages_b, v.gather_warps, v.carve,
-                                             v.diag, v.epi_in_a, v.split_k);
+                                             v.diag, v.epi_in_a, v.split_k, v.bn);
 }
 
 struct TimingRow {
@@ -342,7 +393,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   const double tol = cs.dtype == DType::kBF16 ? 8e-3 : cs.dtype == DType::kF16 ? 2e-3 : 3e-3;
   std::vector<const Variant*> runnable;
   for (const Variant& v : kVariants) {
-    if ((v.diag & ~4) || !Selected(v)) continue;  // diag 4 (no proxy fence) still computes the right thing
+    if ((v.diag & ~(4 | 128)) || !Selected(v)) continue;  // diag 4 (no proxy fence), 128 (stamps): right results
     if (cs.parts > 1 && v.cluster != 0) continue;  // column parts: LaunchRowGatherGemmSm90 only
     CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
     for (int i = 0; i < cs.parts && cs.parts > 1; ++i)
@@ -418,12 +469,14 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     for (const Variant& v : kVariants) {
       bool ok_to_time = false;
       for (auto* r : runnable) ok_to_time |= r == &v;
-      if (v.diag & ~4) ok_to_time = cs.dtype == DType::kBF16 && !cs.trans_b;
+      if (v.diag & ~(4 | 128)) ok_to_time = cs.dtype == DType::kBF16 && !cs.trans_b;
       if (!ok_to_time || !Selected(v)) continue;
       float lo = 0, hi = 0;
+      if (v.diag & 128) ClearStamps();
       const double med = TimeLaunches([&] { return LaunchV(v, p, tl, stream) == cudaSuccess; }, stream, &lo, &hi);
       if (med < 0) continue;
       printf("       %-30s %-16s median %.4f ms (min %.4f, max %.4f)\n", cs.name.c_str(), v.name, med, lo, hi);
+      if (v.diag & 128) PrintStamps(cs.name.c_str());
       row.ours.push_back({v.name, med});
     }
     double oracle_ms = -1;

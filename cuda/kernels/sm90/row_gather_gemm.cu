@@ -32,6 +32,7 @@ struct Variant {
   bool epi_in_a = false;  // epilogue staging in the freed A stage (consumer gather only)
   bool split_k = false;   // the cluster splits K instead of M (no multicast; batch 1)
   bool auto_split = false;  // take kSplit or kSingle where the static tile space is small (see LaunchImpl)
+  int bn = 256;             // columns per tile: 256, or 128 (Config kBN)
 };
 
 // The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA
@@ -102,9 +103,9 @@ using sm90_rg::Config;
 
 template <int kKind, bool kTransB>
 cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, int sms, cudaStream_t s) {
-  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false) {
+  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false, int bn = 256) {
     return v.cluster == c && v.stages_a == sa && v.stages_b == sb && v.gather_warps == gw && v.diag == d &&
-           v.epi_in_a == ea && v.split_k == sk;
+           v.epi_in_a == ea && v.split_k == sk && v.bn == bn;
   };
   // Column parts: the default configuration's own kernel (16-bit C; see ZeroFill<true>).
   if (g.part_n > 0) {
@@ -125,6 +126,22 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
   // -DPIT_RG_EXPERIMENTS, the library without).
   using namespace sm90_rg;
   if constexpr (kKind == kBf16) {
+    // 128-column tiles
+    if (is(1, 3, 5, 0, 0, true, false, 128)) return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(2, 3, 5, 0, 0, true, false, 128)) return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
+    if (is(2, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
+    if (is(1, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 4, 8, 0, 0, true, false, 128)) return Launch<Config<4, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(4, 3, 5, 0, 0, true, true, 128))
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
+    if (is(4, 3, 8, 0, 0, true, true, 128))
+      return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
+    if (is(4, 3, 5, 0, kDiagStamp, true, true))
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, kDiagStamp, true>(v, mb, g, sms, s);
+    if (is(4, 3, 5, 0, kDiagStamp, true, true, 128))
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, kDiagStamp, true>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagStamp, true, false, 128))
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp>(v, mb, g, sms, s);
     // producer warps gather A (2 or 3 warps)
     if (is(1, 4, 4, 2, 0, false)) return Launch<Config<4, 4, 2>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
     if (is(1, 6, 3, 2, 0, false)) return Launch<Config<6, 3, 2>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
@@ -138,6 +155,8 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
     if (is(2, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
     if (is(4, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
     if (is(4, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
+    // phase timestamps (right results; g_rg_stamps)
+    if (is(1, 3, 5, 0, kDiagStamp, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagStamp>(v, mb, g, sms, s);
     if constexpr (!kTransB) {  // diagnostics (wrong results)
       if (is(2, 3, 5, 0, kDiagNoZero, true))
         return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoZero>(v, mb, g, sms, s);
@@ -188,7 +207,7 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   // Column parts: 16-bit C, whole 128 x 256 tiles per part, the plain persistent walk.
   const bool parts = p.c_parts > 1;
   if (p.c_parts < 1 || p.c_parts > MatmulParams::kMaxCParts) return kNo;
-  if (parts && (kind == kTf32 || p.N % p.c_parts != 0 || (p.N / p.c_parts) % kBN != 0 || v.split_k)) return kNo;
+  if (parts && (kind == kTf32 || p.N % p.c_parts != 0 || (p.N / p.c_parts) % v.bn != 0 || v.split_k)) return kNo;
   for (int i = 0; parts && i < p.c_parts; ++i)
     if (!p.c_part[i] || !Aligned16(p.c_part[i])) return kNo;
   if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || (!parts && !Aligned16(p.c)) || !Aligned16(p.epi.dead) ||
@@ -218,7 +237,6 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   g.capacity = static_cast<int>(rows.capacity);
   g.tile_h = static_cast<int>(rows.tile_h);
   g.tile_rows = static_cast<int>(tile_rows);
-  g.n_tiles = static_cast<int>((p.N + kBN - 1) / kBN);
   g.m_tiles = static_cast<int>((rows.capacity * rows.tile_h + kBM - 1) / kBM);
   g.num_kb = static_cast<int>((p.K * es + kBKBytes - 1) / kBKBytes);
   g.epi = EpilogueDev::From(p.epi, p.dtype, p.N);
@@ -229,13 +247,15 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
     g.out_row_bytes = int64_t{g.part_n} * es;
     for (int i = 0; i < p.c_parts; ++i) g.c_part[i] = static_cast<char*>(p.c_part[i]);
   }
-  const int64_t static_tiles = p.batch * int64_t{g.m_tiles} * g.n_tiles;
+  // The static tile space at 128 x 256 tiles decides the form (the live count is on the device).
+  const int64_t static_tiles = p.batch * int64_t{g.m_tiles} * ((p.N + kBN - 1) / kBN);
   if (v.auto_split && !parts && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
       static_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
     v = kSplit;
   else if (v.auto_split && static_tiles <= int64_t{kSingleTilesPerSm} * dev->sms)
     v = kSingle;
   if (v.split_k && p.batch != 1) return kNo;
+  g.n_tiles = static_cast<int>((p.N + v.bn - 1) / v.bn);
   const int m_cluster = v.split_k ? 1 : v.cluster;  // row tiles per work item
   g.m_groups = (g.m_tiles + m_cluster - 1) / m_cluster;
   const int64_t total = p.batch * int64_t{g.m_groups} * g.n_tiles;
@@ -260,7 +280,7 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   CUtensorMap map_b;
   const uint64_t inner = p.trans_b ? p.K : p.N, outer = p.trans_b ? p.N : p.K;
   // B box: trans_b: (128 B of K) x (256 / cluster) rows of N; else (64 columns of N) x 64 rows of K.
-  if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? kBN / m_cluster : 64u)) return kNo;
+  if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? v.bn / m_cluster : 64u)) return kNo;
 
   const int sms = dev->sms;
   if (kind == kBf16)
@@ -280,14 +300,24 @@ cudaError_t LaunchRowGatherGemmSm90(const MatmulParams& p, const TileList& rows,
 
 namespace sm90_rg_testing {
 cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStream_t stream, int cluster, int stages_a,
-                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k) {
+                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k, int bn) {
   Variant v;
-  v.epi_in_a = epi_in_a, v.split_k = split_k;
+  v.epi_in_a = epi_in_a, v.split_k = split_k, v.bn = bn;
   v.cluster = cluster, v.stages_a = stages_a, v.stages_b = stages_b, v.gather_warps = gather_warps;
   v.carve = carve, v.diag = diag;
   if (cluster != 1 && cluster != 2 && cluster != 4) return cudaErrorNotSupported;
   return LaunchImpl(p, rows, stream, v);
 }
+#ifdef PIT_RG_EXPERIMENTS
+cudaError_t Stamps(unsigned long long* host, int ctas, bool clear) {
+  const size_t bytes = sizeof(unsigned long long) * sm90_rg::kStampSlots * std::min(ctas, 1024);
+  if (clear) {
+    static unsigned long long zeros[1024][sm90_rg::kStampSlots] = {};
+    return cudaMemcpyToSymbol(sm90_rg::g_rg_stamps, zeros, sizeof zeros);
+  }
+  return cudaMemcpyFromSymbol(host, sm90_rg::g_rg_stamps, bytes);
+}
+#endif
 }  // namespace sm90_rg_testing
 
 }  // namespace pit

@@ -72,9 +72,14 @@ constexpr int kConsumerWarps = 8;
 //   kEpiInA (consumer gather only): the epilogue stages C through the warpgroup's half of
 //   the A stage its last wgmma just freed (2 KB per warp, XOR-swizzled), refilled after the
 //   epilogue; this frees 18 KB for a fifth B stage.
-template <int kStagesA_, int kStagesB_, int kGatherWarps_, bool kEpiInA_ = false>
+template <int kStagesA_, int kStagesB_, int kGatherWarps_, bool kEpiInA_ = false, int kBN_ = kBN>
 struct Config {
   static constexpr int kStagesA = kStagesA_, kStagesB = kStagesB_, kGatherWarps = kGatherWarps_;
+  // Columns per tile: 256 (m64n256 per consumer warpgroup), or 128 (m64n128) for small
+  // problems, where twice the tiles spread the work over more SMs.
+  static constexpr int kBN = kBN_;
+  static constexpr int kStageBBytes = kBN * kBKBytes;
+  static_assert(kBN == 256 || kBN == 128, "tiles of 256 or 128 columns");
   static constexpr bool kEpiInA = kEpiInA_;
   static_assert(!kEpiInA || kGatherWarps == 0, "epilogue in A needs the consumer gather");
   static_assert(kGatherWarps == 0 || kGatherWarps == 2 || kGatherWarps == 3, "0, 2 or 3 gather warps");
@@ -103,6 +108,22 @@ struct Config {
 
 // Diagnostic switches (timing experiments only; results are wrong when set).
 enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8, kDiagNoZero = 16, kDiagEmpty = 32 };
+// Not a timing switch either: kDiagStamp records %globaltimer at fixed points of each CTA's
+// work into g_rg_stamps (bench builds only, -DPIT_RG_EXPERIMENTS; results stay right).
+constexpr int kDiagStamp = 128;
+constexpr int kStampSlots = 20;
+#ifdef PIT_RG_EXPERIMENTS
+__device__ unsigned long long g_rg_stamps[1024][kStampSlots];
+#endif
+template <int kDiag>
+__device__ __forceinline__ void Stamp(int slot, unsigned long long value = ~0ull) {
+#ifdef PIT_RG_EXPERIMENTS
+  if constexpr ((kDiag & kDiagStamp) != 0) {
+    if (value == ~0ull) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value)::"memory");
+    if (blockIdx.x < 1024) g_rg_stamps[blockIdx.x][slot] = value;
+  }
+#endif
+}
 // Not a diagnostic, but carried in the same template flags: C as column parts
 // (Args::part_n > 0), compiled for the default configuration only.
 constexpr int kOutParts = 64;
@@ -282,7 +303,7 @@ struct Tile {
 // kCluster consecutive row tiles on the same column tile (they share B, multicast); the
 // CTA of rank `rank` takes row tile group * kCluster + rank, which may lie past the live
 // rows (then all its rows are missing: it computes zeros and stores nothing).
-template <int kCluster>
+template <int kCluster, int kTileN = kBN>
 __device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile& tile) {
   const int per_b = g.m_groups * g.n_tiles;
   const int b = t / per_b;
@@ -296,7 +317,7 @@ __device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile&
   if (mg * kCluster * kBM >= live) return false;
   tile.b = b;
   tile.m0 = (mg * kCluster + rank) * kBM;
-  tile.n0 = nt * kBN;
+  tile.n0 = nt * kTileN;
   tile.live = live;
   tile.list = g.lists + static_cast<int64_t>(ib) * g.capacity;
   return true;
@@ -389,7 +410,7 @@ __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
   Pipe<Cfg::kStagesA> pipe;
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
     const char* a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
     __syncwarp();
     for (int r = lane; r < nrows; r += 32) {
@@ -553,14 +574,14 @@ template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
 __device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, int n0, int bb, int kb, int stage,
                                        uint32_t phase, int rank) {
   constexpr int kBKElems = kKind == kTf32 ? 32 : 64;
-  constexpr int kPart = kBN / kCluster;  // columns this CTA loads
+  constexpr int kPart = Cfg::kBN / kCluster;  // columns this CTA loads
   MbarWait(base + Cfg::kEmptyB + stage * 8, phase ^ 1);
   const uint32_t full = base + Cfg::kFullB + stage * 8;
   if constexpr (kDiag & kDiagNoB) {
     MbarArrive(full);
   } else {
-    MbarArriveExpectTx(full, kStageBBytes);
-    const uint32_t sb = base + Cfg::kBOffset + stage * kStageBBytes;
+    MbarArriveExpectTx(full, Cfg::kStageBBytes);
+    const uint32_t sb = base + Cfg::kBOffset + stage * Cfg::kStageBBytes;
     if constexpr (kTransB) {
       // B stored [N, K]: one box of kPart rows (n) x 128 bytes (k): K-major tile.
       const uint32_t dst = sb + rank * kPart * kBKBytes;
@@ -596,12 +617,16 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
   using W = Walk<kCluster, kSplitK>;
   const W w(g);
   Pipe<Cfg::kStagesB> pipe;
+  bool first = true;
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
     const int bb = tile.b / g.b_div;
+    if (first && lane == 0) Stamp<kDiag>(17);
     for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
       if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
+      if (first && lane == 0) Stamp<kDiag>(2);
+      first = false;
       __syncwarp();
       if (zero_left) zero_left = zf.Next(g, lane);
       pipe.Next();
@@ -610,16 +635,21 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
   if (zero_left)
     while (zf.Next(g, lane)) {
     }
+  if (lane == 0) Stamp<kDiag>(3);
 }
 
-template <int kKind, bool kTransB>
+template <int kKind, bool kTransB, int kN = kBN>
 __device__ __forceinline__ void Mma(float* acc, uint64_t da, uint64_t db) {
+  static_assert(kN == 256 || kN == 128, "m64n256 or m64n128");
   if constexpr (kKind == kBf16) {
-    WgmmaBf16<0, kTransB ? 0 : 1>(acc, da, db);
+    if constexpr (kN == 256) WgmmaBf16<0, kTransB ? 0 : 1>(acc, da, db);
+    else WgmmaBf16N128<0, kTransB ? 0 : 1>(acc, da, db);
   } else if constexpr (kKind == kF16) {
-    WgmmaF16<0, kTransB ? 0 : 1>(acc, da, db);
+    if constexpr (kN == 256) WgmmaF16<0, kTransB ? 0 : 1>(acc, da, db);
+    else WgmmaF16N128<0, kTransB ? 0 : 1>(acc, da, db);
   } else {
-    WgmmaTf32(acc, da, db);
+    if constexpr (kN == 256) WgmmaTf32(acc, da, db);
+    else WgmmaTf32N128(acc, da, db);
   }
 }
 
@@ -658,11 +688,13 @@ __device__ __forceinline__ uint4 EpilogueChunk(uint4 v, uint4 b) {
 }
 
 // Split-K partial tiles in shared memory (this kernel's split-K and the grouped weight
-// gradient's): consumer thread ct (of 256) holds 128 fp32 accumulators, stored as 64 pairs,
-// pair p at (p * 256 + ct) * 8 from `base` (conflict-free).
+// gradient's): consumer thread ct (of 256) holds 2 * kPairs fp32 accumulators (128 for a
+// 256-column tile), stored as kPairs pairs, pair p at (p * 256 + ct) * 8 from `base`
+// (conflict-free).
+template <int kPairs = 64>
 __device__ __forceinline__ void StorePartials(uint32_t base, int ct, const float* acc) {
 #pragma unroll
-  for (int p = 0; p < 64; ++p)
+  for (int p = 0; p < kPairs; ++p)
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + (p * 256 + ct) * 8), "f"(acc[2 * p]),
                  "f"(acc[2 * p + 1])
                  : "memory");
@@ -673,11 +705,11 @@ __device__ __forceinline__ void StorePartials(uint32_t base, int ct, const float
 // reads: a fixed summation order, deterministic), handed to f(p, sum). The reads of
 // several pairs are issued before any is summed (8 in flight; with 16 the split-K kernels
 // spilled): one pair at a time, each pair waited a whole DSMEM round trip.
-template <int S, class F>
+template <int S, class F, int kAllPairs = 64>
 __device__ __forceinline__ void SumPairsOf(uint32_t base, int ct, int rank, int first, F&& f) {
   constexpr int kBatch = S >= 8 ? 1 : 8 / S;  // pairs per batch
-  constexpr int kPairs = 64 / S;                // pairs of this rank
-  static_assert(64 % S == 0 && kPairs % kBatch == 0, "S in {1, 2, 4, 8}");
+  constexpr int kPairs = kAllPairs / S;         // pairs of this rank
+  static_assert(kAllPairs % S == 0 && kPairs % kBatch == 0, "S in {1, 2, 4, 8}");
   uint32_t remote[S];  // rank first + s's view of this thread's pair 0
 #pragma unroll
   for (int s = 0; s < S; ++s)
@@ -734,7 +766,7 @@ struct ALoader {
     valid = false;
     for (t += w.step; t < g.total_tiles; t += w.step) {
       Tile tile;
-      if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
+      if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
       a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -782,13 +814,13 @@ struct SplitTile {
 // epilogue, else act(v + bias) with that activation code (0: bias only), on the staged
 // values (rounded once more; the product was rounded when staged).
 template <class Cfg, int kKind, int kAct>
-__device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[128], int n0, const int (&rows)[4],
+__device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cfg::kBN / 2], int n0, const int (&rows)[4],
                                             char* c_b, uint32_t stage_s, int lane) {
   constexpr int kPitch = Cfg::kEpiInA ? kBKBytes : kEpiPitch;
   auto chunk_at = [](int row, int c) { return Cfg::kEpiInA ? ((c ^ (row & 7)) << 4) : (c << 4); };
   const int fr = lane >> 2, fq = lane & 3;
 #pragma unroll
-  for (int ch = 0; ch < 4; ++ch) {
+  for (int ch = 0; ch < Cfg::kBN / 64; ++ch) {
     if (n0 + 64 * ch >= g.N) break;
     const int col = n0 + 64 * ch + 8 * (lane & 7);
     // This lane's 8 biases of the chunk, loaded before the staging so that the load's
@@ -848,15 +880,19 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   // This warp's epilogue staging: 16 rows x 64 columns at a time (16-bit types).
   char* epi = smem + Cfg::kEpiOffset + (wg * 4 + warp) * kEpiWarpBytes;
   const uint32_t epi_s = SmemAddr(epi);
-  float acc[128];
+  constexpr int kAcc = Cfg::kBN / 2;  // fp32 accumulators per thread
+  float acc[kAcc];
   ALoader<Cfg, W> loader;
   if constexpr (Cfg::kConsumerGather) {
     loader.Start(g, w, wg, warp, lane);
     for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
   }
+  const bool stamper = wg == 0 && tid == 0;
+  int stamp_tiles = 0;
+  if (stamper) Stamp<kDiag>(4);
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
     // Rows this lane writes (looked up now; used after the main loop). fp32 C: the rows of
     // the accumulator fragment (lane/4 and lane/4 + 8). 16-bit C (staged): rows lane/8 + 4i
     // of the warp's 16.
@@ -870,7 +906,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       for (int i = 0; i < 4; ++i) rows[i] = RowOf(g, tile, wrow + (lane >> 3) + 4 * i);
     }
 #pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
     int prev_a = -1, prev_b = -1;
     for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
       MbarWait(base + Cfg::kFullA + ((Cfg::kConsumerGather ? wg * Cfg::kStagesA : 0) + pa.stage) * 8, pa.phase);
@@ -878,7 +914,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       // cp.async writes are generic-proxy writes that wgmma reads through the async proxy.
       if constexpr (!(kDiag & kDiagNoFence)) FenceProxyAsync();
       const uint32_t sa = base + Cfg::kAOffset + pa.stage * kStageABytes + wg * (64 * kBKBytes);
-      const uint32_t sb = base + Cfg::kBOffset + pb.stage * kStageBBytes;
+      const uint32_t sb = base + Cfg::kBOffset + pb.stage * Cfg::kStageBBytes;
       const uint64_t da = MakeDesc(sa, 16, 1024);
       const uint64_t db = kTransB ? MakeDesc(sb, 16, 1024) : MakeDesc(sb, 8192, 1024);
       WgmmaFence();
@@ -888,7 +924,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
         // when N-major, +16 K rows = 2048 bytes.
         const uint64_t a_step = static_cast<uint64_t>(kk * 32) >> 4;
         const uint64_t b_step = static_cast<uint64_t>(kTransB ? kk * 32 : kk * 2048) >> 4;
-        Mma<kKind, kTransB>(acc, da + a_step, db + b_step);
+        Mma<kKind, kTransB, Cfg::kBN>(acc, da + a_step, db + b_step);
       }
       WgmmaCommit();
       WgmmaWait<1>();
@@ -910,6 +946,8 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
     }
     WgmmaWait<0>();
     FenceOperands(acc);
+    if (stamper && stamp_tiles == 0) Stamp<kDiag>(7);
+    ++stamp_tiles;
     if constexpr (Cfg::kConsumerGather && !Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
     if (tid == 0) {
       if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
@@ -925,7 +963,8 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
         // This group has no other tile, so no load is pending and, once both consumer
         // warpgroups are past their last wgmma, the stages are free for the fp32 partials.
         asm volatile("bar.sync 1, 256;" ::: "memory");
-        StorePartials(base, wg * 128 + tid, acc);
+        StorePartials<kAcc / 2>(base, wg * 128 + tid, acc);
+        if (stamper) Stamp<kDiag>(18);
         split.live = true;
         split.n0 = tile.n0;
         split.row0 = RowOf(g, tile, wrow + (lane >> 2));
@@ -948,7 +987,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       char* p1 = rows[1] >= 0 ? c_b + rows[1] * g.c_row_bytes : nullptr;
       const int col0 = tile.n0 + 2 * (lane & 3);
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
+      for (int j = 0; j < kAcc / 4; ++j) {
         const int col = col0 + 8 * j;
         if (col < g.N) {
           const int64_t off = static_cast<int64_t>(col) * 4;
@@ -960,7 +999,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       // all 128 accumulators, the activations' code would be 128 copies).
       if (g.epi.on) {
 #pragma unroll 4
-        for (int j = 0; j < 32; ++j) {
+        for (int j = 0; j < kAcc / 4; ++j) {
           const int col = col0 + 8 * j;
           const int64_t off = static_cast<int64_t>(col) * 4;
           if (p0 && col < g.N) {
@@ -998,12 +1037,15 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
         }
       }
     }
+    if (stamper && stamp_tiles == 1) Stamp<kDiag>(8);
     if constexpr (Cfg::kEpiInA) {
       __syncwarp();  // the warp's staging reads are done before its refill lands there
       loader.Issue(g, w, base, wg, warp, lane);
     }
   }
   if constexpr (Cfg::kConsumerGather) CpAsyncWaitAll();
+  if (stamper) Stamp<kDiag>(9), Stamp<kDiag>(10, stamp_tiles);
+  if (wg == 1 && tid == 0) Stamp<kDiag>(11);
   return split;
 }
 
@@ -1011,7 +1053,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
 // Consumer thread ct of group rank r sums pairs p = r, r + S, ... of its fragment over the
 // group's CTAs in rank order (DSMEM reads: deterministic for a given S) and stores them.
 // kAct: -1 no epilogue, else act(sum + bias) with that activation code (0: bias only).
-template <int kKind, int kAct>
+template <int kKind, int kAct, int kPairs>
 __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, uint32_t base, int ct, int rank,
                                             int S, int group_base) {
   const int lane = ct & 31;
@@ -1041,9 +1083,9 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
     }
   };
   if (S == 2) {  // SplitOf: 2 or 4 here (S = 1 does not reduce)
-    SumPairsOf<2>(base, ct, rank, group_base, store);
+    SumPairsOf<2, decltype(store)&, kPairs>(base, ct, rank, group_base, store);
   } else {
-    SumPairsOf<4>(base, ct, rank, group_base, store);
+    SumPairsOf<4, decltype(store)&, kPairs>(base, ct, rank, group_base, store);
   }
 }
 
@@ -1063,6 +1105,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   SplitTile split;
   if (threadIdx.x == 0) {
+    Stamp<kDiag>(0);
     const uint32_t base = SmemAddr(smem);
     for (int s = 0; s < Cfg::kStagesA; ++s) {
       if constexpr (Cfg::kConsumerGather) {
@@ -1085,6 +1128,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     ClusterSync();  // the peers' barriers are initialized before any multicast or remote arrive
   }
+  if constexpr ((kDiag & kDiagStamp) != 0) {
+    if (threadIdx.x == 0) {
+      Stamp<kDiag>(1);
+      uint32_t smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      Stamp<kDiag>(15, smid);
+    }
+  }
   if constexpr (kDiag & kDiagEmpty) {  // the launch and set-up alone
     if constexpr (kCluster > 1) ClusterSync();
     return;
@@ -1095,7 +1146,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
     } else if (Cfg::kConsumerGather) {
       ZeroFillOf<kDiag> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
+      if constexpr ((kDiag & kDiagStamp) != 0 && kCluster == 1 && !kSplitK) {
+        // When the first A (warpgroup 0's) and B stages land, seen from warp 3 (a stamp in
+        // the consumers' loop serializes their wgmma).
+        bool any = false;
+        for (int t = blockIdx.x; t < g.total_tiles && !any; t += gridDim.x) {
+          Tile tile;
+          any = DecodeTile<1, Cfg::kBN>(g, t, 0, tile);
+        }
+        if (warp == 3 && lane == 0 && any) {
+          const uint32_t base = SmemAddr(smem);
+          MbarWait(base + Cfg::kFullA, 0);
+          Stamp<kDiag>(5);
+          MbarWait(base + Cfg::kFullB, 0);
+          Stamp<kDiag>(6);
+        }
+        __syncwarp();
+      }
       if (!(kDiag & kDiagNoZero)) zf.RunAll(g, lane);
+      if (lane == 0) Stamp<kDiag>(warp == 0 ? 12 : warp == 1 ? 13 : 14);
     } else if (warp == 3 && Cfg::kZeroWarp) {
       ZeroFillOf<kDiag> zf;
       zf.RunAll(g, lane);
@@ -1119,16 +1188,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (w.kstep > 1) {
       __syncwarp();
       ClusterSync();  // every partial of the cluster is in shared memory
+      if (threadIdx.x == 128) Stamp<kDiag>(19);
       if (warp >= 4 && split.live) {
         const uint32_t sbase = SmemAddr(smem);
         const int ct = threadIdx.x - 128, gb = static_cast<int>(ClusterRank()) - w.kfirst;
         const int act = g.epi.on ? g.epi.act : -1;  // compile-time per branch (see StoreTile16)
-        if (act == -1) ReduceSplit<kKind, -1>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
-        else if (act == 1) ReduceSplit<kKind, 1>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
-        else if (act == 2) ReduceSplit<kKind, 2>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
-        else if (act == 3) ReduceSplit<kKind, 3>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
-        else if (act == 4) ReduceSplit<kKind, 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
-        else ReduceSplit<kKind, 0>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        if (act == -1) ReduceSplit<kKind, -1, Cfg::kBN / 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        else if (act == 1) ReduceSplit<kKind, 1, Cfg::kBN / 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        else if (act == 2) ReduceSplit<kKind, 2, Cfg::kBN / 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        else if (act == 3) ReduceSplit<kKind, 3, Cfg::kBN / 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        else if (act == 4) ReduceSplit<kKind, 4, Cfg::kBN / 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        else ReduceSplit<kKind, 0, Cfg::kBN / 4>(g, split, sbase, ct, w.kfirst, w.kstep, gb);
+        if (ct == 0) Stamp<kDiag>(8);
       }
     }
   }
@@ -1137,6 +1208,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if constexpr (kCluster > 1) {
     __syncwarp();
     ClusterSync();
+  }
+  if constexpr ((kDiag & kDiagStamp) != 0) {
+    __syncthreads();
+    if (threadIdx.x == 0) Stamp<kDiag>(16);
   }
 #endif
 }
