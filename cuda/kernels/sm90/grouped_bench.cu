@@ -10,6 +10,7 @@
 // with dlopen. Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 // --no-time (skip timing), --case=TEXT (just the cases whose name contains TEXT), --only=v1,v2 (just these
 // variants, see kVariants; for the weight gradient: auto, v2, v3, v3.s1, v3.s2, v3.s4, v3.s8, see RunWgrad).
+// v3.stamp (phase timestamps of the weight gradient's CTAs) also needs -DPIT_RG_EXPERIMENTS.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -46,6 +47,7 @@ namespace sm90_grouped_testing {
 // grouped_gemm.cu (bench only): the weight gradient's version 2 / 3 / 0 (auto) with split 0
 // (auto) or 1..8, without the size gate.
 cudaError_t LaunchWgradVariant(const GroupedWgradParams& p, cudaStream_t stream, int version, int split);
+cudaError_t WgradStamps(unsigned long long* host, int ctas, bool clear);
 }  // namespace sm90_grouped_testing
 }  // namespace pit
 
@@ -516,6 +518,38 @@ __global__ void CompareAll(const T* x, const float* ref, int64_t n, Stats* st) {
   if (bad) atomicAdd(&st->bad_live, bad);
 }
 
+// Phase timestamps of the last v3.stamp launch (grouped_wgrad.cuh): per slot, min / median
+// / max over the CTAs that wrote it, in us from the earliest CTA's entry.
+void PrintWgradStamps(const char* what) {
+  static const char* kNames[20] = {"entry", "set-up done", "producer: stage 1 issued", "producer: done",
+                                   "consumer: start", "", "", "consumer: loop done", "stored / partials stored",
+                                   "", "(k-blocks)", "", "", "", "", "", "CTA end", "", "split: reduced",
+                                   "split: cluster synced"};
+  constexpr int kSlots = 24;  // sm90_rg::kStampSlots
+  std::vector<unsigned long long> st(1024 * kSlots);
+  if (pit::sm90_grouped_testing::WgradStamps(st.data(), 1024, false) != cudaSuccess) return;
+  unsigned long long t0 = ~0ull;
+  int ctas = 0;
+  for (int c = 0; c < 1024; ++c)
+    if (st[c * kSlots]) t0 = std::min(t0, st[c * kSlots]), ++ctas;
+  if (!ctas) return;
+  std::vector<double> kb;
+  for (int c = 0; c < 1024; ++c)
+    if (st[c * kSlots]) kb.push_back(double(st[c * kSlots + 10]));
+  std::sort(kb.begin(), kb.end());
+  printf("       stamps %s: %d CTAs, k-blocks per CTA %.0f / %.0f / %.0f (us from the first entry; min / median / max)\n",
+         what, ctas, kb.front(), kb[kb.size() / 2], kb.back());
+  for (int slot = 0; slot < 20; ++slot) {
+    if (!kNames[slot][0] || slot == 10) continue;
+    std::vector<double> v;
+    for (int c = 0; c < 1024; ++c)
+      if (st[c * kSlots] && st[c * kSlots + slot]) v.push_back((st[c * kSlots + slot] - t0) * 1e-3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    printf("         %-26s %7.2f %7.2f %7.2f\n", kNames[slot], v.front(), v[v.size() / 2], v.back());
+  }
+}
+
 template <typename T>
 void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
   const int64_t A = cs.T * cs.k, D = cs.D, F = cs.F, E = cs.E;
@@ -582,8 +616,9 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
     const char* name;
     int version, split;
   };
-  static const WV kWV[] = {{"auto", 0, 0}, {"v2", 2, 0}, {"v3", 3, 0}, {"v3.s1", 3, 1},
-                           {"v3.s2", 3, 2}, {"v3.s4", 3, 4}, {"v3.s8", 3, 8}};
+  // v3.stamp: v3 (auto split) recording phase timestamps (needs -DPIT_RG_EXPERIMENTS too).
+  static const WV kWV[] = {{"auto", 0, 0},  {"v2", 2, 0},    {"v3", 3, 0},    {"v3.s1", 3, 1},
+                           {"v3.s2", 3, 2}, {"v3.s4", 3, 4}, {"v3.s8", 3, 8}, {"v3.stamp", 13, 0}};
   std::vector<WV> wv;
   for (const WV& v : kWV) {
     const Variant sel{v.name, 0, 0, 0};
@@ -600,7 +635,7 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
       cudaError_t e = generic ? launch_generic()
                               : pit::sm90_grouped_testing::LaunchWgradVariant(p, stream, wv[vi].version, wv[vi].split);
       if (generic && e == cudaErrorNotSupported) break;
-      if (!generic && e == cudaErrorNotSupported && wv[vi].version == 2) break;  // v2: -DPIT_GG_EXPERIMENTS only
+      if (!generic && e == cudaErrorNotSupported && (wv[vi].version == 2 || wv[vi].version == 13)) break;  // bench builds only
       if (e != cudaSuccess) {
         printf("[FAIL] %-34s %s launch returned %s\n", cs.name.c_str(), generic ? "generic" : wv[vi].name,
                cudaGetErrorName(e));
@@ -653,6 +688,7 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
     const bool with_blas = blas::handle && row_div == 1 && cs.batch == 1;
     const int nv = static_cast<int>(wv.size());
     std::vector<std::vector<float>> times(nv + 3);  // variants, generic, cuBLAS dense, cuBLAS compact
+    pit::sm90_grouped_testing::WgradStamps(nullptr, 0, true);
     for (int it = 0; it < 30; ++it)
       for (int i = 0; i < nv + 3; ++i) {
         if (i >= nv + 1 && !with_blas) continue;
@@ -669,6 +705,8 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (ok && it >= 5) times[i].push_back(ms);
       }
+    for (int i = 0; i < nv; ++i)
+      if (wv[i].version == 13 && !times[i].empty()) PrintWgradStamps(cs.name.c_str());
     TimingRow row;
     row.name = cs.name;
     row.flops = 2.0 * (E == 1 ? counts[0] : A) * D * F;  // the listed tokens (none dropped in the E > 1 timed cases)

@@ -293,6 +293,15 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   }
 #endif
   if (version == 0) version = kWgradDefaultVersion;
+  const bool stamps = version == 13;  // v3 with phase timestamps (bench builds only)
+  if (stamps) {
+#if !(defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS))
+    return kNo;
+#endif
+    if (which != 0) return kNo;
+    version = 3;
+  }
+  (void)stamps;
   if (version != 3) return kNo;
 
   // v3.
@@ -310,6 +319,17 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
   auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
+#if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
+  if (stamps) {  // phase timestamps (bf16 only)
+    kernel = GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp>;
+    static bool attr_stamp[kMaxDevices] = {};
+    if (!attr_stamp[devi]) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
+      if (e != cudaSuccess) return e;
+      attr_stamp[devi] = true;
+    }
+  }
+#endif
   cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args, map_src, map_dy);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
@@ -328,6 +348,20 @@ cudaError_t LaunchWgradAlways(const GroupedWgradParams& p, cudaStream_t stream) 
 // Bench only (declared in grouped_bench.cu): version 2 / 3 / 0 (auto), split 0 (auto) or 1..8.
 cudaError_t LaunchWgradVariant(const GroupedWgradParams& p, cudaStream_t stream, int version, int split) {
   return LaunchWgradImpl(p, stream, true, version, split);
+}
+// Bench only: the phase timestamps of the last stamped launch (version 13), or clear them.
+cudaError_t WgradStamps(unsigned long long* host, int ctas, bool clear) {
+#if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
+  if (clear) {
+    static unsigned long long zeros[1024][sm90_rg::kStampSlots] = {};
+    return cudaMemcpyToSymbol(sm90_rg::g_rg_stamps, zeros, sizeof zeros);
+  }
+  return cudaMemcpyFromSymbol(host, sm90_rg::g_rg_stamps,
+                              sizeof(unsigned long long) * sm90_rg::kStampSlots * (ctas < 1024 ? ctas : 1024));
+#else
+  (void)host, (void)ctas, (void)clear;
+  return cudaErrorNotSupported;
+#endif
 }
 std::atomic<bool>& LagWarps() {
   static std::atomic<bool> on{false};

@@ -306,10 +306,12 @@ struct W3Cursor {
 // stage's byte count while the other producer threads arrive plainly. The last stage of a
 // batch entry reads the rows up to the next multiple of kW3Tok, which the packing pass
 // zeroed (or TMA fills with zeros past the end).
-template <int kKind>
+// kDiag: sm90_rg::kDiagStamp records phase timestamps (bench builds only; see Stamp).
+template <int kKind, int kDiag = 0>
 __global__ void __launch_bounds__(kW3Threads, 1)
     GroupedWgradWsKernel(const WgradArgs g, const __grid_constant__ CUtensorMap map_src,
                          const __grid_constant__ CUtensorMap map_dy) {
+  using sm90_rg::Stamp;
   static_assert(kKind == sm90_rg::kBf16 || kKind == sm90_rg::kF16, "bf16 / f16 only");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
@@ -332,6 +334,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const int mine = total > rank ? (total - rank + S - 1) / S : 0;
 
   if (tid == 0) {
+    Stamp<kDiag>(0);
     for (int s = 0; s < kW3Stages; ++s) {
       sm90_rg::MbarInit(base + kW3Full + s * 8, 128);  // every gathering thread (cp.async noinc)
       sm90_rg::MbarInit(base + kW3Empty + s * 8, 8);   // lane 0 of every consumer warp
@@ -339,6 +342,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if (tid == 0) Stamp<kDiag>(1), Stamp<kDiag>(10, mine);
 
   float acc[128];
   if (warp < 4) {
@@ -410,12 +414,15 @@ __global__ void __launch_bounds__(kW3Threads, 1)
                            ok ? p + col * 2 : g.dy, ok ? 16u : 0u);
       }
       sm90_rg::CpAsyncArriveNoinc(base + kW3Full + stage * 8);
+      if (i == 0 && tid == 0) Stamp<kDiag>(2);
       if (++stage == kW3Stages) stage = 0, phase ^= 1;
     }
     sm90_rg::CpAsyncWaitAll();
+    if (tid == 0) Stamp<kDiag>(3);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kW3ConsumerRegs));
     const int wg = (warp >> 2) - 1;
+    if (tid == 128) Stamp<kDiag>(4);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int stage = 0, prev = -1;
@@ -444,6 +451,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     }
     sm90_rg::WgmmaWait<0>();
     sm90_rg::FenceOperands(acc);
+    if (tid == 128) Stamp<kDiag>(7);
     // Every consumer's wgmma is done (the producers' copies all landed before): the stages
     // are free for the epilogue.
     asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -481,10 +489,12 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     } else {
       sm90_rg::StorePartials(base, ct, acc);  // the partial sums
     }
+    if (tid == 128) Stamp<kDiag>(8);
   }
   if (S > 1) {
     // Everyone's partials are written (and no producer copy is pending) ...
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+    if (tid == 128) Stamp<kDiag>(19);
     if (warp >= 4) {
       const int ct = tid - 128;
       const int cwg = ct >> 7, cwarp = (ct >> 5) & 3, cl = ct & 31;
@@ -498,9 +508,14 @@ __global__ void __launch_bounds__(kW3Threads, 1)
           *reinterpret_cast<uint32_t*>(dw_t + (static_cast<int64_t>(row) * g.F + col) * 2) =
               sm90_rg::Pack2<kKind>(sum.x, sum.y);
       });
+      if (tid == 128) Stamp<kDiag>(18);
     }
     // ... and no CTA leaves while a peer may still read its shared memory.
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+  }
+  if constexpr ((kDiag & sm90_rg::kDiagStamp) != 0) {
+    __syncthreads();
+    if (tid == 0) Stamp<kDiag>(16);
   }
 #endif
 }

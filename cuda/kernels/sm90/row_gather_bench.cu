@@ -176,11 +176,12 @@ static const Variant kVariants[] = {
 
 // Phase timestamps (kDiagStamp, row_gather_gemm.cuh Stamp) of the last launch: per slot,
 // min / median / max over the CTAs that wrote it, in us from the earliest CTA's entry.
-static const char* kStampNames[20] = {
+static const char* kStampNames[24] = {
     "entry", "set-up done", "B: first TMA issued", "B: loads done", "WG0: A gathers issued", "WG0: first A stage",
     "WG0: first B stage", "WG0: tile 1 math done", "WG0: tile 1 stored (split: reduced)", "WG0: done", "(tiles)", "WG1: done",
     "zero warp 0 done", "zero warp 1 done", "zero warp 3 done", "(smid)", "CTA end", "B: first tile decoded",
-    "split: partials stored", "split: cluster synced"};
+    "split: partials stored", "split: cluster synced", "WG0: start (after setmaxnreg)", "WG0: first tile's rows read",
+    "", ""};
 void ClearStamps() {
 #ifdef PIT_RG_EXPERIMENTS
   CK(pit::sm90_rg_testing::Stamps(nullptr, 0, true));
@@ -190,21 +191,21 @@ void PrintStamps(const char* what) {
 #ifndef PIT_RG_EXPERIMENTS
   (void)what;
 #else
-  std::vector<unsigned long long> st(1024 * 20);
+  std::vector<unsigned long long> st(1024 * 24);
   CK(pit::sm90_rg_testing::Stamps(st.data(), 1024, false));
   unsigned long long t0 = ~0ull;
   int ctas = 0, busy = 0;
   for (int c = 0; c < 1024; ++c)
-    if (st[c * 20 + 0]) t0 = std::min(t0, st[c * 20 + 0]), ++ctas, busy += st[c * 20 + 10] > 0;
+    if (st[c * 24 + 0]) t0 = std::min(t0, st[c * 24 + 0]), ++ctas, busy += st[c * 24 + 10] > 0;
   if (!ctas) return;
   printf("       stamps %s: %d CTAs, %d with tiles (us from the first entry; min / median / max)\n", what, ctas, busy);
-  for (int slot = 0; slot < 20; ++slot) {
+  for (int slot = 0; slot < 22; ++slot) {
     if (slot == 10 || slot == 15) continue;
     for (int want_busy = 1; want_busy >= 0; --want_busy) {
       std::vector<double> v;
       for (int c = 0; c < 1024; ++c) {
-        if (!st[c * 20 + 0] || (st[c * 20 + 10] > 0) != (want_busy == 1)) continue;
-        if (st[c * 20 + slot]) v.push_back((st[c * 20 + slot] - t0) * 1e-3);
+        if (!st[c * 24 + 0] || (st[c * 24 + 10] > 0) != (want_busy == 1)) continue;
+        if (st[c * 24 + slot]) v.push_back((st[c * 24 + slot] - t0) * 1e-3);
       }
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());

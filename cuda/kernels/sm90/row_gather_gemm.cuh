@@ -111,7 +111,7 @@ enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8
 // Not a timing switch either: kDiagStamp records %globaltimer at fixed points of each CTA's
 // work into g_rg_stamps (bench builds only, -DPIT_RG_EXPERIMENTS; results stay right).
 constexpr int kDiagStamp = 128;
-constexpr int kStampSlots = 20;
+constexpr int kStampSlots = 24;
 #ifdef PIT_RG_EXPERIMENTS
 __device__ unsigned long long g_rg_stamps[1024][kStampSlots];
 #endif
@@ -883,11 +883,13 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   constexpr int kAcc = Cfg::kBN / 2;  // fp32 accumulators per thread
   float acc[kAcc];
   ALoader<Cfg, W> loader;
+  const bool stamper = wg == 0 && tid == 0;
+  if (stamper) Stamp<kDiag>(20);
   if constexpr (Cfg::kConsumerGather) {
     loader.Start(g, w, wg, warp, lane);
+    if (stamper) Stamp<kDiag>(21);
     for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
   }
-  const bool stamper = wg == 0 && tid == 0;
   int stamp_tiles = 0;
   if (stamper) Stamp<kDiag>(4);
   for (int t = w.first; t < g.total_tiles; t += w.step) {
