@@ -31,8 +31,9 @@ constexpr int kTok = 64;                 // rows per stage
 constexpr int kBlocks = 4;               // 64-column blocks per row: 256 columns
 constexpr int kBlock = kTok * 128;       // 8 KB: 64 K rows x 128 B
 constexpr int kStage = kBlocks * kBlock; // 32 KB
+constexpr int kStageW = 6 * kBlock;      // methods 3, 4: the weight gradient's 48 KB stage
 constexpr int kStages = 4;
-constexpr int kFull = kStages * kStage, kEmpty = kFull + 8 * kStages;
+constexpr int kFull = kStages * kStageW, kEmpty = kFull + 8 * kStages;
 constexpr int kSmem = kEmpty + 8 * kStages + 1024;
 
 struct ProbeArgs {
@@ -44,9 +45,16 @@ struct ProbeArgs {
 
 // method 0: cp.async by 4 warps (one row x 32 chunks per warp instruction, as the weight
 // gradient's producers); 1: TMA row boxes from one thread; 2: TMA row boxes from lane 0 of
-// each of the 4 producer warps (a quarter of the rows each).
+// each of the 4 producer warps (a quarter of the rows each); 3: the weight gradient's 48 KB
+// stage (2 blocks of 2 rows x 16 chunks per instruction, then method 0's 4 blocks), the
+// consumer releasing a stage only when the next one has landed (as its wgmma loop does);
+// 4: method 3's stage, released at once; 5 / 6: method 3 with 8 consumer warps (as the
+// weight gradient has), each thread waiting on the full barrier, 5 with and 6 without the
+// fence.proxy.async that orders cp.async's writes before wgmma's reads; 7: method 3 with
+// the zero-fill form (src-size a register: 16 or 0 by a runtime test, as the kernels
+// write it); 8: method 3 with each row's 64-bit address shuffled instead of its id.
 template <int kMethod>
-__global__ void __launch_bounds__(160, 1) GatherProbe(const ProbeArgs g, const __grid_constant__ CUtensorMap map) {
+__global__ void __launch_bounds__(384, 1) GatherProbe(const ProbeArgs g, const __grid_constant__ CUtensorMap map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -54,8 +62,8 @@ __global__ void __launch_bounds__(160, 1) GatherProbe(const ProbeArgs g, const _
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(base + kFull + s * 8, kMethod == 0 ? 128 : (kMethod == 1 ? 1 : 4));
-      MbarInit(base + kEmpty + s * 8, 1);
+      MbarInit(base + kFull + s * 8, kMethod == 0 || kMethod >= 3 ? 128 : (kMethod == 1 ? 1 : 4));
+      MbarInit(base + kEmpty + s * 8, kMethod == 5 || kMethod == 6 ? 8 : 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
@@ -67,13 +75,39 @@ __global__ void __launch_bounds__(160, 1) GatherProbe(const ProbeArgs g, const _
     for (int i = 0; i < g.stages; ++i) {
       const int first = (blockIdx.x * 64 + i * 64 * gridDim.x) % g.n_ids;
       MbarWait(base + kEmpty + stage * 8, phase ^ 1);
-      const uint32_t ss = base + stage * kStage;
+      const uint32_t ss = base + stage * (kMethod >= 3 ? kStageW : kStage);
       const uint32_t full = base + kFull + stage * 8;
       // The stage's row ids: lane l of warp w holds row 16w + l (l < 16); method 1's warp 0
       // holds rows l and l + 32.
       const int id_a = __ldg(g.ids + (first + (kMethod == 1 ? lane : warp * 16 + (lane & 15))) % g.n_ids);
       const int id_b = kMethod == 1 ? __ldg(g.ids + (first + lane + 32) % g.n_ids) : 0;
-      if constexpr (kMethod == 0) {
+      if constexpr (kMethod == 3 || kMethod == 4 || kMethod == 5 || kMethod == 6 || kMethod == 7 || kMethod == 8) {
+        const uint32_t zf = (kMethod == 7 && id_a >= 0) ? 16u : (kMethod == 7 ? 0u : 16u);
+        const char* row_a = g.x + static_cast<int64_t>(id_a) * g.cols * 2;
+        // A: 2 blocks (128 columns of the row's first 256 B... of another region of x), 2 rows
+        // x 16 chunks per instruction; B: 4 blocks, one row x 32 chunks per instruction.
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int tt = (lane >> 4) + 2 * r, ch = lane & 15, k = warp * 16 + tt;
+          const int id = __shfl_sync(0xffffffffu, id_a, tt);
+          const char* src = g.x + (static_cast<int64_t>(id) * g.cols) * 2 + 1024 + ch * 16;
+          if constexpr (kMethod == 8)
+            src = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(row_a), tt)) + 1024 + ch * 16;
+          const uint32_t n = kMethod == 7 ? __shfl_sync(0xffffffffu, zf, tt) : 16u;
+          CpAsync16(ss + (ch >> 3) * kBlock + k * 128 + (((ch & 7) ^ (k & 7)) << 4), src, n);
+        }
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          const int k = warp * 16 + r;
+          const int id = __shfl_sync(0xffffffffu, id_a, r);
+          const char* src = g.x + (static_cast<int64_t>(id) * g.cols) * 2 + 2048 + lane * 16;
+          if constexpr (kMethod == 8)
+            src = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(row_a), r)) + 2048 + lane * 16;
+          const uint32_t n = kMethod == 7 ? __shfl_sync(0xffffffffu, zf, r) : 16u;
+          CpAsync16(ss + 2 * kBlock + (lane >> 3) * kBlock + k * 128 + (((lane & 7) ^ (k & 7)) << 4), src, n);
+        }
+        CpAsyncArriveNoinc(full);
+      } else if constexpr (kMethod == 0) {
         // warp w: rows 16w .. 16w + 15, one row (512 B) per instruction
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
@@ -97,17 +131,25 @@ __global__ void __launch_bounds__(160, 1) GatherProbe(const ProbeArgs g, const _
       }
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
-    if constexpr (kMethod == 0) CpAsyncWaitAll();
-  } else {
-    // consumer: wait, (check), release
+    if constexpr (kMethod == 0 || kMethod >= 3) CpAsyncWaitAll();
+  } else if (kMethod == 5 || kMethod == 6 || warp == 4) {
+    // consumer: wait, (check), release (method 3: the previous stage, once this one landed)
+    int prev = -1;
     for (int i = 0; i < g.stages; ++i) {
       MbarWait(base + kFull + stage * 8, phase);
-      if (i == 0 && blockIdx.x == 0 && g.check) {
+      if constexpr (kMethod == 5) FenceProxyAsync();
+      static_assert(kMethod <= 8, "methods 0..8");
+      if (i == 0 && blockIdx.x == 0 && g.check && kMethod < 3) {
         for (int o = lane * 16; o < kStage; o += 32 * 16)
           *reinterpret_cast<uint4*>(g.check + o) = LdShared16(base + stage * kStage + o);
       }
       __syncwarp();
-      if (lane == 0) MbarArrive(base + kEmpty + stage * 8);
+      if (kMethod == 3 || kMethod >= 5) {  // 7, 8: as 3
+        if (lane == 0 && prev >= 0) MbarArrive(base + kEmpty + prev * 8);
+        prev = stage;
+      } else if (lane == 0) {
+        MbarArrive(base + kEmpty + stage * 8);
+      }
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
   }
@@ -150,21 +192,24 @@ int main(int argc, char** argv) {
     printf("tensor map encode failed\n");
     return 1;
   }
-  auto kernels = {GatherProbe<0>, GatherProbe<1>, GatherProbe<2>};
-  const char* names[] = {"cp.async (4 warps)", "TMA rows (1 thread)", "TMA rows (4 threads)"};
+  auto kernels = {GatherProbe<0>, GatherProbe<1>, GatherProbe<2>, GatherProbe<3>,
+                  GatherProbe<4>, GatherProbe<5>, GatherProbe<6>, GatherProbe<7>, GatherProbe<8>};
+  const char* names[] = {"cp.async (4 warps)", "TMA rows (1 thread)", "TMA rows (4 threads)", "wgrad stage, late",
+                         "wgrad stage, at once", "wgrad, 8 warps, fence", "wgrad, 8 warps", "wgrad, zero-fill form",
+                         "wgrad, 64-bit shuffles"};
   int m = 0, fails = 0;
   printf("rows %d, listed %d, %d SMs, %d stages of %d B per CTA\n", rows, n_ids, sms, stages, kStage);
   for (auto kern : kernels) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     ProbeArgs g{reinterpret_cast<const char*>(x), d_ids, n_ids, cols, stages, check};
     CK(cudaMemsetAsync(check, 0xFF, kStage, s));
-    kern<<<sms, 160, kSmem, s>>>(g, map);
+    kern<<<sms, 384, kSmem, s>>>(g, map);
     CK(cudaStreamSynchronize(s));
     // check CTA 0's first stage: token k (ids[k]), block h, chunk c at h*kBlock + k*128 + ((c ^ (k & 7)) * 16)
     std::vector<uint16_t> hc(kStage / 2);
     CK(cudaMemcpy(hc.data(), check, kStage, cudaMemcpyDeviceToHost));
     int bad = 0;
-    for (int k = 0; k < kTok; ++k)
+    for (int k = 0; k < kTok && m < 3; ++k)
       for (int h = 0; h < kBlocks; ++h)
         for (int c = 0; c < 8; ++c)
           for (int e = 0; e < 8; ++e) {
@@ -180,7 +225,7 @@ int main(int argc, char** argv) {
     std::vector<float> t;
     for (int r = 0; r < 12; ++r) {
       CK(cudaEventRecord(e0, s));
-      kern<<<sms, 160, kSmem, s>>>(g, map);
+      kern<<<sms, 384, kSmem, s>>>(g, map);
       CK(cudaEventRecord(e1, s));
       CK(cudaEventSynchronize(e1));
       float ms;
@@ -189,7 +234,7 @@ int main(int argc, char** argv) {
     }
     std::sort(t.begin(), t.end());
     const double ms = t[t.size() / 2];
-    const double per_sm = double(stages) * kStage / (ms * 1e-3) / 1e9;
+    const double per_sm = double(stages) * (m >= 3 ? kStageW : kStage) / (ms * 1e-3) / 1e9;
     printf("%-22s layout %s (%d bad), %.3f ms, %.2f us per stage, %.1f GB/s per SM, %.0f GB/s total\n", names[m],
            bad ? "WRONG" : "ok", bad, ms, ms * 1e3 / stages, per_sm, per_sm * sms);
     ++m;

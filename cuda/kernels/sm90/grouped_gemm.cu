@@ -293,7 +293,11 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   }
 #endif
   if (version == 0) version = kWgradDefaultVersion;
-  const bool stamps = version == 13;  // v3 with phase timestamps (bench builds only)
+  // 13: v3 with phase timestamps; 14 / 15: the same without the gather / the wgmma (timing
+  // only, wrong results). Bench builds only.
+  const bool stamps = version >= 13 && version <= 15;
+  const int diag = stamps ? version - 13 : 0;
+  (void)diag;
   if (stamps) {
 #if !(defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS))
     return kNo;
@@ -320,13 +324,15 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   const WgradArgs args = g;
   auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
 #if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
-  if (stamps) {  // phase timestamps (bf16 only)
-    kernel = GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp>;
-    static bool attr_stamp[kMaxDevices] = {};
-    if (!attr_stamp[devi]) {
+  if (stamps) {  // phase timestamps (bf16 only), with the timing diagnostics of `diag`
+    kernel = diag == 1   ? GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp | kWgDiagNoGather>
+             : diag == 2 ? GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp | kWgDiagNoMath>
+                         : GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp>;
+    static bool attr_stamp[kMaxDevices][3] = {};
+    if (!attr_stamp[devi][diag]) {
       cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
       if (e != cudaSuccess) return e;
-      attr_stamp[devi] = true;
+      attr_stamp[devi][diag] = true;
     }
   }
 #endif

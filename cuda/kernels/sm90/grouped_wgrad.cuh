@@ -250,8 +250,12 @@ constexpr int kW3Full = kW3Stages * kW3StageBytes;  // full barriers, then empty
 constexpr int kW3Empty = kW3Full + 8 * kW3Stages;
 constexpr int kW3SmemBytes = kW3Empty + 8 * kW3Stages + 1024;  // + alignment slack
 constexpr int kW3EpiPitch = 528;                    // staged output row: 256 x 2 B + 16 B pad
+// setmaxnreg moves registers within the CTA's launch allocation (168 x 384 = 64512), so
+// 128 x producer + 256 x consumer must not exceed it: 96 / 208 deadlocked the consumers'
+// setmaxnreg.inc (run 16).
 constexpr int kW3ProducerRegs = 56;
 constexpr int kW3ConsumerRegs = 224;
+static_assert(128 * kW3ProducerRegs + 256 * kW3ConsumerRegs <= 168 * 384, "within the launch allocation");
 static_assert(kW3SmemBytes <= 232448, "over the 227 KB opt-in limit");
 static_assert(8 * 16 * kW3EpiPitch <= kW3Full, "epilogue staging fits in the stages");
 static_assert(256 * 128 * 4 <= kW3Full, "split partials fit in the stages");
@@ -306,7 +310,10 @@ struct W3Cursor {
 // stage's byte count while the other producer threads arrive plainly. The last stage of a
 // batch entry reads the rows up to the next multiple of kW3Tok, which the packing pass
 // zeroed (or TMA fills with zeros past the end).
-// kDiag: sm90_rg::kDiagStamp records phase timestamps (bench builds only; see Stamp).
+// kDiag: sm90_rg::kDiagStamp records phase timestamps (bench builds only; see Stamp);
+// timing diagnostics (wrong results): kWgDiagNoGather (the producers copy nothing),
+// kWgDiagNoMath (the consumers issue no wgmma).
+constexpr int kWgDiagNoGather = 1, kWgDiagNoMath = 2;
 template <int kKind, int kDiag = 0>
 __global__ void __launch_bounds__(kW3Threads, 1)
     GroupedWgradWsKernel(const WgradArgs g, const __grid_constant__ CUtensorMap map_src,
@@ -393,6 +400,11 @@ __global__ void __launch_bounds__(kW3Threads, 1)
         if (++stage == kW3Stages) stage = 0, phase ^= 1;
         continue;
       }
+      if constexpr ((kDiag & kWgDiagNoGather) != 0) {
+        sm90_rg::CpAsyncArriveNoinc(base + kW3Full + stage * 8);
+        if (++stage == kW3Stages) stage = 0, phase ^= 1;
+        continue;
+      }
 #pragma unroll
       for (int r = 0; r < 4 * kPasses; ++r) {  // A: 2 tokens x 16 chunks per instruction
         const int pass = r / 4, tt = (lane >> 4) + 2 * (r % 4), ch = lane & 15, k = 8 * warp + 32 * pass + tt;
@@ -437,7 +449,8 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 #pragma unroll
       for (int kk = 0; kk < kW3Tok / 16; ++kk) {
         const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
-        if constexpr (kKind == sm90_rg::kBf16) {
+        if constexpr ((kDiag & kWgDiagNoMath) != 0) {
+        } else if constexpr (kKind == sm90_rg::kBf16) {
           sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
         } else {
           sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
