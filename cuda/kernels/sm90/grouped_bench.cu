@@ -9,7 +9,7 @@
 // cuBLAS (the oracle: one dense product of the same token count) is loaded at run time
 // with dlopen. Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 // --no-time (skip timing), --case=TEXT (just the cases whose name contains TEXT), --only=v1,v2 (just these
-// variants, see kVariants; for the weight gradient: auto, v2, v3, v3.s1, v3.s2, v3.s4, v3.s8, see RunWgrad).
+// variants, see kVariants; for the weight gradient: auto, v2, v3, v3.s1, v3.s2, v3.s4, v3.s8, v3.r88, v3.r96, see RunWgrad).
 // v3.stamp (phase timestamps of the weight gradient's CTAs) also needs -DPIT_RG_EXPERIMENTS.
 #include <dlfcn.h>
 
@@ -619,7 +619,8 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
   // v3.stamp: v3 (auto split) recording phase timestamps (needs -DPIT_RG_EXPERIMENTS too).
   static const WV kWV[] = {{"auto", 0, 0},  {"v2", 2, 0},    {"v3", 3, 0},    {"v3.s1", 3, 1},
                            {"v3.s2", 3, 2}, {"v3.s4", 3, 4}, {"v3.s8", 3, 8}, {"v3.stamp", 13, 0},
-                           {"v3.stamp.noGather", 14, 0}, {"v3.stamp.noMath", 15, 0}};
+                           {"v3.stamp.noGather", 14, 0}, {"v3.stamp.noMath", 15, 0}, {"v3.r88", 16, 0},
+                           {"v3.r96", 17, 0}};
   std::vector<WV> wv;
   for (const WV& v : kWV) {
     const Variant sel{v.name, 0, 0, 0};
@@ -631,13 +632,13 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
   CK(cudaMalloc(&dDiff, sizeof(unsigned long long)));
   for (size_t vi = 0; vi <= wv.size(); ++vi) {
     const bool generic = vi == wv.size();
-    if (!generic && wv[vi].version >= 14) continue;  // timing diagnostics: wrong results
+    if (!generic && (wv[vi].version == 14 || wv[vi].version == 15)) continue;  // timing diagnostics: wrong results
     for (int rep = 0; rep < (generic ? 1 : 2); ++rep) {
       CK(cudaMemsetAsync(dDw, 0xFF, n_dw * es, stream));
       cudaError_t e = generic ? launch_generic()
                               : pit::sm90_grouped_testing::LaunchWgradVariant(p, stream, wv[vi].version, wv[vi].split);
       if (generic && e == cudaErrorNotSupported) break;
-      if (!generic && e == cudaErrorNotSupported && (wv[vi].version == 2 || wv[vi].version == 13)) break;  // bench builds only
+      if (!generic && e == cudaErrorNotSupported && (wv[vi].version == 2 || wv[vi].version >= 13)) break;  // bench builds only
       if (e != cudaSuccess) {
         printf("[FAIL] %-34s %s launch returned %s\n", cs.name.c_str(), generic ? "generic" : wv[vi].name,
                cudaGetErrorName(e));
@@ -708,7 +709,7 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
         if (ok && it >= 5) times[i].push_back(ms);
       }
     for (int i = 0; i < nv; ++i)
-      if (wv[i].version >= 13 && !times[i].empty()) {
+      if (wv[i].version >= 13 && wv[i].version <= 15 && !times[i].empty()) {
         // each stamped variant's last launch overwrote the stamps: time it alone again
         pit::sm90_grouped_testing::WgradStamps(nullptr, 0, true);
         pit::sm90_grouped_testing::LaunchWgradVariant(p, stream, wv[i].version, wv[i].split);

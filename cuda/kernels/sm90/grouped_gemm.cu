@@ -293,19 +293,30 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   }
 #endif
   if (version == 0) version = kWgradDefaultVersion;
-  // 13: v3 with phase timestamps; 14 / 15: the same without the gather / the wgmma (timing
-  // only, wrong results). Bench builds only.
-  const bool stamps = version >= 13 && version <= 15;
-  const int diag = stamps ? version - 13 : 0;
-  (void)diag;
-  if (stamps) {
-#if !(defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS))
-    return kNo;
+  // Bench-only forms of v3 (bf16): 13 phase timestamps; 14 / 15 the same without the gather /
+  // the wgmma (timing only, wrong results); 16 / 17 producer / consumer registers 88 / 208
+  // and 96 / 200 instead of 56 / 224.
+  decltype(&GroupedWgradWsKernel<kBf16>) bench_kernel = nullptr;
+  if (version >= 13 && version <= 17) {
+#if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
+    constexpr int kStamp = sm90_rg::kDiagStamp;
+    switch (version) {
+      case 13: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp>; break;
+      case 14: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp | kWgDiagNoGather>; break;
+      case 15: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp | kWgDiagNoMath>; break;
+      case 16: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 88, 208>; break;
+      default: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 96, 200>; break;
+    }
+    static bool attr_bench[kMaxDevices][5] = {};
+    if (!attr_bench[devi][version - 13]) {
+      cudaError_t e = cudaFuncSetAttribute(bench_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
+      if (e != cudaSuccess) return e;
+      attr_bench[devi][version - 13] = true;
+    }
 #endif
-    if (which != 0) return kNo;
+    if (!bench_kernel || which != 0) return kNo;
     version = 3;
   }
-  (void)stamps;
   if (version != 3) return kNo;
 
   // v3.
@@ -322,20 +333,7 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   if (s < 1 || s > 8) return kNo;
   ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
-  auto kernel = which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
-#if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
-  if (stamps) {  // phase timestamps (bf16 only), with the timing diagnostics of `diag`
-    kernel = diag == 1   ? GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp | kWgDiagNoGather>
-             : diag == 2 ? GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp | kWgDiagNoMath>
-                         : GroupedWgradWsKernel<kBf16, sm90_rg::kDiagStamp>;
-    static bool attr_stamp[kMaxDevices][3] = {};
-    if (!attr_stamp[devi][diag]) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
-      if (e != cudaSuccess) return e;
-      attr_stamp[devi][diag] = true;
-    }
-  }
-#endif
+  auto kernel = bench_kernel ? bench_kernel : which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
   cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args, map_src, map_dy);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();

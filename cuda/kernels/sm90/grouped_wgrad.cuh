@@ -314,12 +314,14 @@ struct W3Cursor {
 // timing diagnostics (wrong results): kWgDiagNoGather (the producers copy nothing),
 // kWgDiagNoMath (the consumers issue no wgmma).
 constexpr int kWgDiagNoGather = 1, kWgDiagNoMath = 2;
-template <int kKind, int kDiag = 0>
+// kProdRegs / kConsRegs: the register split (bench variants try others).
+template <int kKind, int kDiag = 0, int kProdRegs = kW3ProducerRegs, int kConsRegs = kW3ConsumerRegs>
 __global__ void __launch_bounds__(kW3Threads, 1)
     GroupedWgradWsKernel(const WgradArgs g, const __grid_constant__ CUtensorMap map_src,
                          const __grid_constant__ CUtensorMap map_dy) {
   using sm90_rg::Stamp;
   static_assert(kKind == sm90_rg::kBf16 || kKind == sm90_rg::kF16, "bf16 / f16 only");
+  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * 384, "within the launch allocation");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -353,7 +355,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 
   float acc[128];
   if (warp < 4) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kW3ProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProdRegs));
     // Producer warp w: tokens 8w .. 8w+7 of each 32-token pass of a stage. Lane l holds
     // the source row pointers (null: no row) of one of them, fetched one stage early.
     W3Cursor cur{c * g.per_c, (c + 1) * g.per_c, 0, 0, nullptr, nullptr, nullptr};
@@ -432,7 +434,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     sm90_rg::CpAsyncWaitAll();
     if (tid == 0) Stamp<kDiag>(3);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kW3ConsumerRegs));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsRegs));
     const int wg = (warp >> 2) - 1;
     if (tid == 128) Stamp<kDiag>(4);
 #pragma unroll
