@@ -155,6 +155,10 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
     if (is(2, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
     if (is(4, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
     if (is(4, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
+    // L1-warmed start (right results), alone and with the phase timestamps
+    if (is(1, 3, 5, 0, kDiagWarm, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagWarm | kDiagStamp, true))
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm | kDiagStamp>(v, mb, g, sms, s);
     // phase timestamps (right results; g_rg_stamps)
     if (is(1, 3, 5, 0, kDiagStamp, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagStamp>(v, mb, g, sms, s);
     if constexpr (!kTransB) {  // diagnostics (wrong results)

@@ -111,6 +111,10 @@ enum Diag : int { kDiagNoA = 1, kDiagNoB = 2, kDiagNoFence = 4, kDiagNoStore = 8
 // Not a timing switch either: kDiagStamp records %globaltimer at fixed points of each CTA's
 // work into g_rg_stamps (bench builds only, -DPIT_RG_EXPERIMENTS; results stay right).
 constexpr int kDiagStamp = 128;
+// An experiment (right results): kDiagWarm prefetches the live count and each consumer
+// warp's first list entries into L1 at kernel entry, before the barrier set-up and
+// setmaxnreg, so that the first tile's dependent reads (count, then list) hit L1.
+constexpr int kDiagWarm = 256;
 constexpr int kStampSlots = 24;
 #ifdef PIT_RG_EXPERIMENTS
 __device__ unsigned long long g_rg_stamps[1024][kStampSlots];
@@ -1106,6 +1110,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   SplitTile split;
+  if constexpr ((kDiag & kDiagWarm) != 0 && !kSplitK) {
+    if (lane == 0) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(g.counts) : "memory");
+      if (warp >= 4 && g.total_tiles > 0) {
+        // this warp's rows of the CTA's first static tile (the count decides later whether it is live)
+        const int t = kCluster == 1 ? static_cast<int>(blockIdx.x) : static_cast<int>(ClusterId());
+        if (t < g.total_tiles) {
+          const int per_b = g.m_groups * g.n_tiles;
+          const int b = t / per_b, mg = (t - b * per_b) / g.n_tiles;
+          const int rank = kCluster == 1 ? 0 : static_cast<int>(ClusterRank());
+          const int64_t j = (static_cast<int64_t>(mg) * kCluster + rank) * kBM + (warp - 4) * 16;
+          const int64_t slot = j / g.tile_h;
+          if (slot < g.capacity)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(g.lists + static_cast<int64_t>(b / g.idx_div) * g.capacity + slot)
+                         : "memory");
+        }
+      }
+    }
+  }
   if (threadIdx.x == 0) {
     Stamp<kDiag>(0);
     const uint32_t base = SmemAddr(smem);
