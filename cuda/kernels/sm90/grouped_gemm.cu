@@ -356,12 +356,7 @@ cudaError_t LaunchWgradVariant(const GroupedWgradParams& p, cudaStream_t stream,
 // Bench only: the phase timestamps of the last stamped launch (version 13), or clear them.
 cudaError_t WgradStamps(unsigned long long* host, int ctas, bool clear) {
 #if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
-  if (clear) {
-    static unsigned long long zeros[1024][sm90_rg::kStampSlots] = {};
-    return cudaMemcpyToSymbol(sm90_rg::g_rg_stamps, zeros, sizeof zeros);
-  }
-  return cudaMemcpyFromSymbol(host, sm90_rg::g_rg_stamps,
-                              sizeof(unsigned long long) * sm90_rg::kStampSlots * (ctas < 1024 ? ctas : 1024));
+  return sm90_rg::CopyStamps(host, ctas, clear);
 #else
   (void)host, (void)ctas, (void)clear;
   return cudaErrorNotSupported;

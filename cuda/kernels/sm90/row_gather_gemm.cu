@@ -313,14 +313,7 @@ cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStrea
   return LaunchImpl(p, rows, stream, v);
 }
 #ifdef PIT_RG_EXPERIMENTS
-cudaError_t Stamps(unsigned long long* host, int ctas, bool clear) {
-  const size_t bytes = sizeof(unsigned long long) * sm90_rg::kStampSlots * std::min(ctas, 1024);
-  if (clear) {
-    static unsigned long long zeros[1024][sm90_rg::kStampSlots] = {};
-    return cudaMemcpyToSymbol(sm90_rg::g_rg_stamps, zeros, sizeof zeros);
-  }
-  return cudaMemcpyFromSymbol(host, sm90_rg::g_rg_stamps, bytes);
-}
+cudaError_t Stamps(unsigned long long* host, int ctas, bool clear) { return sm90_rg::CopyStamps(host, ctas, clear); }
 #endif
 }  // namespace sm90_rg_testing
 

@@ -118,6 +118,17 @@ constexpr int kDiagWarm = 256;
 constexpr int kStampSlots = 24;
 #ifdef PIT_RG_EXPERIMENTS
 __device__ unsigned long long g_rg_stamps[1024][kStampSlots];
+// Host side, for the bench accessors of each translation unit that includes this header
+// (each has its own g_rg_stamps): copy the first `ctas` CTAs' slots out, or zero them all.
+inline cudaError_t CopyStamps(unsigned long long* host, int ctas, bool clear) {
+  if (clear) {
+    void* dev = nullptr;
+    const cudaError_t e = cudaGetSymbolAddress(&dev, g_rg_stamps);
+    return e != cudaSuccess ? e : cudaMemset(dev, 0, sizeof g_rg_stamps);
+  }
+  const int n = ctas < 1024 ? ctas : 1024;
+  return cudaMemcpyFromSymbol(host, g_rg_stamps, sizeof(unsigned long long) * kStampSlots * n);
+}
 #endif
 template <int kDiag>
 __device__ __forceinline__ void Stamp(int slot, unsigned long long value = ~0ull) {
@@ -307,13 +318,21 @@ struct Tile {
 // kCluster consecutive row tiles on the same column tile (they share B, multicast); the
 // CTA of rank `rank` takes row tile group * kCluster + rank, which may lie past the live
 // rows (then all its rows are missing: it computes zeros and stores nothing).
-template <int kCluster, int kTileN = kBN>
-__device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile& tile) {
+// Work item t's batch entry b, row tile group mg and column tile nt (no device reads).
+struct TileCoord {
+  int b, mg, nt;
+};
+__device__ __forceinline__ TileCoord CoordOf(const Args& g, int t) {
   const int per_b = g.m_groups * g.n_tiles;
   const int b = t / per_b;
   const int rem = t - b * per_b;
   const int mg = rem / g.n_tiles;
-  const int nt = rem - mg * g.n_tiles;
+  return {b, mg, rem - mg * g.n_tiles};
+}
+
+template <int kCluster, int kTileN = kBN>
+__device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile& tile) {
+  const auto [b, mg, nt] = CoordOf(g, t);
   const int ib = b / g.idx_div;
   int count = __ldg(g.counts + ib);
   count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
@@ -1117,13 +1136,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // this warp's rows of the CTA's first static tile (the count decides later whether it is live)
         const int t = kCluster == 1 ? static_cast<int>(blockIdx.x) : static_cast<int>(ClusterId());
         if (t < g.total_tiles) {
-          const int per_b = g.m_groups * g.n_tiles;
-          const int b = t / per_b, mg = (t - b * per_b) / g.n_tiles;
+          const TileCoord c = CoordOf(g, t);
           const int rank = kCluster == 1 ? 0 : static_cast<int>(ClusterRank());
-          const int64_t j = (static_cast<int64_t>(mg) * kCluster + rank) * kBM + (warp - 4) * 16;
+          const int64_t j = (static_cast<int64_t>(c.mg) * kCluster + rank) * kBM + (warp - 4) * 16;
           const int64_t slot = j / g.tile_h;
           if (slot < g.capacity)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(g.lists + static_cast<int64_t>(b / g.idx_div) * g.capacity + slot)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(g.lists + static_cast<int64_t>(c.b / g.idx_div) * g.capacity + slot)
                          : "memory");
         }
       }
