@@ -250,12 +250,13 @@ constexpr int kW3Full = kW3Stages * kW3StageBytes;  // full barriers, then empty
 constexpr int kW3Empty = kW3Full + 8 * kW3Stages;
 constexpr int kW3SmemBytes = kW3Empty + 8 * kW3Stages + 1024;  // + alignment slack
 constexpr int kW3EpiPitch = 528;                    // staged output row: 256 x 2 B + 16 B pad
-// setmaxnreg moves registers within the CTA's launch allocation (168 x 384 = 64512), so
-// 128 x producer + 256 x consumer must not exceed it: 96 / 208 deadlocked the consumers'
-// setmaxnreg.inc (run 16).
+// setmaxnreg moves registers within the CTA's launch allocation (168 per thread, what
+// ptxas gives 384 threads at one CTA per SM: 64512), so 128 x producer + 256 x consumer
+// must not exceed it: 96 / 208 deadlocked the consumers' setmaxnreg.inc (run 16). The
+// kernel checks its split against kW3RegPool.
+constexpr int kW3RegPool = 168 * kW3Threads;
 constexpr int kW3ProducerRegs = 56;
 constexpr int kW3ConsumerRegs = 224;
-static_assert(128 * kW3ProducerRegs + 256 * kW3ConsumerRegs <= 168 * 384, "within the launch allocation");
 static_assert(kW3SmemBytes <= 232448, "over the 227 KB opt-in limit");
 static_assert(8 * 16 * kW3EpiPitch <= kW3Full, "epilogue staging fits in the stages");
 static_assert(256 * 128 * 4 <= kW3Full, "split partials fit in the stages");
@@ -321,7 +322,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
                          const __grid_constant__ CUtensorMap map_dy) {
   using sm90_rg::Stamp;
   static_assert(kKind == sm90_rg::kBf16 || kKind == sm90_rg::kF16, "bf16 / f16 only");
-  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * 384, "within the launch allocation");
+  static_assert(128 * kProdRegs + 256 * kConsRegs <= kW3RegPool, "within the launch allocation");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
