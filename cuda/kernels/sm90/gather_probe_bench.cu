@@ -59,6 +59,7 @@ __global__ void __launch_bounds__(384, 1) GatherProbe(const ProbeArgs g, const _
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t base = SmemAddr(smem);
+  static_assert(kMethod >= 0 && kMethod <= 8, "methods 0..8");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -81,11 +82,11 @@ __global__ void __launch_bounds__(384, 1) GatherProbe(const ProbeArgs g, const _
       // holds rows l and l + 32.
       const int id_a = __ldg(g.ids + (first + (kMethod == 1 ? lane : warp * 16 + (lane & 15))) % g.n_ids);
       const int id_b = kMethod == 1 ? __ldg(g.ids + (first + lane + 32) % g.n_ids) : 0;
-      if constexpr (kMethod == 3 || kMethod == 4 || kMethod == 5 || kMethod == 6 || kMethod == 7 || kMethod == 8) {
-        const uint32_t zf = (kMethod == 7 && id_a >= 0) ? 16u : (kMethod == 7 ? 0u : 16u);
+      if constexpr (kMethod >= 3) {  // the weight gradient's stage
+        const uint32_t zf = kMethod == 7 && id_a < 0 ? 0u : 16u;
         const char* row_a = g.x + static_cast<int64_t>(id_a) * g.cols * 2;
-        // A: 2 blocks (128 columns of the row's first 256 B... of another region of x), 2 rows
-        // x 16 chunks per instruction; B: 4 blocks, one row x 32 chunks per instruction.
+        // A: 2 blocks (128 columns from byte 1024 of the row), 2 rows x 16 chunks per
+        // instruction; B: 4 blocks (256 columns from byte 2048), one row x 32 chunks.
 #pragma unroll
         for (int r = 0; r < 8; ++r) {
           const int tt = (lane >> 4) + 2 * r, ch = lane & 15, k = warp * 16 + tt;
@@ -138,13 +139,12 @@ __global__ void __launch_bounds__(384, 1) GatherProbe(const ProbeArgs g, const _
     for (int i = 0; i < g.stages; ++i) {
       MbarWait(base + kFull + stage * 8, phase);
       if constexpr (kMethod == 5) FenceProxyAsync();
-      static_assert(kMethod <= 8, "methods 0..8");
       if (i == 0 && blockIdx.x == 0 && g.check && kMethod < 3) {
         for (int o = lane * 16; o < kStage; o += 32 * 16)
           *reinterpret_cast<uint4*>(g.check + o) = LdShared16(base + stage * kStage + o);
       }
       __syncwarp();
-      if (kMethod == 3 || kMethod >= 5) {  // 7, 8: as 3
+      if (kMethod == 3 || kMethod >= 5) {  // late release (7, 8 as 3)
         if (lane == 0 && prev >= 0) MbarArrive(base + kEmpty + prev * 8);
         prev = stage;
       } else if (lane == 0) {
