@@ -294,8 +294,8 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
 #endif
   if (version == 0) version = kWgradDefaultVersion;
   // Bench-only forms of v3 (bf16): 13 phase timestamps; 14 / 15 the same without the gather /
-  // the wgmma (timing only, wrong results); 16 / 17 producer / consumer registers 88 / 208
-  // and 96 / 200 instead of 56 / 224.
+  // the wgmma (timing only, wrong results); 16 / 17 producer / consumer registers 56 / 224
+  // (the split before run 17) and 96 / 200 instead of 88 / 208.
   decltype(&GroupedWgradWsKernel<kBf16>) bench_kernel = nullptr;
   if (version >= 13 && version <= 17) {
 #if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
@@ -304,7 +304,7 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
       case 13: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp>; break;
       case 14: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp | kWgDiagNoGather>; break;
       case 15: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp | kWgDiagNoMath>; break;
-      case 16: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 88, 208>; break;
+      case 16: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 56, 224>; break;
       default: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 96, 200>; break;
     }
     static bool attr_bench[kMaxDevices][5] = {};
