@@ -45,6 +45,16 @@ def run(platform, fn, *arrays):
     return jax.tree_util.tree_map(np.asarray, out)
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a test's child Python process: this one's, with the child's GPU
+    memory taken on demand (this process has already preallocated most of the GPU), plus
+    `extra`."""
+    env = dict(os.environ)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env.update(extra)
+    return env
+
+
 def randn(rng, shape, dtype):
     """Dense random values, none zero, exactly representable in `dtype`."""
     x = rng.standard_normal(shape).astype(np.float32)

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 import pytest
 from jax.test_util import check_grads
-from pit_testing import BILINEAR_FD_STEP, PLATFORMS, fresh_rng, put
+from pit_testing import BILINEAR_FD_STEP, PLATFORMS, child_env, fresh_rng, put
 
 import pit_jax
 from pit_jax.primitives.grouped_matmul import grouped_matmul as grouped_matmul_p
@@ -372,7 +372,7 @@ def test_grouped_gemm_with_lagging_warps_gpu():
         """
     )
     try:
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+        out = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True, timeout=240,
                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(pit_jax.__file__))))
     except subprocess.TimeoutExpired:
         pytest.fail(f"seed {seed}: the grouped GEMM with lagging warps did not finish in 240 s (a hang)")

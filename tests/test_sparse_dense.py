@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from pit_testing import BILINEAR_FD_STEP, PLATFORMS, fresh_rng, put, requires_gpu, tiled_sparse
+from pit_testing import BILINEAR_FD_STEP, PLATFORMS, child_env, fresh_rng, put, requires_gpu, tiled_sparse
 
 import pit_jax
 
@@ -700,11 +700,8 @@ def test_jitted_step_under_command_buffers():
         print("FIRST", first, "REPLAYS", replays, "ERR", err)
         """
     )
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"
-        " --xla_gpu_graph_min_graph_size=1"
-    )
+    env = child_env(XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,"
+                    "CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(pit_jax.__file__))))
     assert out.returncode == 0, out.stderr[-3000:]
