@@ -242,10 +242,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
 constexpr int kW3Threads = 384;
 constexpr int kW3Tok = 64;                          // tokens (K) per stage
 constexpr int kW3Stages = 4;
-constexpr int kW3Block = kW3Tok * 128;              // one 64-column block: 32 K rows x 128 B
-constexpr int kW3StageA = 2 * kW3Block;             // 128 src columns: 8 KB
-constexpr int kW3StageB = 4 * kW3Block;             // 256 dy columns: 16 KB
-constexpr int kW3StageBytes = kW3StageA + kW3StageB;  // 24 KB
+constexpr int kW3Block = kW3Tok * 128;              // one 64-column block: kW3Tok K rows x 128 B (8 KB)
+constexpr int kW3StageA = 2 * kW3Block;             // 128 src columns: 16 KB
+constexpr int kW3StageB = 4 * kW3Block;             // 256 dy columns: 32 KB
+constexpr int kW3StageBytes = kW3StageA + kW3StageB;  // 48 KB
 constexpr int kW3Full = kW3Stages * kW3StageBytes;  // full barriers, then empty barriers
 constexpr int kW3Empty = kW3Full + 8 * kW3Stages;
 constexpr int kW3SmemBytes = kW3Empty + 8 * kW3Stages + 1024;  // + alignment slack
