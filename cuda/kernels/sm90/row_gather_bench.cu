@@ -694,8 +694,11 @@ int main(int argc, char** argv) {
         add({name, DType::kBF16, 4096, n, k, 1, 1, 1, 1, 1, false, 0.27, true});
       }
     // The same products at full density (4096 rows: the single-CTA form's static bound).
-    add({"sweep full N3072 K768", DType::kBF16, 4096, 3072, 768, 1, 1, 1, 1, 1, false, 1.0, true});
-    add({"sweep full N768 K3072", DType::kBF16, 4096, 768, 3072, 1, 1, 1, 1, 1, false, 1.0, true});
+    for (auto nk : {std::pair<int, int>{3072, 768}, {2304, 768}, {768, 768}, {768, 1536}, {768, 3072}}) {
+      char name[64];
+      snprintf(name, sizeof name, "sweep full N%d K%d", nk.first, nk.second);
+      add({name, DType::kBF16, 4096, nk.first, nk.second, 1, 1, 1, 1, 1, false, 1.0, true});
+    }
   }
   CheckNotSupported(s);
   for (auto& c : cases)
