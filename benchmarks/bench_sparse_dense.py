@@ -98,6 +98,7 @@ IMPL_TEXT = {
 # product; past this many elements it is skipped without trying (memory, int32 indexing).
 SPARSE_MAX_ELEMENTS = 1.5e9
 SLOW_BUDGET_S = 2.0
+DEVICE_CALLS = 20  # traced calls behind a row's device_ms (index rows and the product they feed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +381,8 @@ class Suite:
             except Exception as e:  # noqa: BLE001 - a plot problem must not lose the numbers
                 print(f"plot failed: {type(e).__name__}: {e}", file=sys.stderr)
 
-    def measure(self, case, impl, fn, sets, *, ref=None, tol=None, slow=False, skip=None, count=None, note=None):
+    def measure(self, case, impl, fn, sets, *, ref=None, tol=None, slow=False, skip=None, count=None, note=None,
+                device=False):
         row = {**case, "impl": impl}
         if note:
             row["note"] = note
@@ -394,7 +396,10 @@ class Suite:
                 if slow:
                     t = common.time_bounded(fn, sets, budget_s=SLOW_BUDGET_S, reps=3, keep_output=True)
                 else:
-                    t = common.time_op(fn, sets, reps=self.sizes.reps, target_s=self.sizes.target_s, keep_output=True, budget_s=3.0)
+                    # device: also the kernels' summed time from a profiler trace (GPU only;
+                    # the index shares compare these, see index_share)
+                    t = common.time_op(fn, sets, reps=self.sizes.reps, target_s=self.sizes.target_s, keep_output=True, budget_s=3.0,
+                                       device_calls=DEVICE_CALLS if device else 0)
             out = t.pop("output")
             row.update(t)
             if ref is not None:
@@ -433,6 +438,9 @@ class Suite:
                     r["pct_of_product"] = 100.0 * ms / pre
                 if oracle:
                     r["pct_of_oracle"] = 100.0 * ms / oracle
+                pre_dev = (by.get("pit_jax_pre") or {}).get("device_ms")
+                if r.get("device_ms") and pre_dev:
+                    r["pct_of_product_device"] = 100.0 * r["device_ms"] / pre_dev
                 continue
             if dense:
                 r["speedup_vs_dense"] = dense / ms
@@ -492,15 +500,17 @@ class Suite:
             build, call, note, _ = self.pit.resolve("m", "row", prec, jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(w0.shape, w0.dtype))
             self.measure(case, "pit_jax", self.pit.inside("m", "row", prec), xw, ref=ref, tol=tol)
             idx = [jax.jit(build)(s["x"]) for s in sets]
-            self.measure(case, "pit_jax_pre", call, [(s["x"], s["w"], i) for s, i in zip(sets, idx)], ref=ref, tol=tol, note=note)
+            self.measure(case, "pit_jax_pre", call, [(s["x"], s["w"], i) for s, i in zip(sets, idx)], ref=ref, tol=tol, note=note,
+                         device=True)
             mask_call, mask_note = self.pit.mask_call(call, xw[0], sets[0]["mask"])
             self.measure(case, "pit_jax_mask", mask_call, [(s["x"], s["w"], s["mask"]) for s in sets], ref=ref, tol=tol, note=mask_note)
             del idx
         else:
             for impl in ("pit_jax", "pit_jax_pre", "pit_jax_mask"):
                 self.measure(case, impl, None, None, skip=skip)
-        self.measure(case, "index", lambda x: pit_jax.index(x, "row").arrays, [(s["x"],) for s in sets], count=n_live)
-        self.measure(case, "index_mask", lambda mk: pit_jax.index(mk[:, None], "row").arrays, [(s["mask"],) for s in sets], count=n_live)
+        self.measure(case, "index", lambda x: pit_jax.index(x, "row").arrays, [(s["x"],) for s in sets], count=n_live, device=True)
+        self.measure(case, "index_mask", lambda mk: pit_jax.index(mk[:, None], "row").arrays, [(s["mask"],) for s in sets],
+                     count=n_live, device=True)
 
     def sparse_baseline(self, case, kind, nse, other, sets, ref, tol, *, sparse_rhs, itemsize):
         if kind == "bcsr" and sparse_rhs:
@@ -611,7 +621,8 @@ class Suite:
                     build, call, note, group_by = self.pit.resolve(wl, tile, prec, jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype))
                     self.measure(case, "pit_jax", self.pit.inside(wl, tile, prec), xw, ref=ref, tol=tol)
                     idx = [jax.jit(build)(s[src]) for s in sets]
-                    self.measure(case, "pit_jax_pre", call, [(s["x"], s["w"], i) for s, i in zip(sets, idx)], ref=ref, tol=tol, note=note)
+                    self.measure(case, "pit_jax_pre", call, [(s["x"], s["w"], i) for s, i in zip(sets, idx)], ref=ref, tol=tol, note=note,
+                                 device=True)
                     del idx
                 else:
                     for impl in ("pit_jax", "pit_jax_pre"):
@@ -621,6 +632,7 @@ class Suite:
                 self.measure(
                     case, "index", lambda a: pit_jax.index(a, tile, group_by=group_by).arrays, [(s[src],) for s in sets],
                     count=n_live_tiles[0] if len(set(n_live_tiles)) == 1 else None, note=f"from {src}, group_by={group_by!r}",
+                    device=True,
                 )
                 self.finish_case(self.rows[before:], f"{wl} {pattern} sparsity {sparsity:g}")
                 del sets, s0, ref, xw
@@ -678,9 +690,11 @@ WHY_MISSED = {
         "strips at 0.9). docs/notes/sm90_stile.md."
     ),
     "index_share": (
-        "From a row mask the index is 3.6-3.9 us of kernel time + ~1 us of init against a 124 us "
-        "product, 4 % (profiler, 2026-11-23); these shares are wall-clock upper bounds (~30 us of "
-        "dispatch per call). Built from values the index must read its operand once: x at 10 % live "
+        "Shares by device time where an entry's basis is 'device' (the index's kernels against the "
+        "product's, from a profiler trace in the same run), else wall-clock upper bounds (~30 us of "
+        "dispatch per call; from a row mask the index was 3.6-3.9 us of kernel time + ~1 us of init "
+        "against a 124 us product, 4 %, profiler, 2026-11-23). Built from values the index must read "
+        "its operand once: x at 10 % live "
         "rows (134 MB, 46 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
         "axes (32 MB, 11 us, 8-15 % of products of 0.07-0.14 ms): 5 % is below one read of the "
         "input. docs/benchmarks.md, docs/notes/index_kernel.md."
@@ -696,6 +710,12 @@ WHY_MISSED = {
         "docs/notes/sm90_grouped.md, run 11."
     ),
 }
+
+
+def _index_share(r):
+    """An index row's share of the product it feeds, %: by the kernels' device time when both
+    rows have it (GPU), else by wall-clock time (an upper bound: ~30 us of dispatch per call)."""
+    return r.get("pct_of_product_device", r.get("pct_of_product"))
 
 
 def _case_label(r):
@@ -728,9 +748,13 @@ def targets(rows, meta) -> list:
             elif tid == "m_bwd" and wl == "m_bwd":
                 vals = [("pit_jax", pit.get("ratio_to_oracle"), pre.get("ratio_to_oracle"))]
             elif tid == "index_share" and wl in ("m", "k", "w") and abs(density - 0.1) < 1e-6:
-                vals = [(name, by.get(name, {}).get("pct_of_product"), None) for name in ("index", "index_mask") if name in by]
+                # device time where the trace has it (kernels of the index against those of the
+                # product it feeds), else the wall-clock upper bound
+                vals = [(name, _index_share(by[name]), None) for name in ("index", "index_mask") if name in by]
             for variant, measured, measured_pre in vals:
                 e = {"case": _case_label(next(iter(by.values()))), "impl": variant, "measured": measured, "limit": limit}
+                if tid == "index_share":
+                    e["basis"] = "device" if "pct_of_product_device" in by[variant] else "wall"
                 if measured_pre is not None:
                     e["measured_precomputed_index"] = measured_pre
                     if pit.get("median_ms") is not None and pre.get("median_ms") is not None:
@@ -798,7 +822,7 @@ def summary_table(rows) -> str:
             "pit": _cell(by.get("pit_jax")), "pit_pre": _cell(by.get("pit_jax_pre")),
             "pit/orc": num(pit, "ratio_to_oracle"), "pre/orc": num(pre, "ratio_to_oracle"),
             "xdense": num(pit, "speedup_vs_dense"),
-            "index": _cell(by.get("index")), "idx%": num(by.get("index") or {}, "pct_of_product", "{:.2g}"),
+            "index": _cell(by.get("index")), "idx%": num({"v": _index_share(by.get("index") or {})}, "v", "{:.2g}"),
             "pit_mask": _cell(by.get("pit_jax_mask")), "idx_mask": _cell(by.get("index_mask")),
             "jnp_all": _cell(by.get("jnp_nonzero_all")), "jnp_cap": _cell(by.get("jnp_nonzero_cap")),
             "bcoo": _cell(by.get("bcoo")), "bcsr": _cell(by.get("bcsr")),

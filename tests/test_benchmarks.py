@@ -120,3 +120,26 @@ def test_training_rows_run_as_a_training_loop(tmp_path):
     for _ in range(3):
         call()
     assert int(call.state[1]) == 3 and float(call.state[0][0]) == 3.0 and int(s0) == 0
+
+
+def test_index_share_prefers_device_time():
+    """The index_share target compares kernel time where an index row has it (GPU runs),
+    and falls back to the wall-clock share (an upper bound) where it does not."""
+    from benchmarks import bench_sparse_dense as sd
+
+    case = {"workload": "m", "pattern": "rows", "dtype": "bfloat16", "shape": [64, 64, 64], "density": 0.1}
+    rows = [
+        {**case, "impl": "pit_jax_pre", "median_ms": 0.13, "device_ms": 0.124},
+        {**case, "impl": "index", "median_ms": 0.05, "pct_of_product": 38.0, "device_ms": 0.048,
+         "pct_of_product_device": 38.7},
+        {**case, "impl": "index_mask", "median_ms": 0.035, "pct_of_product": 26.9, "device_ms": 0.0046,
+         "pct_of_product_device": 3.7},
+    ]
+    share = next(t for t in sd.targets(rows, {"platform": "gpu"}) if t["id"] == "index_share")
+    by = {e["impl"]: e for e in share["entries"]}
+    assert by["index_mask"]["basis"] == "device" and by["index_mask"]["measured"] == 3.7 and by["index_mask"]["met"]
+    assert by["index"]["basis"] == "device" and not by["index"]["met"]
+    del rows[2]["pct_of_product_device"]
+    share = next(t for t in sd.targets(rows, {"platform": "gpu"}) if t["id"] == "index_share")
+    wall = next(e for e in share["entries"] if e["impl"] == "index_mask")
+    assert wall["basis"] == "wall" and wall["measured"] == 26.9 and not wall["met"]
