@@ -122,24 +122,30 @@ def test_training_rows_run_as_a_training_loop(tmp_path):
     assert int(call.state[1]) == 3 and float(call.state[0][0]) == 3.0 and int(s0) == 0
 
 
-def test_index_share_prefers_device_time():
+def test_index_share_prefers_device_time(tmp_path):
     """The index_share target compares kernel time where an index row has it (GPU runs),
     and falls back to the wall-clock share (an upper bound) where it does not."""
+    import types
+
     from benchmarks import bench_sparse_dense as sd
 
+    args = types.SimpleNamespace(small=True, stand_in=False, out=str(tmp_path), deadline_s=None, verbose=False)
+    suite = sd.Suite(args)
     case = {"workload": "m", "pattern": "rows", "dtype": "bfloat16", "shape": [64, 64, 64], "density": 0.1}
     rows = [
         {**case, "impl": "pit_jax_pre", "median_ms": 0.13, "device_ms": 0.124},
-        {**case, "impl": "index", "median_ms": 0.05, "pct_of_product": 38.0, "device_ms": 0.048,
-         "pct_of_product_device": 38.7},
-        {**case, "impl": "index_mask", "median_ms": 0.035, "pct_of_product": 26.9, "device_ms": 0.0046,
-         "pct_of_product_device": 3.7},
+        {**case, "impl": "index", "median_ms": 0.05, "device_ms": 0.048},
+        {**case, "impl": "index_mask", "median_ms": 0.035, "device_ms": 0.0046},
     ]
+    suite.rows = rows
+    suite.finish_case(rows, "m bfloat16 live 10%")
+    assert abs(rows[2]["pct_of_product"] - 100 * 0.035 / 0.13) < 1e-9
+    assert abs(rows[2]["pct_of_product_device"] - 100 * 0.0046 / 0.124) < 1e-9
     share = next(t for t in sd.targets(rows, {"platform": "gpu"}) if t["id"] == "index_share")
     by = {e["impl"]: e for e in share["entries"]}
-    assert by["index_mask"]["basis"] == "device" and by["index_mask"]["measured"] == 3.7 and by["index_mask"]["met"]
+    assert by["index_mask"]["basis"] == "device" and by["index_mask"]["met"]
     assert by["index"]["basis"] == "device" and not by["index"]["met"]
-    del rows[2]["pct_of_product_device"]
+    del rows[2]["pct_of_product_device"]  # a trace without GPU kernels: the wall-clock share
     share = next(t for t in sd.targets(rows, {"platform": "gpu"}) if t["id"] == "index_share")
     wall = next(e for e in share["entries"] if e["impl"] == "index_mask")
-    assert wall["basis"] == "wall" and wall["measured"] == 26.9 and not wall["met"]
+    assert wall["basis"] == "wall" and wall["measured"] == rows[2]["pct_of_product"] and not wall["met"]
