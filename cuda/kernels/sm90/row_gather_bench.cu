@@ -174,6 +174,8 @@ static const Variant kVariants[] = {
     {"a3b5g0e.c2.n128", 2, 3, 5, 0, false, 0, true, false, 128}, {"a3b8g0e.c2.n128", 2, 3, 8, 0, false, 0, true, false, 128},
     // the count and first list entries prefetched into L1 at entry (kDiagWarm), single CTAs
     {"c1.warm", 1, 3, 5, 0, false, 256, true}, {"c1.warm.stamp", 1, 3, 5, 0, false, 256 | 128, true},
+    // the first tile started before the live count is read (kDiagSpec), single CTAs
+    {"c1.spec", 1, 3, 5, 0, false, 2048, true}, {"c1.spec.stamp", 1, 3, 5, 0, false, 2048 | 128, true},
 };
 
 // Phase timestamps (kDiagStamp, row_gather_gemm.cuh Stamp) of the last launch: per slot,
@@ -396,7 +398,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
   const double tol = cs.dtype == DType::kBF16 ? 8e-3 : cs.dtype == DType::kF16 ? 2e-3 : 3e-3;
   std::vector<const Variant*> runnable;
   for (const Variant& v : kVariants) {
-    if ((v.diag & ~(4 | 128 | 256)) || !Selected(v)) continue;  // diag 4 (no proxy fence), 128 (stamps), 256 (warm): right results
+    if ((v.diag & ~(4 | 128 | 256 | 2048)) || !Selected(v)) continue;  // diag 4 (no proxy fence), 128 (stamps), 256 (warm), 2048 (speculative start): right results
     if (cs.parts > 1 && v.cluster != 0) continue;  // column parts: LaunchRowGatherGemmSm90 only
     CK(cudaMemsetAsync(dC, 0xFF, cs.batch * M * N * es, stream));
     for (int i = 0; i < cs.parts && cs.parts > 1; ++i)
@@ -472,7 +474,7 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
     for (const Variant& v : kVariants) {
       bool ok_to_time = false;
       for (auto* r : runnable) ok_to_time |= r == &v;
-      if (v.diag & ~(4 | 128 | 256)) ok_to_time = cs.dtype == DType::kBF16 && !cs.trans_b;
+      if (v.diag & ~(4 | 128 | 256 | 2048)) ok_to_time = cs.dtype == DType::kBF16 && !cs.trans_b;
       if (!ok_to_time || !Selected(v)) continue;
       float lo = 0, hi = 0;
       if (v.diag & 128) ClearStamps();

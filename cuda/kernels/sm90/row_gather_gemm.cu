@@ -159,6 +159,10 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, i
     if (is(1, 3, 5, 0, kDiagWarm, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm>(v, mb, g, sms, s);
     if (is(1, 3, 5, 0, kDiagWarm | kDiagStamp, true))
       return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm | kDiagStamp>(v, mb, g, sms, s);
+    // the first tile started before the count (kDiagSpec), alone and with the timestamps
+    if (is(1, 3, 5, 0, kDiagSpec, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagSpec>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagSpec | kDiagStamp, true))
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagSpec | kDiagStamp>(v, mb, g, sms, s);
     // phase timestamps (right results; g_rg_stamps)
     if (is(1, 3, 5, 0, kDiagStamp, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagStamp>(v, mb, g, sms, s);
     if constexpr (!kTransB) {  // diagnostics (wrong results)

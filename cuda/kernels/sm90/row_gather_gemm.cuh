@@ -115,6 +115,14 @@ constexpr int kDiagStamp = 128;
 // warp's first list entries into L1 at kernel entry, before the barrier set-up and
 // setmaxnreg, so that the first tile's dependent reads (count, then list) hit L1.
 constexpr int kDiagWarm = 256;
+// An experiment (right results): kDiagSpec starts a CTA's first tile before the live count
+// is known (batch 1, single CTAs, consumer gather). The B warp issues the tile's first B
+// stages at once; each consumer thread reads its rows' list entries straight away (a slot
+// past the count holds -1 - id, so reads no row; and a row gathered for such a slot would
+// be computed but never stored: the epilogue's rows come from the count). Then the count decides:
+// if the first tile is dead, so is every later one (batch 1), and the CTA drains what it
+// issued. Both start paths lose the count read (~0.6 us each, docs/notes/sm90_row_gather.md).
+constexpr int kDiagSpec = 2048;
 constexpr int kStampSlots = 24;
 #ifdef PIT_RG_EXPERIMENTS
 __device__ unsigned long long g_rg_stamps[1024][kStampSlots];
@@ -409,6 +417,13 @@ struct Walk {
   }
 };
 
+// Whether this kernel starts its first tile before reading the count (kDiagSpec).
+template <int kDiag, int kCluster, bool kSplitK>
+__device__ __forceinline__ bool SpeculativeStart(const Args& g) {
+  if constexpr ((kDiag & kDiagSpec) != 0 && kCluster == 1 && !kSplitK) return g.batch == 1;
+  return false;
+}
+
 // A pipeline stage counter.
 template <int kStages>
 struct Pipe {
@@ -641,14 +656,45 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
   const W w(g);
   Pipe<Cfg::kStagesB> pipe;
   bool first = true;
+  // kDiagSpec: the first tile's first B stages before the count (batch 1: entry 0).
+  [[maybe_unused]] int spec_kb = w.kfirst;
+  [[maybe_unused]] bool spec = false;
+  if constexpr ((kDiag & kDiagSpec) != 0) {
+    spec = SpeculativeStart<kDiag, kCluster, kSplitK>(g) && w.first < g.total_tiles;
+    if (spec) {
+      const int n0 = CoordOf(g, w.first).nt * Cfg::kBN;
+      for (int s = 0; s < Cfg::kStagesB && spec_kb < g.num_kb; ++s, spec_kb += w.kstep) {
+        if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, n0, 0, spec_kb, pipe.stage, pipe.phase, w.rank);
+        if (s == 0 && lane == 0) Stamp<kDiag>(2);
+        pipe.Next();
+      }
+      __syncwarp();
+    }
+  }
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) {
+      if constexpr ((kDiag & kDiagSpec) != 0) {
+        if (spec && t == w.first) {
+          // Dead, and so is every later tile: let the speculative stages land before exit.
+          if (lane == 0) {
+            Pipe<Cfg::kStagesB> drain;
+            for (int kb = w.kfirst; kb < spec_kb; kb += w.kstep, drain.Next())
+              MbarWait(base + Cfg::kFullB + drain.stage * 8, drain.phase);
+          }
+          __syncwarp();
+          break;
+        }
+      }
+      continue;
+    }
     const int bb = tile.b / g.b_div;
     if (first && lane == 0) Stamp<kDiag>(17);
-    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
+    int kb0 = w.kfirst;
+    if constexpr ((kDiag & kDiagSpec) != 0) kb0 = (spec && t == w.first) ? spec_kb : w.kfirst;
+    for (int kb = kb0; kb < g.num_kb; kb += w.kstep) {
       if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
-      if (first && lane == 0) Stamp<kDiag>(2);
+      if (first && lane == 0 && !spec) Stamp<kDiag>(2);
       first = false;
       __syncwarp();
       if (zero_left) zero_left = zf.Next(g, lane);
@@ -785,6 +831,29 @@ struct ALoader {
     kb = w.kfirst;
     NextTile(g, w, wg, warp, lane);
   }
+  // kDiagSpec: the first tile's rows from the list alone, before the count (see kDiagSpec;
+  // batch 1, no clusters). Bounds as RowOf's, so a stale entry reads a real row.
+  __device__ __forceinline__ void StartSpeculative(const Args& g, const W& w, int wg, int warp, int lane) {
+    t = w.first;
+    kb = w.kfirst;
+    valid = t < g.total_tiles;
+    if (!valid) return;
+    a_b = g.a;
+    const int m0 = CoordOf(g, t).mg * kBM;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = m0 + wg * 64 + warp * 16 + (lane >> 3) + 4 * i;
+      const int slot = g.tile_h == 1 ? j : j / g.tile_h;
+      off[i] = -1;
+      if (slot < g.capacity) {
+        const int id = __ldg(g.lists + slot);
+        if (id >= 0 && id < g.tile_rows) {
+          const int64_t row = static_cast<int64_t>(id) * g.tile_h + (j - slot * g.tile_h);
+          if (row < g.M) off[i] = row * g.a_row_bytes;
+        }
+      }
+    }
+  }
   __device__ __forceinline__ void NextTile(const Args& g, const W& w, int wg, int warp, int lane) {
     valid = false;
     for (t += w.step; t < g.total_tiles; t += w.step) {
@@ -909,7 +978,11 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   const bool stamper = wg == 0 && tid == 0;
   if (stamper) Stamp<kDiag>(20);
   if constexpr (Cfg::kConsumerGather) {
-    loader.Start(g, w, wg, warp, lane);
+    if (SpeculativeStart<kDiag, kCluster, kSplitK>(g)) {
+      loader.StartSpeculative(g, w, wg, warp, lane);
+    } else {
+      loader.Start(g, w, wg, warp, lane);
+    }
     if (stamper) Stamp<kDiag>(21);
     for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
   }
@@ -917,7 +990,18 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   if (stamper) Stamp<kDiag>(4);
   for (int t = w.first; t < g.total_tiles; t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) {
+      if constexpr (Cfg::kConsumerGather) {
+        if (SpeculativeStart<kDiag, kCluster, kSplitK>(g) && t == w.first) {
+          // The speculative first tile is dead, and so is every later one: wait until the
+          // A stages issued for it have landed and arrived, then leave (see kDiagSpec).
+          const int issued = g.num_kb < Cfg::kStagesA ? g.num_kb : Cfg::kStagesA;
+          for (int st = 0; st < issued; ++st) MbarWait(base + Cfg::kFullA + (wg * Cfg::kStagesA + st) * 8, 0);
+          break;
+        }
+      }
+      continue;
+    }
     // Rows this lane writes (looked up now; used after the main loop). fp32 C: the rows of
     // the accumulator fragment (lane/4 and lane/4 + 8). 16-bit C (staged): rows lane/8 + 4i
     // of the warp's 16.
