@@ -22,7 +22,7 @@ import numpy as np
 import optax
 import pytest
 from jax.test_util import check_grads
-from pit_testing import BILINEAR_FD_STEP, PLATFORMS, child_env, fresh_rng, put
+from pit_testing import BILINEAR_FD_STEP, PLATFORMS, child_env, fresh_rng, put, requires_gpu
 
 import pit_jax
 from pit_jax.primitives.grouped_matmul import grouped_matmul as grouped_matmul_p
@@ -318,7 +318,7 @@ def test_grouped_matmul_relu_rules(platform):
     assert hlo.count("@pit_grouped_matmul(") == 2, "forward (fused) + d x; no plain copy of the forward"
 
 
-@pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
+@requires_gpu
 def test_grouped_primitives_jvp_vjp_gpu_equal_cpu():
     rng, seed = fresh_rng()
     state = rng.bit_generator.state
@@ -340,7 +340,7 @@ def test_grouped_primitives_jvp_vjp_gpu_equal_cpu():
             assert rel_err(b, a) < 1e-5, f"{name}, seed {seed}"
 
 
-@pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
+@requires_gpu
 def test_grouped_gemm_with_lagging_warps_gpu():
     """The sm_90a grouped GEMM under its stress switch: warps 1-3 of the second consumer
     warpgroup sleep before each tile whose rows they do not hold (here every tile: ~16
