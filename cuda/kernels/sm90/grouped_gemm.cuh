@@ -268,18 +268,6 @@ struct ALoader {
   }
 };
 
-// One consumer warp's release of B stage `stage`, to every CTA of the cluster (their
-// loaders multicast into it).
-template <int kCluster>
-__device__ __forceinline__ void ReleaseB(uint32_t base, int stage) {
-  if constexpr (kCluster == 1) {
-    sm90_rg::MbarArrive(base + Layout::kEmptyB + stage * 8);
-  } else {
-#pragma unroll
-    for (int c = 0; c < kCluster; ++c) sm90_rg::MbarArriveRemote(base + Layout::kEmptyB + stage * 8, c);
-  }
-}
-
 // Consumer warpgroup wg (0/1): rows wg*64 .. wg*64+63 of each tile.
 template <int kKind, bool kTransW, int kCluster>
 __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* smem, int wg, int tid) {
@@ -343,7 +331,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
       // its warps in step, and one release per warpgroup let the stage be refilled before a
       // late warp had waited on it (that warp then waited on the wrong phase: a hang).
       if (prev_a >= 0) loader.Issue(g, prefix, base, wg, warp, lane);
-      if (prev_a >= 0 && lane == 0) ReleaseB<kCluster>(base, prev_b);
+      if (prev_a >= 0 && lane == 0) sm90_rg::ArriveEveryCta<kCluster>(base + L::kEmptyB + prev_b * 8);
       prev_a = pa.stage, prev_b = pb.stage;
       pa.Next(), pb.Next();
     }
@@ -353,7 +341,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = ActivateT<static_cast<int>(Activation::kRelu)>(acc[i]);
     }
-    if (lane == 0) ReleaseB<kCluster>(base, prev_b);
+    if (lane == 0) sm90_rg::ArriveEveryCta<kCluster>(base + L::kEmptyB + prev_b * 8);
 
     // Epilogue. The thread holds cols n0 + 8j + 2(lane%4) + {0,1} of fragment rows lane/4
     // (acc[4j], acc[4j+1]) and lane/4 + 8 (acc[4j+2], acc[4j+3]).

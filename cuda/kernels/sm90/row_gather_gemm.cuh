@@ -275,6 +275,17 @@ __device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
   // which measured 2.2x slower overall.
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
+// A consumer's release of a stage that the loaders of all kCluster CTAs fill (B multicast):
+// an arrival on the barrier at `bar` in every CTA of the cluster, or the local one alone.
+template <int kCluster>
+__device__ __forceinline__ void ArriveEveryCta(uint32_t bar) {
+  if constexpr (kCluster == 1) {
+    MbarArrive(bar);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kCluster; ++c) MbarArriveRemote(bar, c);
+  }
+}
 
 // 16 bytes from shared memory (a staged epilogue chunk).
 __device__ __forceinline__ uint4 LdShared16(uint32_t addr) {
@@ -832,41 +843,34 @@ struct ALoader {
     NextTile(g, w, wg, warp, lane);
   }
   // kDiagSpec: the first tile's rows from the list alone, before the count (see kDiagSpec;
-  // batch 1, no clusters). Bounds as RowOf's, so a stale entry reads a real row.
+  // batch 1, no clusters): every slot of the capacity counts as live, so RowOf reads any
+  // entry (a slot past the count holds -1 - id: no row).
   __device__ __forceinline__ void StartSpeculative(const Args& g, const W& w, int wg, int warp, int lane) {
     t = w.first;
     kb = w.kfirst;
     valid = t < g.total_tiles;
     if (!valid) return;
-    a_b = g.a;
-    const int m0 = CoordOf(g, t).mg * kBM;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = m0 + wg * 64 + warp * 16 + (lane >> 3) + 4 * i;
-      const int slot = g.tile_h == 1 ? j : j / g.tile_h;
-      off[i] = -1;
-      if (slot < g.capacity) {
-        const int id = __ldg(g.lists + slot);
-        if (id >= 0 && id < g.tile_rows) {
-          const int64_t row = static_cast<int64_t>(id) * g.tile_h + (j - slot * g.tile_h);
-          if (row < g.M) off[i] = row * g.a_row_bytes;
-        }
-      }
-    }
+    Tile tile;
+    tile.b = 0, tile.m0 = CoordOf(g, t).mg * kBM, tile.live = g.capacity * g.tile_h, tile.list = g.lists;
+    TakeRows(g, tile, wg, warp, lane);
   }
   __device__ __forceinline__ void NextTile(const Args& g, const W& w, int wg, int warp, int lane) {
     valid = false;
     for (t += w.step; t < g.total_tiles; t += w.step) {
       Tile tile;
       if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
-      a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = RowOf(g, tile, tile.m0 + wg * 64 + warp * 16 + (lane >> 3) + 4 * i);
-        off[i] = row < 0 ? int64_t{-1} : row * g.a_row_bytes;
-      }
+      TakeRows(g, tile, wg, warp, lane);
       valid = true;
       return;
+    }
+  }
+  // This thread's 4 rows of `tile` (their byte offsets, -1: no row) and its batch entry's A.
+  __device__ __forceinline__ void TakeRows(const Args& g, const Tile& tile, int wg, int warp, int lane) {
+    a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = RowOf(g, tile, tile.m0 + wg * 64 + warp * 16 + (lane >> 3) + 4 * i);
+      off[i] = row < 0 ? int64_t{-1} : row * g.a_row_bytes;
     }
   }
   __device__ __forceinline__ void Issue(const Args& g, const W& w, uint32_t base, int wg, int warp, int lane) {
@@ -1043,12 +1047,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       }
       if (prev_a >= 0 && tid == 0) {
         if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
-        if constexpr (W::kM == 1) {
-          MbarArrive(base + Cfg::kEmptyB + prev_b * 8);
-        } else {
-#pragma unroll
-          for (int c = 0; c < W::kM; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
-        }
+        ArriveEveryCta<W::kM>(base + Cfg::kEmptyB + prev_b * 8);
       }
       prev_a = pa.stage, prev_b = pb.stage;
       pa.Next(), pb.Next();
@@ -1060,12 +1059,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
     if constexpr (Cfg::kConsumerGather && !Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
     if (tid == 0) {
       if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
-      if constexpr (W::kM == 1) {
-        MbarArrive(base + Cfg::kEmptyB + prev_b * 8);
-      } else {
-#pragma unroll
-        for (int c = 0; c < W::kM; ++c) MbarArriveRemote(base + Cfg::kEmptyB + prev_b * 8, c);
-      }
+      ArriveEveryCta<W::kM>(base + Cfg::kEmptyB + prev_b * 8);
     }
     if constexpr (kSplitK) {
       if (w.kstep > 1) {
