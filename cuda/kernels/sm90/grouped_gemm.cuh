@@ -46,10 +46,10 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 
 // Shared memory from the 1024-aligned base. The names kBOffset / kFullB / kEmptyB /
-// kStagesB / kBN / kStageBBytes are what sm90_rg::IssueB reads from its Cfg.
+// kStagesB / kBN / kStageBBytes / kStageBPitch are what sm90_rg::IssueB reads from its Cfg.
 struct Layout {
   static constexpr int kStagesA = 3, kStagesB = 5;
-  static constexpr int kBN = sm90_rg::kBN, kStageBBytes = sm90_rg::kStageBBytes;
+  static constexpr int kBN = sm90_rg::kBN, kStageBBytes = sm90_rg::kStageBBytes, kStageBPitch = kStageBBytes;
   static constexpr int kAOffset = 0;
   static constexpr int kBOffset = kStagesA * kStageABytes;
   static constexpr int kFullA = kBOffset + kStagesB * kStageBBytes;  // [2 consumer WGs][kStagesA]

@@ -139,9 +139,9 @@ static int g_fail = 0;
 static uint64_t g_seed = 12345;
 
 // Kernel variants (pit::sm90_rg_testing::LaunchVariant). diag != 0: timing only, except
-// the bits of kRightDiag: 4 (no proxy fence), 128 (stamps), 256 (warm start), 2048
-// (speculative start) still compute the right results.
-constexpr int kRightDiag = 4 | 128 | 256 | 2048;
+// the bits of kRightDiag: 4 (no proxy fence), 128 (stamps), 256 (warm start) still
+// compute the right results.
+constexpr int kRightDiag = 4 | 128 | 256;
 struct Variant {
   const char* name;
   int cluster, stages_a, stages_b, gather_warps;
@@ -150,6 +150,7 @@ struct Variant {
   bool epi_in_a;
   bool split_k = false;
   int bn = 256;  // columns per tile
+  bool dual = false;  // both widths, chosen on the device (kDualWidth)
 };
 static const Variant kVariants[] = {
     {"default", 0, 0, 0, 0, false, 0, false},  // LaunchRowGatherGemmSm90 itself (a3b5g0e.c2, or split4 when small)
@@ -177,8 +178,9 @@ static const Variant kVariants[] = {
     {"a3b5g0e.c2.n128", 2, 3, 5, 0, false, 0, true, false, 128}, {"a3b8g0e.c2.n128", 2, 3, 8, 0, false, 0, true, false, 128},
     // the count and first list entries prefetched into L1 at entry (kDiagWarm), single CTAs
     {"c1.warm", 1, 3, 5, 0, false, 256, true}, {"c1.warm.stamp", 1, 3, 5, 0, false, 256 | 128, true},
-    // the first tile started before the live count is read (kDiagSpec), single CTAs
-    {"c1.spec", 1, 3, 5, 0, false, 2048, true}, {"c1.spec.stamp", 1, 3, 5, 0, false, 2048 | 128, true},
+    // both tile widths in one kernel, 128 columns when the live tiles fit one wave (what the
+    // default takes for small single-CTA problems at batch 1)
+    {"c1.dual", 1, 3, 5, 0, false, 0, true, false, 256, true},
 };
 
 // Phase timestamps (kDiagStamp, row_gather_gemm.cuh Stamp) of the last launch: per slot,
@@ -281,7 +283,7 @@ bool Selected(const Variant& v) {
 cudaError_t LaunchV(const Variant& v, const pit::MatmulParams& p, const pit::TileList& t, cudaStream_t s) {
   if (v.cluster == 0) return pit::LaunchRowGatherGemmSm90(p, t, s);
   return pit::sm90_rg_testing::LaunchVariant(p, t, s, v.cluster, v.stages_a, v.stages_b, v.gather_warps, v.carve,
-                                             v.diag, v.epi_in_a, v.split_k, v.bn);
+                                             v.diag, v.epi_in_a, v.split_k, v.bn, v.dual);
 }
 
 struct TimingRow {

@@ -33,6 +33,7 @@ struct Variant {
   bool split_k = false;   // the cluster splits K instead of M (no multicast; batch 1)
   bool auto_split = false;  // take kSplit or kSingle where the static tile space is small (see LaunchImpl)
   int bn = 256;             // columns per tile: 256, or 128 (Config kBN)
+  bool dual = false;        // both widths compiled, chosen on the device (kDualWidth; single CTAs, batch 1)
 };
 
 // The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA
@@ -54,10 +55,19 @@ constexpr int kSplitMinKBlocks = 32;
 // kernel: 2.4 us in 2-CTA clusters, 1.2 us alone), more than the multicast saves on a
 // round or two of tiles (BERT batch 32's products: 0.5-0.8 us faster each, H100).
 constexpr Variant kSingle{1, 3, 5, 0, false, 0, true, false, false};
+// kSingle with both tile widths (batch 1, C whole, no activation): 128-column tiles where
+// all live ones fit in one wave of the grid, which halves each SM's share of a short
+// product's k-loop (BERT b32's attn_out: 13.0 -> 10.8 us, H100), else 256. Only for
+// narrow products (N <= kDualMaxN): at 4096 live rows, N 3072, its 256-column path ran
+// 3-4 % behind the single-width kernel, at N 768 within 0.2 us
+// (docs/notes/sm90_row_gather.md, stops 30-31).
+constexpr Variant kSingleDual{1, 3, 5, 0, false, 0, true, false, false, 256, true};
+constexpr int64_t kDualMaxN = 1024;
 constexpr int kSingleTilesPerSm = 4;
 
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
-cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in, int sms, cudaStream_t stream) {
+cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const CUtensorMap& map_b_half, const Args& g_in, int sms,
+                   cudaStream_t stream) {
   auto kernel = sm90_rg::RowGatherGemmKernel<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>;
   // Per device: the shared-memory opt-in and how many clusters fit at once (queries, not
   // stream operations: capture-safe).
@@ -94,7 +104,7 @@ cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in,
   }
   cfg.gridDim = dim3(kCluster * clusters[dev]);
   const Args g = g_in;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map_b, g);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map_b, map_b_half, g);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -102,84 +112,83 @@ cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const Args& g_in,
 using sm90_rg::Config;
 
 template <int kKind, bool kTransB>
-cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const Args& g, int sms, cudaStream_t s) {
-  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false, int bn = 256) {
+cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const CUtensorMap& mb2, const Args& g, int sms,
+                       cudaStream_t s) {
+  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false, int bn = 256, bool dual = false) {
     return v.cluster == c && v.stages_a == sa && v.stages_b == sb && v.gather_warps == gw && v.diag == d &&
-           v.epi_in_a == ea && v.split_k == sk && v.bn == bn;
+           v.epi_in_a == ea && v.split_k == sk && v.bn == bn && v.dual == dual;
   };
   // Column parts: the default configuration's own kernel (16-bit C; see ZeroFill<true>).
   if (g.part_n > 0) {
     if constexpr (kKind != sm90_rg::kTf32)
-      if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, sm90_rg::kOutParts>(v, mb, g, sms, s);
+      if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, sm90_rg::kOutParts>(v, mb, mb2, g, sms, s);
     if constexpr (kKind != sm90_rg::kTf32)
-      if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, sm90_rg::kOutParts>(v, mb, g, sms, s);
+      if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, sm90_rg::kOutParts>(v, mb, mb2, g, sms, s);
     return cudaErrorNotSupported;
   }
   // The default configuration (clustered, and alone for small problems) and the split-K
   // one, for every type and layout.
-  if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
-  if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+  if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, mb2, g, sms, s);
+  if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+  if (is(1, 3, 5, 0, 0, true, false, 256, true))
+    return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, sm90_rg::kDualWidth>(v, mb, mb2, g, sms, s);
   if (is(4, 3, 5, 0, 0, true, true))
-    return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
+    return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0, true>(v, mb, mb2, g, sms, s);
 #ifdef PIT_RG_EXPERIMENTS
   // Experiments of docs/notes/sm90_row_gather.md (bf16 only; the bench builds with
   // -DPIT_RG_EXPERIMENTS, the library without).
   using namespace sm90_rg;
   if constexpr (kKind == kBf16) {
     // 128-column tiles
-    if (is(1, 3, 5, 0, 0, true, false, 128)) return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(2, 3, 5, 0, 0, true, false, 128)) return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
-    if (is(2, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
-    if (is(1, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 4, 8, 0, 0, true, false, 128)) return Launch<Config<4, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, 0, true, false, 128)) return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(2, 3, 5, 0, 0, true, false, 128)) return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, mb2, g, sms, s);
+    if (is(2, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 4, 8, 0, 0, true, false, 128)) return Launch<Config<4, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
     if (is(4, 3, 5, 0, 0, true, true, 128))
-      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, mb2, g, sms, s);
     if (is(4, 3, 8, 0, 0, true, true, 128))
-      return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, g, sms, s);
+      return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, mb2, g, sms, s);
     if (is(4, 3, 5, 0, kDiagStamp, true, true))
-      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, kDiagStamp, true>(v, mb, g, sms, s);
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, kDiagStamp, true>(v, mb, mb2, g, sms, s);
     if (is(4, 3, 5, 0, kDiagStamp, true, true, 128))
-      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, kDiagStamp, true>(v, mb, g, sms, s);
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, kDiagStamp, true>(v, mb, mb2, g, sms, s);
     if (is(1, 3, 5, 0, kDiagStamp, true, false, 128))
-      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp>(v, mb, g, sms, s);
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp>(v, mb, mb2, g, sms, s);
     // producer warps gather A (2 or 3 warps)
-    if (is(1, 4, 4, 2, 0, false)) return Launch<Config<4, 4, 2>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 6, 3, 2, 0, false)) return Launch<Config<6, 3, 2>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 6, 3, 3, 0, false)) return Launch<Config<6, 3, 3>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 4, 4, 3, 0, false)) return Launch<Config<4, 4, 3>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 4, 3, 3, 0, false)) return Launch<Config<4, 3, 3>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
+    if (is(1, 4, 4, 2, 0, false)) return Launch<Config<4, 4, 2>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 6, 3, 2, 0, false)) return Launch<Config<6, 3, 2>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 6, 3, 3, 0, false)) return Launch<Config<6, 3, 3>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 4, 4, 3, 0, false)) return Launch<Config<4, 4, 3>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 4, 3, 3, 0, false)) return Launch<Config<4, 3, 3>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
     // consumer warps gather A
-    if (is(1, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 3, 4, 0, 0, false)) return Launch<Config<3, 4, 0>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(1, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 1, 0>(v, mb, g, sms, s);
-    if (is(2, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 2, 0>(v, mb, g, sms, s);
-    if (is(4, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
-    if (is(4, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 4, 0>(v, mb, g, sms, s);
+    if (is(1, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 3, 4, 0, 0, false)) return Launch<Config<3, 4, 0>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(2, 4, 4, 0, 0, false)) return Launch<Config<4, 4, 0>, kKind, kTransB, 2, 0>(v, mb, mb2, g, sms, s);
+    if (is(4, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, 0>(v, mb, mb2, g, sms, s);
+    if (is(4, 4, 4, 0, 0, true)) return Launch<Config<4, 4, 0, true>, kKind, kTransB, 4, 0>(v, mb, mb2, g, sms, s);
     // L1-warmed start (right results), alone and with the phase timestamps
-    if (is(1, 3, 5, 0, kDiagWarm, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagWarm, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm>(v, mb, mb2, g, sms, s);
     if (is(1, 3, 5, 0, kDiagWarm | kDiagStamp, true))
-      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm | kDiagStamp>(v, mb, g, sms, s);
-    // the first tile started before the count (kDiagSpec), alone and with the timestamps
-    if (is(1, 3, 5, 0, kDiagSpec, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagSpec>(v, mb, g, sms, s);
-    if (is(1, 3, 5, 0, kDiagSpec | kDiagStamp, true))
-      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagSpec | kDiagStamp>(v, mb, g, sms, s);
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagWarm | kDiagStamp>(v, mb, mb2, g, sms, s);
     // phase timestamps (right results; g_rg_stamps)
-    if (is(1, 3, 5, 0, kDiagStamp, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagStamp>(v, mb, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagStamp, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagStamp>(v, mb, mb2, g, sms, s);
     if constexpr (!kTransB) {  // diagnostics (wrong results)
       if (is(2, 3, 5, 0, kDiagNoZero, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoZero>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoZero>(v, mb, mb2, g, sms, s);
       if (is(2, 3, 5, 0, kDiagNoStore, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoStore>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoStore>(v, mb, mb2, g, sms, s);
       if (is(2, 3, 5, 0, kDiagNoA | kDiagNoB, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA | kDiagNoB>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA | kDiagNoB>(v, mb, mb2, g, sms, s);
       if (is(2, 3, 5, 0, kDiagNoA, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagNoA>(v, mb, mb2, g, sms, s);
       if (is(2, 3, 5, 0, kDiagEmpty, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagEmpty>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, kDiagEmpty>(v, mb, mb2, g, sms, s);
       if (is(1, 3, 5, 0, kDiagEmpty, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagEmpty>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagEmpty>(v, mb, mb2, g, sms, s);
       if (is(1, 3, 5, 0, kDiagNoZero, true))
-        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagNoZero>(v, mb, g, sms, s);
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagNoZero>(v, mb, mb2, g, sms, s);
     }
   }
 #endif
@@ -256,19 +265,24 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
     for (int i = 0; i < p.c_parts; ++i) g.c_part[i] = static_cast<char*>(p.c_part[i]);
   }
   // The static tile space at 128 x 256 tiles decides the form (the live count is on the device).
+  // What the two-width kernel can run: batch 1, C whole, plain or bias-only stores.
+  const bool dual_ok = p.batch == 1 && !parts && p.epi.act == Activation::kNone;
   const int64_t static_tiles = p.batch * int64_t{g.m_tiles} * ((p.N + kBN - 1) / kBN);
   if (v.auto_split && !parts && p.batch == 1 && g.num_kb >= kSplitMinKBlocks &&
       static_tiles <= int64_t{kSplitTilesPerSm} * dev->sms)
     v = kSplit;
   else if (v.auto_split && static_tiles <= int64_t{kSingleTilesPerSm} * dev->sms)
-    v = kSingle;
+    v = dual_ok && p.N <= kDualMaxN ? kSingleDual : kSingle;
+  if (v.dual && (!dual_ok || v.cluster != 1 || v.split_k || v.bn != 256)) return kNo;
   if (v.split_k && p.batch != 1) return kNo;
   g.n_tiles = static_cast<int>((p.N + v.bn - 1) / v.bn);
+  if (v.dual) g.n_tiles_half = static_cast<int>((p.N + 127) / 128);
   const int m_cluster = v.split_k ? 1 : v.cluster;  // row tiles per work item
   g.m_groups = (g.m_tiles + m_cluster - 1) / m_cluster;
   const int64_t total = p.batch * int64_t{g.m_groups} * g.n_tiles;
   if (total >= (int64_t{1} << 31) || rows.capacity * rows.tile_h >= (int64_t{1} << 31)) return kNo;
   g.total_tiles = static_cast<int>(total);
+  g.total_tiles_half = g.m_groups * g.n_tiles_half;  // batch 1
 
   // ---- tensor maps: 3-D (inner, outer, batch), 128B swizzle, zero fill out of bounds ----
   const CUtensorMapDataType dt = kind == kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -289,15 +303,18 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   const uint64_t inner = p.trans_b ? p.K : p.N, outer = p.trans_b ? p.N : p.K;
   // B box: trans_b: (128 B of K) x (256 / cluster) rows of N; else (64 columns of N) x 64 rows of K.
   if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? v.bn / m_cluster : 64u)) return kNo;
+  // The two-width kernel's map for 128-column tiles: another box only when B is K-major.
+  CUtensorMap map_b_half = map_b;
+  if (v.dual && p.trans_b && !make_map(&map_b_half, p.b.data, inner, outer, p.b.batch, 128u)) return kNo;
 
   const int sms = dev->sms;
   if (kind == kBf16)
-    return p.trans_b ? LaunchKind<kBf16, true>(v, map_b, g, sms, stream)
-                     : LaunchKind<kBf16, false>(v, map_b, g, sms, stream);
+    return p.trans_b ? LaunchKind<kBf16, true>(v, map_b, map_b_half, g, sms, stream)
+                     : LaunchKind<kBf16, false>(v, map_b, map_b_half, g, sms, stream);
   if (kind == kF16)
-    return p.trans_b ? LaunchKind<kF16, true>(v, map_b, g, sms, stream)
-                     : LaunchKind<kF16, false>(v, map_b, g, sms, stream);
-  return LaunchKind<kTf32, true>(v, map_b, g, sms, stream);
+    return p.trans_b ? LaunchKind<kF16, true>(v, map_b, map_b_half, g, sms, stream)
+                     : LaunchKind<kF16, false>(v, map_b, map_b_half, g, sms, stream);
+  return LaunchKind<kTf32, true>(v, map_b, map_b_half, g, sms, stream);
 }
 
 }  // namespace
@@ -308,9 +325,10 @@ cudaError_t LaunchRowGatherGemmSm90(const MatmulParams& p, const TileList& rows,
 
 namespace sm90_rg_testing {
 cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStream_t stream, int cluster, int stages_a,
-                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k, int bn) {
+                          int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k, int bn,
+                          bool dual) {
   Variant v;
-  v.epi_in_a = epi_in_a, v.split_k = split_k, v.bn = bn;
+  v.epi_in_a = epi_in_a, v.split_k = split_k, v.bn = bn, v.dual = dual;
   v.cluster = cluster, v.stages_a = stages_a, v.stages_b = stages_b, v.gather_warps = gather_warps;
   v.carve = carve, v.diag = diag;
   if (cluster != 1 && cluster != 2 && cluster != 4) return cudaErrorNotSupported;

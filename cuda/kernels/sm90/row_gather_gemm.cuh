@@ -72,14 +72,21 @@ constexpr int kConsumerWarps = 8;
 //   kEpiInA (consumer gather only): the epilogue stages C through the warpgroup's half of
 //   the A stage its last wgmma just freed (2 KB per warp, XOR-swizzled), refilled after the
 //   epilogue; this frees 18 KB for a fifth B stage.
-template <int kStagesA_, int kStagesB_, int kGatherWarps_, bool kEpiInA_ = false, int kBN_ = kBN>
+template <int kStagesA_, int kStagesB_, int kGatherWarps_, bool kEpiInA_ = false, int kBN_ = kBN,
+          int kStageBPitch_ = kBN_ * kBKBytes, bool kAltSpace_ = false>
 struct Config {
   static constexpr int kStagesA = kStagesA_, kStagesB = kStagesB_, kGatherWarps = kGatherWarps_;
   // Columns per tile: 256 (m64n256 per consumer warpgroup), or 128 (m64n128) for small
   // problems, where twice the tiles spread the work over more SMs.
   static constexpr int kBN = kBN_;
-  static constexpr int kStageBBytes = kBN * kBKBytes;
+  static constexpr int kStageBBytes = kBN * kBKBytes;  // loaded per B stage
+  static constexpr int kStageBPitch = kStageBPitch_;   // allocated per B stage
   static_assert(kBN == 256 || kBN == 128, "tiles of 256 or 128 columns");
+  static_assert(kStageBPitch >= kStageBBytes, "a B stage holds its tile");
+  // kAltSpace: the tiles are the alternative (128-column) space of a two-width kernel
+  // (Args::n_tiles_half); Half: this configuration's 128-column form with the same layout.
+  static constexpr bool kAltSpace = kAltSpace_;
+  using Half = Config<kStagesA_, kStagesB_, kGatherWarps_, kEpiInA_, 128, kStageBPitch_, true>;
   static constexpr bool kEpiInA = kEpiInA_;
   static_assert(!kEpiInA || kGatherWarps == 0, "epilogue in A needs the consumer gather");
   static_assert(kGatherWarps == 0 || kGatherWarps == 2 || kGatherWarps == 3, "0, 2 or 3 gather warps");
@@ -96,7 +103,7 @@ struct Config {
   // Offsets from the 1024-aligned base.
   static constexpr int kAOffset = 0;
   static constexpr int kBOffset = kStagesA * kStageABytes;
-  static constexpr int kEpiOffset = kBOffset + kStagesB * kStageBBytes;
+  static constexpr int kEpiOffset = kBOffset + kStagesB * kStageBPitch;
   static constexpr int kBarOffset = kEpiOffset + (kEpiInA ? 0 : kConsumerWarps * kEpiWarpBytes);
   // fullA: per stage (producer gather) or per consumer warpgroup and stage (consumer gather).
   static constexpr int kFullA = kBarOffset, kEmptyA = kFullA + 8 * 2 * kStagesA;
@@ -115,14 +122,12 @@ constexpr int kDiagStamp = 128;
 // warp's first list entries into L1 at kernel entry, before the barrier set-up and
 // setmaxnreg, so that the first tile's dependent reads (count, then list) hit L1.
 constexpr int kDiagWarm = 256;
-// An experiment (right results): kDiagSpec starts a CTA's first tile before the live count
-// is known (batch 1, single CTAs, consumer gather). The B warp issues the tile's first B
-// stages at once; each consumer thread reads its rows' list entries straight away (a slot
-// past the count holds -1 - id, so reads no row; and a row gathered for such a slot would
-// be computed but never stored: the epilogue's rows come from the count). Then the count decides:
-// if the first tile is dead, so is every later one (batch 1), and the CTA drains what it
-// issued. Both start paths lose the count read (~0.6 us each, docs/notes/sm90_row_gather.md).
-constexpr int kDiagSpec = 2048;
+// Not a diagnostic (carried in the same flags, like kOutParts): kDualWidth compiles both
+// tile widths into the kernel, which takes 128-column tiles when they all fit in one wave
+// of the grid at the live count (batch 1, single CTAs; see HalfWidth), else 256. Its
+// 16-bit store compiles the plain and the bias-only epilogues alone (the launcher sends
+// activations elsewhere): two widths of every activation's store doubled the kernel's code.
+constexpr int kDualWidth = 512;
 constexpr int kStampSlots = 24;
 #ifdef PIT_RG_EXPERIMENTS
 __device__ unsigned long long g_rg_stamps[1024][kStampSlots];
@@ -171,6 +176,7 @@ struct Args {
   int n_tiles = 0, m_tiles = 0, num_kb = 0;  // m_tiles: static bound ceil(capacity*tile_h/kBM)
   int m_groups = 0;                          // ceil(m_tiles / cluster size)
   int total_tiles = 0;                       // batch * m_groups * n_tiles
+  int n_tiles_half = 0, total_tiles_half = 0;  // kDualWidth: the 128-column tile space
   EpilogueDev epi;                           // bias + activation (live rows), act(bias) (dead rows)
 };
 
@@ -337,21 +343,24 @@ struct Tile {
 // kCluster consecutive row tiles on the same column tile (they share B, multicast); the
 // CTA of rank `rank` takes row tile group * kCluster + rank, which may lie past the live
 // rows (then all its rows are missing: it computes zeros and stores nothing).
-// Work item t's batch entry b, row tile group mg and column tile nt (no device reads).
+// Work item t's batch entry b, row tile group mg and column tile nt (no device reads);
+// kAlt: in the two-width kernel's 128-column tile space.
 struct TileCoord {
   int b, mg, nt;
 };
+template <bool kAlt = false>
 __device__ __forceinline__ TileCoord CoordOf(const Args& g, int t) {
-  const int per_b = g.m_groups * g.n_tiles;
+  const int n_tiles = kAlt ? g.n_tiles_half : g.n_tiles;
+  const int per_b = g.m_groups * n_tiles;
   const int b = t / per_b;
   const int rem = t - b * per_b;
-  const int mg = rem / g.n_tiles;
-  return {b, mg, rem - mg * g.n_tiles};
+  const int mg = rem / n_tiles;
+  return {b, mg, rem - mg * n_tiles};
 }
 
-template <int kCluster, int kTileN = kBN>
+template <int kCluster, int kTileN = kBN, bool kAlt = false>
 __device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile& tile) {
-  const auto [b, mg, nt] = CoordOf(g, t);
+  const auto [b, mg, nt] = CoordOf<kAlt>(g, t);
   const int ib = b / g.idx_div;
   int count = __ldg(g.counts + ib);
   count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
@@ -363,6 +372,24 @@ __device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile&
   tile.live = live;
   tile.list = g.lists + static_cast<int64_t>(ib) * g.capacity;
   return true;
+}
+
+// The number of tiles of the walk of configuration Cfg (its own tile space, or the
+// two-width kernel's 128-column one).
+template <class Cfg>
+__device__ __forceinline__ int TotalTiles(const Args& g) {
+  return Cfg::kAltSpace ? g.total_tiles_half : g.total_tiles;
+}
+
+// kDualWidth: 128-column tiles when all live ones fit in one wave of the grid (then each
+// SM's share of the k-loop halves; measured 20 % faster on BERT's 768-wide products),
+// else 256 (docs/notes/sm90_row_gather.md, "128-column tiles"). Batch 1; every role
+// decides the same from the count.
+__device__ __forceinline__ bool HalfWidth(const Args& g) {
+  int count = __ldg(g.counts);
+  count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+  const int live_tiles = (count * g.tile_h + kBM - 1) / kBM;
+  return live_tiles * g.n_tiles_half <= static_cast<int>(gridDim.x);
 }
 
 // Matrix row of live virtual row j of a tile's entry, or -1 (past the count, a bad id,
@@ -428,13 +455,6 @@ struct Walk {
   }
 };
 
-// Whether this kernel starts its first tile before reading the count (kDiagSpec).
-template <int kDiag, int kCluster, bool kSplitK>
-__device__ __forceinline__ bool SpeculativeStart(const Args& g) {
-  if constexpr ((kDiag & kDiagSpec) != 0 && kCluster == 1 && !kSplitK) return g.batch == 1;
-  return false;
-}
-
 // A pipeline stage counter.
 template <int kStages>
 struct Pipe {
@@ -457,9 +477,9 @@ __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
   using W = Walk<kCluster, kSplitK>;
   const W w(g);
   Pipe<Cfg::kStagesA> pipe;
-  for (int t = w.first; t < g.total_tiles; t += w.step) {
+  for (int t = w.first; t < TotalTiles<Cfg>(g); t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
+    if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
     const char* a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
     __syncwarp();
     for (int r = lane; r < nrows; r += 32) {
@@ -630,7 +650,7 @@ __device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, in
     MbarArrive(full);
   } else {
     MbarArriveExpectTx(full, Cfg::kStageBBytes);
-    const uint32_t sb = base + Cfg::kBOffset + stage * Cfg::kStageBBytes;
+    const uint32_t sb = base + Cfg::kBOffset + stage * Cfg::kStageBPitch;
     if constexpr (kTransB) {
       // B stored [N, K]: one box of kPart rows (n) x 128 bytes (k): K-major tile.
       const uint32_t dst = sb + rank * kPart * kBKBytes;
@@ -667,45 +687,14 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
   const W w(g);
   Pipe<Cfg::kStagesB> pipe;
   bool first = true;
-  // kDiagSpec: the first tile's first B stages before the count (batch 1: entry 0).
-  [[maybe_unused]] int spec_kb = w.kfirst;
-  [[maybe_unused]] bool spec = false;
-  if constexpr ((kDiag & kDiagSpec) != 0) {
-    spec = SpeculativeStart<kDiag, kCluster, kSplitK>(g) && w.first < g.total_tiles;
-    if (spec) {
-      const int n0 = CoordOf(g, w.first).nt * Cfg::kBN;
-      for (int s = 0; s < Cfg::kStagesB && spec_kb < g.num_kb; ++s, spec_kb += w.kstep) {
-        if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, n0, 0, spec_kb, pipe.stage, pipe.phase, w.rank);
-        if (s == 0 && lane == 0) Stamp<kDiag>(2);
-        pipe.Next();
-      }
-      __syncwarp();
-    }
-  }
-  for (int t = w.first; t < g.total_tiles; t += w.step) {
+  for (int t = w.first; t < TotalTiles<Cfg>(g); t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) {
-      if constexpr ((kDiag & kDiagSpec) != 0) {
-        if (spec && t == w.first) {
-          // Dead, and so is every later tile: let the speculative stages land before exit.
-          if (lane == 0) {
-            Pipe<Cfg::kStagesB> drain;
-            for (int kb = w.kfirst; kb < spec_kb; kb += w.kstep, drain.Next())
-              MbarWait(base + Cfg::kFullB + drain.stage * 8, drain.phase);
-          }
-          __syncwarp();
-          break;
-        }
-      }
-      continue;
-    }
+    if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
     const int bb = tile.b / g.b_div;
     if (first && lane == 0) Stamp<kDiag>(17);
-    int kb0 = w.kfirst;
-    if constexpr ((kDiag & kDiagSpec) != 0) kb0 = (spec && t == w.first) ? spec_kb : w.kfirst;
-    for (int kb = kb0; kb < g.num_kb; kb += w.kstep) {
+    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
       if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
-      if (first && lane == 0 && !spec) Stamp<kDiag>(2);
+      if (first && lane == 0) Stamp<kDiag>(2);
       first = false;
       __syncwarp();
       if (zero_left) zero_left = zf.Next(g, lane);
@@ -842,23 +831,11 @@ struct ALoader {
     kb = w.kfirst;
     NextTile(g, w, wg, warp, lane);
   }
-  // kDiagSpec: the first tile's rows from the list alone, before the count (see kDiagSpec;
-  // batch 1, no clusters): every slot of the capacity counts as live, so RowOf reads any
-  // entry (a slot past the count holds -1 - id: no row).
-  __device__ __forceinline__ void StartSpeculative(const Args& g, const W& w, int wg, int warp, int lane) {
-    t = w.first;
-    kb = w.kfirst;
-    valid = t < g.total_tiles;
-    if (!valid) return;
-    Tile tile;
-    tile.b = 0, tile.m0 = CoordOf(g, t).mg * kBM, tile.live = g.capacity * g.tile_h, tile.list = g.lists;
-    TakeRows(g, tile, wg, warp, lane);
-  }
   __device__ __forceinline__ void NextTile(const Args& g, const W& w, int wg, int warp, int lane) {
     valid = false;
-    for (t += w.step; t < g.total_tiles; t += w.step) {
+    for (t += w.step; t < TotalTiles<Cfg>(g); t += w.step) {
       Tile tile;
-      if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) continue;
+      if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
       TakeRows(g, tile, wg, warp, lane);
       valid = true;
       return;
@@ -982,30 +959,15 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   const bool stamper = wg == 0 && tid == 0;
   if (stamper) Stamp<kDiag>(20);
   if constexpr (Cfg::kConsumerGather) {
-    if (SpeculativeStart<kDiag, kCluster, kSplitK>(g)) {
-      loader.StartSpeculative(g, w, wg, warp, lane);
-    } else {
-      loader.Start(g, w, wg, warp, lane);
-    }
+    loader.Start(g, w, wg, warp, lane);
     if (stamper) Stamp<kDiag>(21);
     for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
   }
   int stamp_tiles = 0;
   if (stamper) Stamp<kDiag>(4);
-  for (int t = w.first; t < g.total_tiles; t += w.step) {
+  for (int t = w.first; t < TotalTiles<Cfg>(g); t += w.step) {
     Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN>(g, t, w.rank, tile)) {
-      if constexpr (Cfg::kConsumerGather) {
-        if (SpeculativeStart<kDiag, kCluster, kSplitK>(g) && t == w.first) {
-          // The speculative first tile is dead, and so is every later one: wait until the
-          // A stages issued for it have landed and arrived, then leave (see kDiagSpec).
-          const int issued = g.num_kb < Cfg::kStagesA ? g.num_kb : Cfg::kStagesA;
-          for (int st = 0; st < issued; ++st) MbarWait(base + Cfg::kFullA + (wg * Cfg::kStagesA + st) * 8, 0);
-          break;
-        }
-      }
-      continue;
-    }
+    if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
     // Rows this lane writes (looked up now; used after the main loop). fp32 C: the rows of
     // the accumulator fragment (lane/4 and lane/4 + 8). 16-bit C (staged): rows lane/8 + 4i
     // of the warp's 16.
@@ -1027,7 +989,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       // cp.async writes are generic-proxy writes that wgmma reads through the async proxy.
       if constexpr (!(kDiag & kDiagNoFence)) FenceProxyAsync();
       const uint32_t sa = base + Cfg::kAOffset + pa.stage * kStageABytes + wg * (64 * kBKBytes);
-      const uint32_t sb = base + Cfg::kBOffset + pb.stage * Cfg::kStageBBytes;
+      const uint32_t sb = base + Cfg::kBOffset + pb.stage * Cfg::kStageBPitch;
       const uint64_t da = MakeDesc(sa, 16, 1024);
       const uint64_t db = kTransB ? MakeDesc(sb, 16, 1024) : MakeDesc(sb, 8192, 1024);
       WgmmaFence();
@@ -1130,6 +1092,8 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       // per element left the 128-value epilogue serial (about 10 us per tile, measured).
       if (!g.epi.on) {
         StoreTile16<Cfg, kKind, -1>(g, acc, tile.n0, rows, c_b, stage_s, lane);
+      } else if constexpr ((kDiag & kDualWidth) != 0) {
+        StoreTile16<Cfg, kKind, 0>(g, acc, tile.n0, rows, c_b, stage_s, lane);
       } else {
         switch (g.epi.act) {
           case static_cast<int>(Activation::kRelu): StoreTile16<Cfg, kKind, 1>(g, acc, tile.n0, rows, c_b, stage_s, lane); break;
@@ -1194,11 +1158,17 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
 
 // kCluster: CTAs per cluster along M (1, 2 or 4; B multicast when > 1), or with kSplitK
 // the cluster of up to kCluster CTAs sharing a tile's K (no multicast, batch 1). kDiag:
-// timing experiments (see Diag).
+// timing experiments (see Diag), kOutParts, kDualWidth. map_b_half: kDualWidth's B map
+// for 128-column tiles (its box differs when B is K-major); map_b again otherwise.
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const Args g) {
+    RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const __grid_constant__ CUtensorMap map_b_half,
+                        const Args g) {
   static_assert(!kSplitK || (kCluster > 1 && Cfg::kConsumerGather), "split-K: clusters, consumer gather");
+  constexpr bool kDual = (kDiag & kDualWidth) != 0;
+  static_assert(!kDual || (kCluster == 1 && !kSplitK && Cfg::kBN == 256 && Cfg::kConsumerGather),
+                "two widths: single CTAs, 256-column primary tiles, consumer gather");
+  using CfgHalf = typename Cfg::Half;
   static_assert(kKind != kTf32 || kTransB, "tf32 wgmma needs K-major B (trans_b)");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1214,7 +1184,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // this warp's rows of the CTA's first static tile (the count decides later whether it is live)
         const int t = kCluster == 1 ? static_cast<int>(blockIdx.x) : static_cast<int>(ClusterId());
         if (t < g.total_tiles) {
-          const TileCoord c = CoordOf(g, t);
+          const TileCoord c = CoordOf<>(g, t);
           const int rank = kCluster == 1 ? 0 : static_cast<int>(ClusterRank());
           const int64_t j = (static_cast<int64_t>(c.mg) * kCluster + rank) * kBM + (warp - 4) * 16;
           const int64_t slot = j / g.tile_h;
@@ -1243,6 +1213,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+    if constexpr (kDual && kTransB)
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b_half)) : "memory");
   }
   if constexpr (kCluster == 1) {
     __syncthreads();
@@ -1264,7 +1236,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
     if (warp == Cfg::kBWarp) {
-      LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
+      if constexpr (kDual) {
+        if (HalfWidth(g)) {
+          LoadB<CfgHalf, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b_half, smem, lane);
+        } else {
+          LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
+        }
+      } else {
+        LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
+      }
     } else if (Cfg::kConsumerGather) {
       ZeroFillOf<kDiag> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
       if constexpr ((kDiag & kDiagStamp) != 0 && kCluster == 1 && !kSplitK) {
@@ -1302,7 +1282,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
     const int wg = (warp >> 2) - 1;
-    split = Consume<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, threadIdx.x - 128 * (wg + 1));
+    const int ct = threadIdx.x - 128 * (wg + 1);
+    if constexpr (kDual) {
+      if (HalfWidth(g)) {
+        split = Consume<CfgHalf, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
+      } else {
+        split = Consume<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
+      }
+    } else {
+      split = Consume<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
+    }
   }
   if constexpr (kSplitK) {
     const Walk<kCluster, true> w(g);  // S, the same in every CTA
