@@ -976,6 +976,15 @@ int main(int argc, char** argv) {
         c.name = name, c.packed = true;
         add(c);
       }
+    // The split's choice at long reductions: BERT's 72-tile 768 x 3072 at 50 / 100 % of 16384
+    // rows (the launcher estimates the tokens from the capacity, 16384; notes run 19).
+    for (int64_t listed : {8192, 16384}) {
+      char name[64];
+      snprintf(name, sizeof name, "wgrad maxis A16384 L%lld 768x3072 bf16", (long long)listed);
+      c = mk(name, DType::kBF16, 16384, 1, 768, 3072, 1);
+      c.wgrad = true, c.time = true, c.listed = listed;
+      add(c);
+    }
     // Issue 4's backward shape: 16384 x 4096 x 4096 at 10 / 30 / 50 % live rows, gathered
     // (random rows) and packed (rows 0 .. L-1, as pit_sread_live leaves them).
     for (int64_t listed : {1638, 1664, 4915, 4928, 8192})

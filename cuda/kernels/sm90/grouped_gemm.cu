@@ -188,8 +188,8 @@ int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
 // The v3 split S (CTAs of a cluster sharing one tile's token reduction): only when the tiles
 // leave SMs idle. Cost in units of one stage (kW3Tok tokens) per wave: ceil(kb / S) + the
 // launch / fill / epilogue overhead (fitted to run 7 in 32-token stages: ~12, ~20 with the
-// DSMEM reduction; scaled to the stage size), kb
-// estimated from the average tokens per expert (the counts stay on the device). S in
+// DSMEM reduction; scaled to the stage size), kb from the caller's token estimate (the
+// counts stay on the device; LaunchWgradImpl says how it estimates). S in
 // {1, 2, 4, 8}: clusters of 6 measured slow (run 7), 3, 5, 7 not measured.
 int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int dev, int sms, cudaStream_t stream) {
   if (tiles >= sms) return 1;
@@ -328,8 +328,16 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
     if (e != cudaSuccess) return e;
     attr3_set[devi] = true;
   }
+  // The split model's tokens per tile: the experts' average (every assignment is routed
+  // somewhere), but with one group (the M axis) A is the row capacity, an upper bound of
+  // the live rows: taken as half live there. At 31 / 50 / 100 % of 16384 rows (BERT's
+  // 72-tile 768 x 3072) the capacity's estimate chose 8-way splits, 14 % / 5 % slower and
+  // 6 % faster than the 4-way ones half of it chooses (H200; docs/notes/sm90_grouped.md,
+  // run 19).
+  int64_t tokens = (p.batch / p.dw_batch) * p.A / p.E;
+  if (p.E == 1) tokens = (tokens + 1) / 2;
   int s = split;
-  if (s == 0) s = ChooseWgradSplit(tiles, (p.batch / p.dw_batch) * p.A / p.E, devi, dev->sms, stream);
+  if (s == 0) s = ChooseWgradSplit(tiles, tokens, devi, dev->sms, stream);
   if (s < 1 || s > 8) return kNo;
   ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
