@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import statistics
 import sys
 import time
@@ -109,6 +110,20 @@ def _moe_train(small, experts, top_k):
                    args) for mode in ("dense", "ragged", "pit")}
 
 
+def _short(name):
+    """A kernel's name without its return type, namespaces and parameter list, template
+    arguments kept whole: kernels that differ only there (the row gather's forms) stay
+    apart in the table."""
+    n = re.sub(r"^void ", "", name)
+    n = re.sub(r"(?:\(anonymous namespace\)|[A-Za-z_]\w*)::", "", n)
+    depth = 0
+    for i, ch in enumerate(n):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0 and i > 0:
+            return n[:i]
+    return n
+
+
 def _category(name):
     """A kernel's kind, by its name: what part of a step it belongs to."""
     n = name.lower()
@@ -162,8 +177,8 @@ def profile(fn, args, *, calls, top):
     if kernels:
         tot, cnt, cat = collections.Counter(), collections.Counter(), collections.Counter()
         for name, _, dur in kernels:
-            tot[name[:100]] += dur
-            cnt[name[:100]] += 1
+            tot[_short(name)] += dur
+            cnt[_short(name)] += 1
             cat[_category(name)] += dur
         start = min(ts for _, ts, _ in kernels)
         end = max(ts + dur for _, ts, dur in kernels)
