@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, put, randn
 
 import pit_jax
@@ -229,7 +228,17 @@ def test_transforms(platform):
 
     args = (x, res, scale, offset, bias)
     np.testing.assert_allclose(np.asarray(jax.jit(f)(*args)), np.asarray(ref(*args)), rtol=1e-5, atol=1e-5)
-    check_grads(f, args, order=1, modes=("fwd", "rev"), atol=1e-2, rtol=1e-2)
+    # jvp and vjp against the reference's autodiff with random tangents. (float32 finite
+    # differences of a layer norm over 16 features missed 1e-2 about once in a few hundred
+    # runs: rounding over the default step, not the rules.)
+    tangents = tuple(randn(rng, a.shape, jnp.float32) for a in args)
+    tangents = put(platform, *tangents)
+    out, t_out = jax.jvp(f, args, tangents)
+    out_ref, t_ref = jax.jvp(ref, args, tangents)
+    np.testing.assert_allclose(np.asarray(t_out), np.asarray(t_ref), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed} jvp")
+    ct = put(platform, randn(rng, out.shape, jnp.float32))
+    for i, (u, v) in enumerate(zip(jax.vjp(f, *args)[1](ct), jax.vjp(ref, *args)[1](ct))):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed} vjp {i}")
     # grad against the reference's grad (dead rows get no gradient)
     loss = lambda fn: (lambda *a: jnp.sum(jnp.sin(fn(*a))))
     g, g_ref = jax.grad(loss(f), argnums=range(5))(*args), jax.grad(loss(ref), argnums=range(5))(*args)
