@@ -358,13 +358,20 @@ __device__ __forceinline__ TileCoord CoordOf(const Args& g, int t) {
   return {b, mg, rem - mg * n_tiles};
 }
 
+// Index entry ib's count of live list slots, clamped to [0, capacity].
+__device__ __forceinline__ int LiveSlots(const Args& g, int ib) {
+  const int count = __ldg(g.counts + ib);
+  return count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+}
+
+// Batch 1: the row tiles (kBM rows) that the live slots cover.
+__device__ __forceinline__ int LiveRowTiles(const Args& g) { return (LiveSlots(g, 0) * g.tile_h + kBM - 1) / kBM; }
+
 template <int kCluster, int kTileN = kBN, bool kAlt = false>
 __device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile& tile) {
   const auto [b, mg, nt] = CoordOf<kAlt>(g, t);
   const int ib = b / g.idx_div;
-  int count = __ldg(g.counts + ib);
-  count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
-  const int live = count * g.tile_h;
+  const int live = LiveSlots(g, ib) * g.tile_h;
   if (mg * kCluster * kBM >= live) return false;
   tile.b = b;
   tile.m0 = (mg * kCluster + rank) * kBM;
@@ -386,10 +393,17 @@ __device__ __forceinline__ int TotalTiles(const Args& g) {
 // else 256 (docs/notes/sm90_row_gather.md, "128-column tiles"). Batch 1; every role
 // decides the same from the count.
 __device__ __forceinline__ bool HalfWidth(const Args& g) {
-  int count = __ldg(g.counts);
-  count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
-  const int live_tiles = (count * g.tile_h + kBM - 1) / kBM;
-  return live_tiles * g.n_tiles_half <= static_cast<int>(gridDim.x);
+  return LiveRowTiles(g) * g.n_tiles_half <= static_cast<int>(gridDim.x);
+}
+
+// A role's body f(C{}) for the tile width it runs: C = Cfg::Half where kDual and
+// HalfWidth, else Cfg (without kDual no 128-column code is compiled in).
+template <class Cfg, bool kDual, class F>
+__device__ __forceinline__ void WithTileWidth(const Args& g, F&& f) {
+  if constexpr (kDual) {
+    if (HalfWidth(g)) return f(typename Cfg::Half{});
+  }
+  f(Cfg{});
 }
 
 // Matrix row of live virtual row j of a tile's entry, or -1 (past the count, a bad id,
@@ -416,9 +430,7 @@ __device__ __forceinline__ int RowOf(const Args& g, const Tile& tile, int j) {
 // and S = 1 (independent CTAs, no reduction) when the live tiles fill the grid anyway.
 template <int kCluster>
 __device__ __forceinline__ int SplitOf(const Args& g) {
-  int count = __ldg(g.counts);
-  count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
-  const int items = (count * g.tile_h + kBM - 1) / kBM * g.n_tiles;
+  const int items = LiveRowTiles(g) * g.n_tiles;
   const int clusters = static_cast<int>(ClusterCount());
   int s = kCluster;
   while (s > 1 && (items > clusters * (kCluster / s) || g.num_kb < s)) s >>= 1;
@@ -536,8 +548,7 @@ struct ZeroFill {
     while (b < 0 || u >= units) {
       if (b >= 0) offset = (offset + units % G) % G;  // 32-bit: no 64-bit modulo call
       if (++b >= g.batch) return false;
-      count = __ldg(g.counts + b / g.idx_div);
-      count = count < 0 ? 0 : (count > g.capacity ? g.capacity : count);
+      count = LiveSlots(g, b / g.idx_div);
       units = (g.capacity - count) * g.tile_h;
       u = worker - offset;
       if (u < 0) u += G;
@@ -1168,7 +1179,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kDual = (kDiag & kDualWidth) != 0;
   static_assert(!kDual || (kCluster == 1 && !kSplitK && Cfg::kBN == 256 && Cfg::kConsumerGather),
                 "two widths: single CTAs, 256-column primary tiles, consumer gather");
-  using CfgHalf = typename Cfg::Half;
   static_assert(kKind != kTf32 || kTransB, "tf32 wgmma needs K-major B (trans_b)");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1236,15 +1246,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
     if (warp == Cfg::kBWarp) {
-      if constexpr (kDual) {
-        if (HalfWidth(g)) {
-          LoadB<CfgHalf, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b_half, smem, lane);
-        } else {
-          LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
-        }
-      } else {
-        LoadB<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, &map_b, smem, lane);
-      }
+      WithTileWidth<Cfg, kDual>(g, [&](auto c) {
+        using C = decltype(c);
+        LoadB<C, kKind, kTransB, kCluster, kDiag, kSplitK>(g, C::kAltSpace ? &map_b_half : &map_b, smem, lane);
+      });
     } else if (Cfg::kConsumerGather) {
       ZeroFillOf<kDiag> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
       if constexpr ((kDiag & kDiagStamp) != 0 && kCluster == 1 && !kSplitK) {
@@ -1283,15 +1288,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
     const int wg = (warp >> 2) - 1;
     const int ct = threadIdx.x - 128 * (wg + 1);
-    if constexpr (kDual) {
-      if (HalfWidth(g)) {
-        split = Consume<CfgHalf, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
-      } else {
-        split = Consume<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
-      }
-    } else {
-      split = Consume<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
-    }
+    WithTileWidth<Cfg, kDual>(g, [&](auto c) {
+      split = Consume<decltype(c), kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
+    });
   }
   if constexpr (kSplitK) {
     const Walk<kCluster, true> w(g);  // S, the same in every CTA
