@@ -276,13 +276,15 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   if (v.dual && (!dual_ok || v.cluster != 1 || v.split_k || v.bn != 256)) return kNo;
   if (v.split_k && p.batch != 1) return kNo;
   g.n_tiles = static_cast<int>((p.N + v.bn - 1) / v.bn);
-  if (v.dual) g.n_tiles_half = static_cast<int>((p.N + 127) / 128);
   const int m_cluster = v.split_k ? 1 : v.cluster;  // row tiles per work item
   g.m_groups = (g.m_tiles + m_cluster - 1) / m_cluster;
   const int64_t total = p.batch * int64_t{g.m_groups} * g.n_tiles;
   if (total >= (int64_t{1} << 31) || rows.capacity * rows.tile_h >= (int64_t{1} << 31)) return kNo;
   g.total_tiles = static_cast<int>(total);
-  g.total_tiles_half = g.m_groups * g.n_tiles_half;  // batch 1
+  if (v.dual) {  // the 128-column tile space (batch 1)
+    g.n_tiles_half = static_cast<int>((p.N + 127) / 128);
+    g.total_tiles_half = g.m_groups * g.n_tiles_half;
+  }
 
   // ---- tensor maps: 3-D (inner, outer, batch), 128B swizzle, zero fill out of bounds ----
   const CUtensorMapDataType dt = kind == kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
