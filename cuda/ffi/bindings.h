@@ -141,6 +141,16 @@ auto RowActivation(B b) {
 }
 
 template <class B>
+auto RowSum(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Ret<AnyBuffer>()  // sums [..., N]
+      .template Ret<AnyBuffer>()  // work [..., slices, N] float32 (or [0])
+      .template Attr<int64_t>("tile_h");
+}
+
+template <class B>
 auto RowActivationBwd(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // z
       .template Arg<S32>()  // tiles

@@ -1,0 +1,158 @@
+// pit_row_sum on the GPU: column sums over the listed rows only (a padded batch's bias
+// gradient reads its live rows, not every row). Block (32, kSplit): lane x owns one
+// 16-byte column vector, the kSplit rows of threads take interleaved list slots of the
+// block's slice; the rows are added in a fixed tree, then the slices in order (a second
+// kernel when the list is split), so the sums are the same on every run.
+#include "cuda/kernels/row_sum.h"
+
+#include <cstdint>
+
+#include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/row_blocks.cuh"
+
+namespace pit {
+namespace {
+
+using gemm::Elem;
+using gemm::LoadF;
+using gemm::StoreF;
+
+constexpr int kSplit = 8;           // rows of threads per block
+constexpr int kUnroll = 4;          // list slots a thread loads at a time
+constexpr int kFinishThreads = 256;  // columns per block of the slice sum
+
+// Slice s = blockIdx.y of the list of entry b: the slots s * kSplit + y, stepping by
+// slices * kSplit. With one slice the block writes the sums (one rounding), otherwise
+// its float32 partial sums to work[b, s].
+template <typename T, int V>
+__global__ void __launch_bounds__(32 * kSplit) RowSumKernel(const RowSumParams p) {
+  __shared__ float part[kSplit][32 * V + 1];
+  const int x = threadIdx.x, y = threadIdx.y;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * 32 + x) * V, n = p.cols;
+  for (int64_t b = blockIdx.z; b < p.batch; b += gridDim.z) {
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.f;
+    int64_t live = __ldg(p.count + b);
+    live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
+    if (c < n) {
+      const T* xb = static_cast<const T*>(p.x) + b * p.rows * n + c;
+      const int32_t* list = p.tiles + b * p.capacity;
+      const int64_t step = static_cast<int64_t>(p.slices) * kSplit;
+      // kUnroll slots at a time: their ids, then (single-row blocks) their rows, all
+      // loads in flight together; the sums still add in slot order.
+      for (int64_t slot = static_cast<int64_t>(blockIdx.y) * kSplit + y; slot < live; slot += kUnroll * step) {
+        int64_t ids[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t s = slot + u * step;
+          ids[u] = s < live ? EntryBlock(__ldg(list + s), true) : -1;
+          if (ids[u] >= p.tile_rows) ids[u] = -1;  // not a row block of x
+        }
+        if (p.tile_h == 1) {
+          float v[kUnroll][V];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (ids[u] >= 0) {
+              LoadF<T, V>(xb + ids[u] * n, v[u]);
+            } else {
+#pragma unroll
+              for (int i = 0; i < V; ++i) v[u][i] = 0.f;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[i] += v[u][i];
+          continue;
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (ids[u] < 0) continue;
+          const int64_t r0 = ids[u] * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
+          for (int64_t r = r0; r < r1; ++r) {
+            float v[V];
+            LoadF<T, V>(xb + r * n, v);
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[i] += v[i];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];
+    __syncthreads();
+    if (y == 0 && c < n) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        float s = part[0][x * V + i];
+#pragma unroll
+        for (int k = 1; k < kSplit; ++k) s += part[k][x * V + i];
+        acc[i] = s;
+      }
+      if (p.slices == 1) {
+        StoreF<T, V>(static_cast<T*>(p.sums) + b * n + c, acc);
+      } else {
+        float* w = p.work + (b * p.slices + blockIdx.y) * n + c;
+#pragma unroll
+        for (int i = 0; i < V; ++i) w[i] = acc[i];
+      }
+    }
+    __syncthreads();  // part is reused by the next entry
+  }
+}
+
+// sums[b, i] = work[b, 0, i] + work[b, 1, i] + ..., in slice order.
+template <typename T>
+__global__ void __launch_bounds__(kFinishThreads) RowSumFinishKernel(const RowSumParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kFinishThreads + threadIdx.x, n = p.cols;
+  if (i >= n) return;
+  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    const float* w = p.work + b * p.slices * n + i;
+    float s = 0.f;
+    for (int64_t k = 0; k < p.slices; ++k) s += w[k * n];
+    float v[1] = {s};
+    StoreF<T, 1>(static_cast<T*>(p.sums) + b * n + i, v);
+  }
+}
+
+bool Aligned(const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) % 16) == 0; }
+
+unsigned GridDim(int64_t v) { return static_cast<unsigned>(v < 65535 ? v : 65535); }
+
+template <typename T>
+cudaError_t Launch(const RowSumParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
+  const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x) &&
+                   Aligned(p.sums);
+  const int v = vec ? kVec : 1;
+  const dim3 grid(static_cast<unsigned>((p.cols + 32 * v - 1) / (32 * v)), static_cast<unsigned>(p.slices),
+                  GridDim(p.batch));
+  const dim3 block(32, kSplit);
+  if (vec)
+    RowSumKernel<T, kVec><<<grid, block, 0, stream>>>(p);
+  else
+    RowSumKernel<T, 1><<<grid, block, 0, stream>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || p.slices == 1) return e;
+  const dim3 fgrid(static_cast<unsigned>((p.cols + kFinishThreads - 1) / kFinishThreads), GridDim(p.batch));
+  RowSumFinishKernel<T><<<fgrid, kFinishThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchRowSum(const RowSumParams& p, cudaStream_t stream) {
+  if (p.batch * p.cols == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kF32:
+      return Launch<float>(p, stream);
+    case DType::kBF16:
+      return Launch<__nv_bfloat16>(p, stream);
+    case DType::kF16:
+      return Launch<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace pit
