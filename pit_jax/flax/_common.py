@@ -20,9 +20,10 @@ def check_batch_dims(batch_dims, shape, what, kept):
 
 
 def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None, bias=None,
-                           activation=None, batch_dims=0):
+                           activation=None, batch_dims=0, dead_rows="dense"):
     """`act(inputs @ kernel + bias)` over the last dim of inputs ([..., K]), skipping dead
-    micro-tiles (bias [N] or None; on the M axis bias and a named activation are fused).
+    micro-tiles (bias [N] or None; on the M axis bias and a named activation are fused;
+    `dead_rows` as in sparse_dense).
 
     Without an index, all leading dims are folded into the rows, so one index covers
     the whole batch (the forward is exact whatever the tiling: the mask comes from
@@ -32,6 +33,8 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     micro_tile (its tile clipped to small inputs), or runs the dense product.
     """
     epi = dict(bias=bias, activation=activation)
+    if dead_rows != "dense":  # a dense plan keeps the default (sparse_dense rejects the rest)
+        epi["dead_rows"] = dead_rows
     if plan is not None:
         _check_plan(plan, kernel, index)
         if plan.is_dense:  # x @ w, with the bias and activation, by sparse_dense

@@ -35,6 +35,9 @@ class SparseDense(nn.Module):
         rest folded into rows (default 0: one index over all rows, which keeps 128-row
         tiles full for short sequences). `jit` over several devices splits a batch dim
         (docs/transformations.md); folded rows run on whole operands there.
+      dead_rows: axis "m": "dense" (padding rows hold act(bias), as nn.Dense gives) or
+        "zeros" (they hold zeros; the bias's gradient then reads the live rows only), as
+        in `pit_jax.sparse_dense`.
     """
 
     features: int
@@ -49,6 +52,7 @@ class SparseDense(nn.Module):
     plan: Optional[Plan] = None
     activation: Any = None
     batch_dims: int = 0
+    dead_rows: str = "dense"
 
     @classmethod
     def from_sample(cls, sample, features: int, **attributes) -> "SparseDense":
@@ -69,6 +73,7 @@ class SparseDense(nn.Module):
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
             plan=self.plan, bias=bias, activation=self.activation, batch_dims=self.batch_dims,
+            dead_rows=self.dead_rows,
         )
         return y
 

@@ -24,7 +24,8 @@ class SparseDense(nnx.Module):
     the bias; on the M axis a named activation runs with the bias in the product's
     epilogue, on live rows only (`pit_jax.sparse_dense`). `batch_dims`: leading dims of
     the inputs kept as a batch (one index per entry; `jit` over several devices splits
-    it), as in the linen layer."""
+    it), and `dead_rows` ("dense" or "zeros": the padding rows' value), as in the linen
+    layer."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class SparseDense(nnx.Module):
         sample: Any = None,
         activation: Any = None,
         batch_dims: int = 0,
+        dead_rows: str = "dense",
         rngs: nnx.Rngs,
     ):
         self.in_features = in_features
@@ -55,6 +57,7 @@ class SparseDense(nnx.Module):
         self.micro_tile = micro_tile
         self.activation = activation
         self.batch_dims = batch_dims
+        self.dead_rows = dead_rows
         if sample is not None:
             if plan is not None:
                 raise ValueError("SparseDense: pass either plan or sample, not both")
@@ -72,6 +75,7 @@ class SparseDense(nnx.Module):
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
             plan=self.plan, bias=bias, activation=self.activation, batch_dims=self.batch_dims,
+            dead_rows=self.dead_rows,
         )
         return y
 

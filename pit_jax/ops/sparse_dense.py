@@ -52,10 +52,12 @@ from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_linear import ACTIVATIONS as FUSED_ACTIVATIONS
 from pit_jax.primitives.row_linear import row_linear
+from pit_jax.primitives.row_layer_norm import _rows
 from pit_jax.primitives.row_linear_parts import row_linear_parts
 from pit_jax.primitives.stile_matmul import stile_matmul
 
 AXES = ("m", "k", "w")
+DEAD_ROWS = ("dense", "zeros")  # sparse_dense(dead_rows=...)
 DEFAULT_MICRO_TILES = {"m": (1, None), "k": (32, 1), "w": (32, 64)}
 
 _EXACT = {"highest", "float32"}
@@ -183,6 +185,7 @@ def sparse_dense(
     bias: Optional[jax.Array] = None,
     activation: Optional[_activations.ActivationSpec] = None,
     out_parts: int = 1,
+    dead_rows: str = "dense",
 ) -> Any:
     """`act(x @ w + bias)` with the product only on the live micro-tiles of x (axes "m",
     "k") or w (axis "w").
@@ -207,6 +210,11 @@ def sparse_dense(
         and a named activation then run in the epilogue, and on an sm_90a GPU (16-bit
         types, P = 3, N / 3 a multiple of 256) the kernel writes the parts itself, which
         saves the pass over every row that slicing one result would cost.
+      dead_rows: M axis: what the rows the index does not list hold. "dense" (the
+        default): what the dense expression gives, act(bias) (zeros without a bias).
+        "zeros": zeros, the bias and activation on the live rows only, for a model that
+        never reads its padding rows' values: the bias's gradient then sums the
+        cotangent over the live rows only (`pit_row_sum`), not over every row.
 
     Returns:
       [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation. A tuple with out_parts.
@@ -214,6 +222,9 @@ def sparse_dense(
     if not isinstance(out_parts, (int, np.integer)) or isinstance(out_parts, bool) or out_parts < 1:
         raise ValueError(f"sparse_dense: out_parts must be a positive int, got {out_parts!r}")
     out_parts = int(out_parts)
+    if dead_rows not in DEAD_ROWS:
+        raise ValueError(f"sparse_dense: dead_rows must be one of {DEAD_ROWS}, got {dead_rows!r}")
+    zero_dead = dead_rows == "zeros"
     if axis is not None and axis not in AXES:
         raise ValueError(f"sparse_dense: axis must be one of {AXES}, got {axis!r}")
     auto = isinstance(micro_tile, str) and micro_tile == "auto"
@@ -263,12 +274,16 @@ def sparse_dense(
     if plan is not None:
         _check_plan(plan, axis, micro_tile, x, w)
         if plan.is_dense:
+            if zero_dead:
+                raise ValueError("sparse_dense: dead_rows='zeros' needs the M axis, and the plan is dense")
             if index is not None:
                 raise ValueError("sparse_dense: the plan is dense, so there is no index to pass")
             return result(epilogue(dense_product(x, w, precision)))
         axis = plan.axis
         micro_tile = _plan_tile(plan, (w if axis == "w" else x).shape[-2:])
     axis = axis or "m"
+    if zero_dead and axis != "m":
+        raise ValueError(f"sparse_dense: dead_rows='zeros' needs the M axis (token rows), got axis={axis!r}")
 
     # The masked operand and the index must cover the full batch; the other operand may be
     # shared (no batch dims) or carry the full batch (jnp.matmul broadcasting otherwise).
@@ -302,18 +317,29 @@ def sparse_dense(
     # docs/notes/sm90_row_gather.md "Fused epilogue").
     m_epilogue = axis == "m" and (bias is None or bias.ndim == 1)
     named = isinstance(activation, str) and activation in FUSED_ACTIVATIONS
-    fused = m_epilogue and named
+    # With dead_rows="zeros" a bias alone goes to the epilogue too: its gradient is then
+    # a sum over the live rows (row_linear), where XLA's add has a column sum over all.
+    fused = m_epilogue and (named or (zero_dead and bias is not None and activation is None))
     parts_fused = m_epilogue and out_parts > 1 and (activation is None or named)
+
+    def live_only(y):  # the unfused paths' dead rows: zeros with dead_rows="zeros"
+        if not zero_dead:
+            return y
+        native = not config.reference_enabled("sparse_dense")
+        rows = _rows(index.arrays[0], index.arrays[1], x.shape[-2], tile[0], native)
+        return jnp.where(rows[..., None], y, jnp.zeros((), y.dtype))
+
     if config.reference_enabled("sparse_dense"):
-        y = epilogue(reference.stile_matmul(x, w, *index.arrays, **params))
+        y = live_only(epilogue(reference.stile_matmul(x, w, *index.arrays, **params)))
     elif parts_fused:
         ys = row_linear_parts(x, w, bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,
-                              allow_tf32=tf32)
+                              allow_tf32=tf32, zero_dead=zero_dead)
         return tuple(map(unvector, ys))
     elif fused:
-        y = row_linear(x, w, bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32)
+        y = row_linear(x, w, bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32,
+                       zero_dead=zero_dead)
     else:
-        y = epilogue(stile_matmul(x, w, index.arrays, **params))
+        y = live_only(epilogue(stile_matmul(x, w, index.arrays, **params)))
     return result(y)
 
 
