@@ -63,7 +63,7 @@ def row_index(mask):
     return pit_jax.index(jnp.reshape(mask, (-1, 1)), "row")
 
 
-def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, activation=None):
+def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, activation=None, dead_rows="zeros"):
     """act(nn.Dense) (dense), or SparseDense on the W axis (a given weight index) or M
     axis (bias and activation fused into the product, on live rows). `weight_index` may
     be `DENSE_ROUTE`: sparse training's dense STile for a kernel the caller has masked
@@ -78,7 +78,11 @@ def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, acti
         return SparseDense(features, dtype=dtype, axis="w", activation=activation, name=name)(x, index=weight_index)
     if rows is None:
         raise ValueError(f"bert.linear {name!r}: mode='pit' needs a row index or a weight index")
-    return SparseDense(features, dtype=dtype, axis="m", activation=activation, name=name)(x, index=rows)
+    # The padding rows' values are never read (attention masks them, the layer norms
+    # skip them): zeros there (dead_rows="zeros"), so the bias's gradient reads the
+    # valid rows only.
+    return SparseDense(features, dtype=dtype, axis="m", activation=activation, dead_rows=dead_rows,
+                       name=name)(x, index=rows)
 
 
 class Product(nn.Module):
@@ -107,13 +111,14 @@ class FusedQKV(nn.Module):
 
     features: int
     dtype: Any = jnp.float32
+    dead_rows: str = "zeros"  # padding rows: zeros (their bias gradient reads valid rows only)
 
     @nn.compact
     def __call__(self, x, rows):
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], 3 * self.features), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros_init(), (3 * self.features,), jnp.float32)
         return pit_jax.sparse_dense(x.astype(self.dtype), kernel.astype(self.dtype), rows, axis="m",
-                                    bias=bias.astype(self.dtype), out_parts=3)
+                                    bias=bias.astype(self.dtype), out_parts=3, dead_rows=self.dead_rows)
 
 
 class EncoderLayer(nn.Module):
@@ -121,15 +126,16 @@ class EncoderLayer(nn.Module):
     mode: str = "pit"
     attention: str = "xla"
     live_norm: bool = True  # pit with a row index: residual adds and layer norms on valid rows only
+    dead_rows: str = "zeros"  # pit M-axis linears with a bias: the padding rows' value (sparse_dense)
 
     @nn.compact
     def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
         cfg, wi = self.cfg, weight_index or {}
         lin = lambda f, n, h, act=None: linear(f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows,
-                                               weight_index=wi.get(n), activation=act)
+                                               weight_index=wi.get(n), activation=act, dead_rows=self.dead_rows)
         heads = lambda t: t.reshape(batch, seq, cfg.heads, cfg.head_dim)  # noqa: E731
         if self.mode == "pit" and rows is not None and self.live_norm and "qkv" not in wi:
-            q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, name="qkv")(x, rows))
+            q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, self.dead_rows, name="qkv")(x, rows))
         else:
             qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -165,6 +171,7 @@ class BertClassifier(nn.Module):
     attention: str = "xla"  # "xla", "cudnn" or "auto" (cuDNN where it works for the shapes)
     skip_padding: bool = True  # pit mode: False = no row index (for sparse training on full batches)
     live_norm: bool = True  # pit mode with skip_padding: residual adds and layer norms on valid rows only
+    dead_rows: str = "zeros"  # pit mode: padding rows of the biased M-axis linears ("dense": act(bias))
 
     @nn.compact
     def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
@@ -191,7 +198,8 @@ class BertClassifier(nn.Module):
             if self.mode == "pit" and rows is None and set(layer_wi) != set(LINEARS):
                 raise ValueError(f"BertClassifier: skip_padding=False needs a weight index for every linear "
                                  f"of {name} ({LINEARS}), got {sorted(layer_wi)}")
-            x = EncoderLayer(cfg, self.mode, impl, self.live_norm, name=name)(x, lengths, batch, seq, rows, layer_wi)
+            x = EncoderLayer(cfg, self.mode, impl, self.live_norm, self.dead_rows, name=name)(
+                x, lengths, batch, seq, rows, layer_wi)
         cls = x.reshape(batch, seq, cfg.hidden)[:, 0]
         pooled = jnp.tanh(nn.Dense(cfg.hidden, dtype=cfg.dtype, name="pooler")(cls))
         logits = nn.Dense(cfg.num_labels, dtype=cfg.dtype, name="classifier")(pooled)
