@@ -1,14 +1,17 @@
 // pit_row_sum on the GPU: column sums over the listed rows only (a padded batch's bias
-// gradient reads its live rows, not every row). Block (32, kSplit): lane x owns one
-// 16-byte column vector, the kSplit rows of threads take interleaved list slots of the
-// block's slice; the rows are added in a fixed tree, then the slices in order (a second
-// kernel when the list is split), so the sums are the same on every run.
+// gradient reads its live rows, not every row). On sm_90 with 16-byte aligned rows the
+// one-launch cluster kernel runs (sm90/row_sum_sm90.cu); elsewhere these two: block
+// (32, kSplit), lane x owns one 16-byte column vector, the kSplit rows of threads take
+// interleaved list slots of the block's slice; the rows are added in a fixed order, then
+// the slices in order (a second kernel when the list is split), so the sums are the same
+// on every run.
 #include "cuda/kernels/row_sum.h"
 
 #include <cstdint>
 
 #include "cuda/kernels/elem_types.cuh"
 #include "cuda/kernels/row_blocks.cuh"
+#include "cuda/kernels/sm90/row_sum_sm90.h"
 
 namespace pit {
 namespace {
@@ -144,6 +147,9 @@ cudaError_t Launch(const RowSumParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchRowSum(const RowSumParams& p, cudaStream_t stream) {
   if (p.batch * p.cols == 0) return cudaSuccess;
+  // Hopper: one launch, the slices added in the cluster (no work, no second kernel).
+  const cudaError_t e = LaunchRowSumSm90(p, stream);
+  if (e != cudaErrorNotSupported) return e;
   switch (p.dtype) {
     case DType::kF32:
       return Launch<float>(p, stream);

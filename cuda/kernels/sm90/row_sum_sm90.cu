@@ -1,0 +1,140 @@
+// pit_row_sum on sm_90a: one launch. A cluster of kCluster CTAs owns kLanes 16-byte
+// column vectors; CTA rank r takes the list slots r * kRows + y, stepping kCluster * kRows
+// (kUnroll of them in flight per thread). Each CTA adds its kRows rows of threads in
+// order through shared memory; then rank 0 adds the kCluster CTAs' sums in rank order
+// from their shared memory (DSMEM) and writes the result: the same bits on every run, no
+// partial sums in global memory and no second kernel.
+#include "cuda/kernels/sm90/row_sum_sm90.h"
+
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/row_blocks.cuh"
+#include "cuda/kernels/sm90/launch_util.h"
+
+namespace pit {
+namespace {
+
+namespace cg = cooperative_groups;
+using gemm::Elem;
+using gemm::LoadF;
+using gemm::StoreF;
+
+constexpr int kCluster = 8;  // CTAs per cluster: the list's slices (portable cluster size)
+constexpr int kLanes = 8;    // 16-byte column vectors per CTA (128 contiguous bytes a row)
+constexpr int kRows = 32;    // rows of threads per CTA
+constexpr int kUnroll = 4;   // list slots a thread loads at a time
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowSumParams p) {
+  constexpr int kCols = kLanes * V;  // columns per cluster
+  __shared__ float part[kRows][kCols + 1];
+  __shared__ float block_sum[kCols];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int x = threadIdx.x, y = threadIdx.y, t = y * kLanes + x;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x / kCluster) * kCols, n = p.cols;
+  const int64_t c = col0 + static_cast<int64_t>(x) * V;
+  for (int64_t b = blockIdx.z; b < p.batch; b += gridDim.z) {
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.f;
+    int64_t live = __ldg(p.count + b);
+    live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
+    if (c < n) {
+      const T* xb = static_cast<const T*>(p.x) + b * p.rows * n + c;
+      const int32_t* list = p.tiles + b * p.capacity;
+      constexpr int64_t kStep = static_cast<int64_t>(kCluster) * kRows;
+      for (int64_t slot = static_cast<int64_t>(rank) * kRows + y; slot < live; slot += kUnroll * kStep) {
+        int64_t ids[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t s = slot + u * kStep;
+          ids[u] = s < live ? EntryBlock(__ldg(list + s), true) : -1;
+          if (ids[u] >= p.tile_rows) ids[u] = -1;  // not a row block of x
+        }
+        if (p.tile_h == 1) {
+          float v[kUnroll][V];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (ids[u] >= 0) {
+              LoadF<T, V>(xb + ids[u] * n, v[u]);
+            } else {
+#pragma unroll
+              for (int i = 0; i < V; ++i) v[u][i] = 0.f;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[i] += v[u][i];
+          continue;
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (ids[u] < 0) continue;
+          const int64_t r0 = ids[u] * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
+          for (int64_t r = r0; r < r1; ++r) {
+            float v[V];
+            LoadF<T, V>(xb + r * n, v);
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[i] += v[i];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];
+    __syncthreads();
+    if (t < kCols) {  // this CTA's sum of column t, its rows of threads in order
+      float s = part[0][t];
+      for (int k = 1; k < kRows; ++k) s += part[k][t];
+      block_sum[t] = s;
+    }
+    cluster.sync();  // every CTA's block_sum is ready
+    if (rank == 0 && t < kCols && col0 + t < n) {
+      float s = 0.f;
+      for (int r = 0; r < kCluster; ++r) s += cluster.map_shared_rank(block_sum, r)[t];
+      float v[1] = {s};
+      StoreF<T, 1>(static_cast<T*>(p.sums) + b * n + col0 + t, v);
+    }
+    cluster.sync();  // rank 0 has read every peer's block_sum (part and block_sum are reused)
+  }
+}
+
+bool Aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) % 16) == 0; }
+
+template <typename T>
+cudaError_t Launch(const RowSumParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
+  if ((p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 != 0 || !Aligned16(p.x) ||
+      !Aligned16(p.sums))
+    return cudaErrorNotSupported;
+  const int64_t col_blocks = (p.cols + kLanes * kVec - 1) / (kLanes * kVec);
+  if (col_blocks * kCluster > 0x7fffffff) return cudaErrorNotSupported;
+  sm90::ClusterLaunch launch(kCluster, kLanes * kRows, 0, stream, static_cast<unsigned>(col_blocks * kCluster));
+  launch.cfg.blockDim = dim3(kLanes, kRows);
+  launch.cfg.gridDim.z = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
+  return cudaLaunchKernelEx(&launch.cfg, RowSumClusterKernel<T, kVec>, p);
+}
+
+}  // namespace
+
+cudaError_t LaunchRowSumSm90(const RowSumParams& p, cudaStream_t stream) {
+  const sm90::DeviceInfo* info = sm90::GetDeviceInfo();
+  if (info == nullptr || !info->sm90) return cudaErrorNotSupported;
+  if (p.batch * p.cols == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kF32:
+      return Launch<float>(p, stream);
+    case DType::kBF16:
+      return Launch<__nv_bfloat16>(p, stream);
+    case DType::kF16:
+      return Launch<__half>(p, stream);
+  }
+  return cudaErrorNotSupported;
+}
+
+}  // namespace pit
