@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/elem_types.cuh"
-#include "cuda/kernels/row_blocks.cuh"
+#include "cuda/kernels/row_sum.cuh"
 #include "cuda/kernels/sm90/row_sum_sm90.h"
 
 namespace pit {
@@ -21,7 +21,6 @@ using gemm::LoadF;
 using gemm::StoreF;
 
 constexpr int kSplit = 8;           // rows of threads per block
-constexpr int kUnroll = 4;          // list slots a thread loads at a time
 constexpr int kFinishThreads = 256;  // columns per block of the slice sum
 
 // Slice s = blockIdx.y of the list of entry b: the slots s * kSplit + y, stepping by
@@ -40,47 +39,9 @@ __global__ void __launch_bounds__(32 * kSplit) RowSumKernel(const RowSumParams p
     live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
     if (c < n) {
       const T* xb = static_cast<const T*>(p.x) + b * p.rows * n + c;
-      const int32_t* list = p.tiles + b * p.capacity;
-      const int64_t step = static_cast<int64_t>(p.slices) * kSplit;
-      // kUnroll slots at a time: their ids, then (single-row blocks) their rows, all
-      // loads in flight together; the sums still add in slot order.
-      for (int64_t slot = static_cast<int64_t>(blockIdx.y) * kSplit + y; slot < live; slot += kUnroll * step) {
-        int64_t ids[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t s = slot + u * step;
-          ids[u] = s < live ? EntryBlock(__ldg(list + s), true) : -1;
-          if (ids[u] >= p.tile_rows) ids[u] = -1;  // not a row block of x
-        }
-        if (p.tile_h == 1) {
-          float v[kUnroll][V];
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            if (ids[u] >= 0) {
-              LoadF<T, V>(xb + ids[u] * n, v[u]);
-            } else {
-#pragma unroll
-              for (int i = 0; i < V; ++i) v[u][i] = 0.f;
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-            for (int i = 0; i < V; ++i) acc[i] += v[u][i];
-          continue;
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (ids[u] < 0) continue;
-          const int64_t r0 = ids[u] * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
-          for (int64_t r = r0; r < r1; ++r) {
-            float v[V];
-            LoadF<T, V>(xb + r * n, v);
-#pragma unroll
-            for (int i = 0; i < V; ++i) acc[i] += v[i];
-          }
-        }
-      }
+      row_sum::AddListedRows<T, V>(p, xb, p.tiles + b * p.capacity, live,
+                                   static_cast<int64_t>(blockIdx.y) * kSplit + y,
+                                   static_cast<int64_t>(p.slices) * kSplit, acc);
     }
 #pragma unroll
     for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];

@@ -1,6 +1,6 @@
 // pit_row_sum on sm_90a: one launch. A cluster of kCluster CTAs owns kLanes 16-byte
 // column vectors; CTA rank r takes the list slots r * kRows + y, stepping kCluster * kRows
-// (kUnroll of them in flight per thread). Each CTA adds its kRows rows of threads in
+// (row_sum::kUnroll of them in flight per thread). Each CTA adds its kRows rows of threads in
 // order through shared memory; then rank 0 adds the kCluster CTAs' sums in rank order
 // from their shared memory (DSMEM) and writes the result: the same bits on every run, no
 // partial sums in global memory and no second kernel.
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/elem_types.cuh"
-#include "cuda/kernels/row_blocks.cuh"
+#include "cuda/kernels/row_sum.cuh"
 #include "cuda/kernels/sm90/launch_util.h"
 
 namespace pit {
@@ -25,7 +25,6 @@ using gemm::StoreF;
 constexpr int kCluster = 8;  // CTAs per cluster: the list's slices (portable cluster size)
 constexpr int kLanes = 8;    // 16-byte column vectors per CTA (128 contiguous bytes a row)
 constexpr int kRows = 32;    // rows of threads per CTA
-constexpr int kUnroll = 4;   // list slots a thread loads at a time
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowSumParams p) {
@@ -45,45 +44,8 @@ __global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowS
     live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
     if (c < n) {
       const T* xb = static_cast<const T*>(p.x) + b * p.rows * n + c;
-      const int32_t* list = p.tiles + b * p.capacity;
-      constexpr int64_t kStep = static_cast<int64_t>(kCluster) * kRows;
-      for (int64_t slot = static_cast<int64_t>(rank) * kRows + y; slot < live; slot += kUnroll * kStep) {
-        int64_t ids[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t s = slot + u * kStep;
-          ids[u] = s < live ? EntryBlock(__ldg(list + s), true) : -1;
-          if (ids[u] >= p.tile_rows) ids[u] = -1;  // not a row block of x
-        }
-        if (p.tile_h == 1) {
-          float v[kUnroll][V];
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            if (ids[u] >= 0) {
-              LoadF<T, V>(xb + ids[u] * n, v[u]);
-            } else {
-#pragma unroll
-              for (int i = 0; i < V; ++i) v[u][i] = 0.f;
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-            for (int i = 0; i < V; ++i) acc[i] += v[u][i];
-          continue;
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (ids[u] < 0) continue;
-          const int64_t r0 = ids[u] * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
-          for (int64_t r = r0; r < r1; ++r) {
-            float v[V];
-            LoadF<T, V>(xb + r * n, v);
-#pragma unroll
-            for (int i = 0; i < V; ++i) acc[i] += v[i];
-          }
-        }
-      }
+      row_sum::AddListedRows<T, V>(p, xb, p.tiles + b * p.capacity, live, static_cast<int64_t>(rank) * kRows + y,
+                                   static_cast<int64_t>(kCluster) * kRows, acc);
     }
 #pragma unroll
     for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];
