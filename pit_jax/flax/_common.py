@@ -32,9 +32,7 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     given index is used as is (it must match `inputs`). A plan overrides axis and
     micro_tile (its tile clipped to small inputs), or runs the dense product.
     """
-    epi = dict(bias=bias, activation=activation)
-    if dead_rows != "dense":  # a dense plan keeps the default (sparse_dense rejects the rest)
-        epi["dead_rows"] = dead_rows
+    epi = dict(bias=bias, activation=activation, dead_rows=dead_rows)
     if plan is not None:
         _check_plan(plan, kernel, index)
         if plan.is_dense:  # x @ w, with the bias and activation, by sparse_dense

@@ -52,7 +52,7 @@ from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_linear import ACTIVATIONS as FUSED_ACTIVATIONS
 from pit_jax.primitives.row_linear import row_linear
-from pit_jax.primitives.row_layer_norm import _rows
+from pit_jax.primitives.row_layer_norm import listed_rows_only
 from pit_jax.primitives.row_linear_parts import row_linear_parts
 from pit_jax.primitives.stile_matmul import stile_matmul
 
@@ -325,9 +325,8 @@ def sparse_dense(
     def live_only(y):  # the unfused paths' dead rows: zeros with dead_rows="zeros"
         if not zero_dead:
             return y
-        native = not config.reference_enabled("sparse_dense")
-        rows = _rows(index.arrays[0], index.arrays[1], x.shape[-2], tile[0], native)
-        return jnp.where(rows[..., None], y, jnp.zeros((), y.dtype))
+        return listed_rows_only(y, index.arrays[0], index.arrays[1], x.shape[-2], tile[0],
+                                native=not config.reference_enabled("sparse_dense"))
 
     if config.reference_enabled("sparse_dense"):
         y = live_only(epilogue(reference.stile_matmul(x, w, *index.arrays, **params)))

@@ -32,7 +32,7 @@ from jax.interpreters import ad, batching, xla
 from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
-from pit_jax.primitives.row_layer_norm import _mapped_to_front, _rows
+from pit_jax.primitives.row_layer_norm import _mapped_to_front, _rows, check_row_index
 
 row_activation_p = Primitive("pit_row_activation")
 row_activation_lin_p = Primitive("pit_row_activation_lin")
@@ -48,13 +48,7 @@ def _check(z, tiles, count, *, tile_h, activation, where="row_activation"):
         raise ValueError(f"{where}: z must be [..., M, N], got shape {tuple(z.shape)}")
     if activation not in NAMES:
         raise ValueError(f"{where}: activation must be one of {NAMES}, got {activation!r}")
-    m = z.shape[-2]
-    if m and not 1 <= tile_h <= m:
-        raise ValueError(f"{where}: tile_h must be in [1, M] = [1, {m}], got {tile_h}")
-    batch = tuple(z.shape[:-2])
-    if tuple(count.shape) != batch or tuple(tiles.shape[:-1]) != batch or tiles.ndim != len(batch) + 1:
-        raise ValueError(f"{where}: the index's batch dims {tuple(count.shape)} (tiles {tuple(tiles.shape)}) "
-                         f"must be z's {batch}")
+    check_row_index(where, z.shape, tiles, count, tile_h, "z's")
 
 
 def _act(activation):

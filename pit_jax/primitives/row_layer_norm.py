@@ -56,12 +56,20 @@ def _check(x, residual, bias, scale, offset, tiles, count, *, tile_h):
         if v.dtype != jnp.float32 or v.ndim != 1 or (v.shape[0] != h and not (optional and v.shape[0] == 0)):
             raise ValueError(f"{where}: {name} must be float32 [H] = [{h}]"
                              f"{' (or [0])' if optional else ''}, got {v.dtype} {tuple(v.shape)}")
+    check_row_index(where, x.shape, tiles, count, tile_h, "x's")
+
+
+def check_row_index(where, shape, tiles, count, tile_h, owner):
+    """The row-wise ops' index check: tile_h in [1, M] and the flat list (tiles [...,
+    capacity], count [...]) with the batch dims of `shape` [..., M, N] (`owner`: whose, in
+    the message)."""
+    m = shape[-2]
     if m and not 1 <= tile_h <= m:
         raise ValueError(f"{where}: tile_h must be in [1, M] = [1, {m}], got {tile_h}")
-    batch = tuple(x.shape[:-2])
+    batch = tuple(shape[:-2])
     if tuple(count.shape) != batch or tuple(tiles.shape[:-1]) != batch or tiles.ndim != len(batch) + 1:
         raise ValueError(f"{where}: the index's batch dims {tuple(count.shape)} (tiles {tuple(tiles.shape)}) "
-                         f"must be x's {batch}")
+                         f"must be {owner} {batch}")
 
 
 def _abstract_eval(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon):
@@ -87,6 +95,11 @@ def _rows(tiles, count, m, tile_h, native):
         return swrite(ones, tiles, count, base)[..., 0] > 0
     blocks = _ref.tile_mask_from_flat(tiles, count, -(-m // tile_h), 1)  # [..., tile_rows, 1]
     return _ref.element_mask(blocks, (tile_h, 1), (m, 1))[..., 0]
+
+
+def listed_rows_only(y, tiles, count, m, tile_h, native=True):
+    """y (broadcast to [..., M, N]) on the listed rows, zeros on the others."""
+    return jnp.where(_rows(tiles, count, m, tile_h, native)[..., None], y, jnp.zeros((), y.dtype))
 
 
 def reference(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, native_mask=False):

@@ -31,7 +31,7 @@ from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_activation import row_activation
-from pit_jax.primitives.row_layer_norm import _rows
+from pit_jax.primitives.row_layer_norm import listed_rows_only
 from pit_jax.primitives.row_sum import row_bcast
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
@@ -82,9 +82,7 @@ def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
     if bias.shape[-1]:
         y = y + bias.astype(y.dtype)
     y = _activations.ACTIVATIONS[activation](y) if activation is not None else y
-    if zero_dead:
-        y = jnp.where(_rows(idx[0], idx[1], x.shape[-2], tile_h, True)[..., None], y, jnp.zeros((), y.dtype))
-    return y
+    return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h) if zero_dead else y
 
 
 def row_linear(x, w, bias, idx, *, tile_h, activation=None, allow_tf32=False, zero_dead=False):
@@ -110,17 +108,17 @@ def _linear_tangents(primals, tangents, *, tile_h, allow_tf32, parts, zero_dead)
                            out_batch=x.ndim - 2)
     terms = ([mm(dx, w)] if type(dx) is not ad.Zero else []) + ([mm(x, dw)] if type(dw) is not ad.Zero else [])
     t = functools.reduce(jnp.add, terms) if terms else None
-    if type(db) is not ad.Zero and bias.shape[-1] and zero_dead:
-        # The bias on the listed rows: its gradient is row_sum of the cotangent, a read of
-        # the live rows only.
-        tb = row_bcast(db.astype(x.dtype), idx[0], idx[1], m=x.shape[-2], tile_h=tile_h)
-        t = tb if t is None else t + tb
-    elif type(db) is not ad.Zero and bias.shape[-1]:
-        # The bias on every row: its transpose (the bias's gradient) is XLA's column sum of
-        # the cotangent. Measured on the H100 (BERT fine-tuning kernel time, one process):
-        # a ones-column product instead 6.860 ms (a cuBLAS gemv for ffn_in), a [M, 2] x
-        # [2, N] product 7.282, this 6.814; per part (q, k, v) the step took 8.21 ms.
-        tb = jnp.broadcast_to(db.astype(x.dtype), (*x.shape[:-1], db.shape[-1]))
+    if type(db) is not ad.Zero and bias.shape[-1]:
+        if zero_dead:
+            # The bias on the listed rows: its gradient is row_sum of the cotangent, a read
+            # of the live rows only.
+            tb = row_bcast(db.astype(x.dtype), idx[0], idx[1], m=x.shape[-2], tile_h=tile_h)
+        else:
+            # The bias on every row: its transpose (the bias's gradient) is XLA's column sum
+            # of the cotangent. Measured on the H100 (BERT fine-tuning kernel time, one
+            # process): a ones-column product instead 6.860 ms (a cuBLAS gemv for ffn_in), a
+            # [M, 2] x [2, N] product 7.282, this 6.814; per part (q, k, v) 8.21 ms.
+            tb = jnp.broadcast_to(db.astype(x.dtype), (*x.shape[:-1], db.shape[-1]))
         t = tb if t is None else t + tb
     return None if t is None else _split(t, parts)
 

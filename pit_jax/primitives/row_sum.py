@@ -29,7 +29,7 @@ from jax.interpreters import ad, batching, xla
 
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
-from pit_jax.primitives.row_layer_norm import _mapped_to_front, _rows
+from pit_jax.primitives.row_layer_norm import _mapped_to_front, check_row_index, listed_rows_only
 
 row_sum_p = Primitive("pit_row_sum")
 row_bcast_p = Primitive("pit_row_bcast")
@@ -40,16 +40,6 @@ _TARGET_BLOCKS = 264
 _SLICE_ROWS = 8  # list slots a block takes at a time (the kernel's kSplit)
 
 
-def _check_index(shape, tiles, count, tile_h, where):
-    m = shape[-2]
-    if m and not 1 <= tile_h <= m:
-        raise ValueError(f"{where}: tile_h must be in [1, M] = [1, {m}], got {tile_h}")
-    batch = tuple(shape[:-2])
-    if tuple(count.shape) != batch or tuple(tiles.shape[:-1]) != batch or tiles.ndim != len(batch) + 1:
-        raise ValueError(f"{where}: the index's batch dims {tuple(count.shape)} (tiles {tuple(tiles.shape)}) "
-                         f"must be the rows' {batch}")
-
-
 # -- row_sum ---------------------------------------------------------------------------
 
 
@@ -58,17 +48,12 @@ def row_sum(x, tiles, count, *, tile_h):
     return row_sum_p.bind(x, tiles, count, tile_h=int(tile_h))
 
 
-def reference(x, tiles, count, *, tile_h):
-    rows = _rows(tiles, count, x.shape[-2], tile_h, False)
-    return jnp.sum(jnp.where(rows[..., None], x.astype(jnp.float32), 0.0), axis=-2).astype(x.dtype)
-
-
 def _abstract_eval(x, tiles, count, *, tile_h):
     if jnp.dtype(x.dtype) not in _products.FLOATS:
         raise TypeError(f"row_sum: x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.ndim < 2:
         raise ValueError(f"row_sum: x must be [..., M, N], got shape {tuple(x.shape)}")
-    _check_index(x.shape, tiles, count, tile_h, "row_sum")
+    check_row_index("row_sum", x.shape, tiles, count, tile_h, "the rows'")
     return ShapedArray((*x.shape[:-2], x.shape[-1]), x.dtype)
 
 
@@ -116,9 +101,7 @@ def row_bcast(v, tiles, count, *, m, tile_h):
 
 
 def bcast_reference(v, tiles, count, *, m, tile_h):
-    rows = _rows(tiles, count, m, tile_h, True)
-    vb = v[..., None, :] if v.ndim > 1 else v
-    return jnp.where(rows[..., None], vb, jnp.zeros((), v.dtype))
+    return listed_rows_only(v[..., None, :] if v.ndim > 1 else v, tiles, count, m, tile_h)
 
 
 def _bcast_abstract_eval(v, tiles, count, *, m, tile_h):
@@ -126,7 +109,7 @@ def _bcast_abstract_eval(v, tiles, count, *, m, tile_h):
     if v.ndim < 1 or (v.ndim > 1 and tuple(v.shape[:-1]) != batch):
         raise ValueError(f"row_bcast: v must be [N] or [..., N] with the index's batch dims {batch}, "
                          f"got {tuple(v.shape)}")
-    _check_index((*batch, m, v.shape[-1]), tiles, count, tile_h, "row_bcast")
+    check_row_index("row_bcast", (*batch, m, v.shape[-1]), tiles, count, tile_h, "the rows'")
     return ShapedArray((*batch, m, v.shape[-1]), v.dtype)
 
 
