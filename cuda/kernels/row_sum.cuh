@@ -12,14 +12,17 @@ namespace row_sum {
 
 constexpr int kUnroll = 4;  // list slots a thread loads at a time
 
-// acc[V] += the V columns at xb (x of one batch entry, offset to the thread's columns) of
-// the rows listed in slots first, first + step, ... below `live`: kUnroll slots at a
-// time, their ids, then (single-row blocks) their rows, all loads in flight together;
-// the sums add in slot order.
+// acc[V] += columns c .. c + V - 1 of the rows of batch entry b listed in the live slots
+// first, first + step, ...: kUnroll slots at a time, their ids, then (single-row blocks)
+// their rows, all loads in flight together; the sums add in slot order.
 template <typename T, int V>
-__device__ __forceinline__ void AddListedRows(const RowSumParams& p, const T* xb, const int32_t* list, int64_t live,
-                                              int64_t first, int64_t step, float (&acc)[V]) {
+__device__ __forceinline__ void AddListedRows(const RowSumParams& p, int64_t b, int64_t c, int64_t first,
+                                              int64_t step, float (&acc)[V]) {
   const int64_t n = p.cols;
+  int64_t live = __ldg(p.count + b);
+  live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
+  const T* xb = static_cast<const T*>(p.x) + b * p.rows * n + c;
+  const int32_t* list = p.tiles + b * p.capacity;
   for (int64_t slot = first; slot < live; slot += kUnroll * step) {
     int64_t ids[kUnroll];
 #pragma unroll

@@ -40,13 +40,9 @@ __global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowS
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
-    int64_t live = __ldg(p.count + b);
-    live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
-    if (c < n) {
-      const T* xb = static_cast<const T*>(p.x) + b * p.rows * n + c;
-      row_sum::AddListedRows<T, V>(p, xb, p.tiles + b * p.capacity, live, static_cast<int64_t>(rank) * kRows + y,
+    if (c < n)
+      row_sum::AddListedRows<T, V>(p, b, c, static_cast<int64_t>(rank) * kRows + y,
                                    static_cast<int64_t>(kCluster) * kRows, acc);
-    }
 #pragma unroll
     for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];
     __syncthreads();
