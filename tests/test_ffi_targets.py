@@ -378,8 +378,33 @@ def stile_zero(counts, s_lead, sparse_b, gsz, m, n, a_lead, b_lead, c_lead, tran
     ],
 )
 def test_stile_matmul(platform, sparse_b, trans_a, trans_b, trans_c, tile, density, dtype, lead, allow_tf32):
+    check_stile_matmul(platform, sparse_b, trans_a, trans_b, trans_c, tile, density, dtype, lead, allow_tf32)
+
+
+# (32, 64) weight blocks with the rows of x, w and C whole 16-byte vectors: the Hopper
+# weight-block kernel's cases (cuda/kernels/sm90/wblock_gemm.cu): the forward and the dx,
+# edges that are not tile multiples, more than one 128 x 128 tile of C, batches.
+WBLOCK_DIMS = [(200, 168, 200), (130, 1000, 264), (64, 64, 64), (300, 2048, 136), (8, 72, 64)]
+WBLOCK_CASES = [
+    (trans_b, dims, DENSITIES[i % 4], (jnp.bfloat16, jnp.float16)[i % 2], ("single", "batched", "shared_a", "shared_b")[(i // 2) % 4])
+    for i, (trans_b, dims) in enumerate(itertools.product([False, True], WBLOCK_DIMS))
+]
+WBLOCK_CASES += [(tb, (200, 168, 200), d, jnp.bfloat16, "batched") for tb in (False, True) for d in (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize(
+    "trans_b,dims,density,dtype,lead", WBLOCK_CASES,
+    ids=[f"tb{int(c[0])}-{'x'.join(map(str, c[1]))}-d{c[2]}-{dname(c[3])}-{c[4]}" for c in WBLOCK_CASES],
+)
+def test_stile_matmul_weight_blocks(platform, trans_b, dims, density, dtype, lead):
+    check_stile_matmul(platform, True, False, trans_b, False, (32, 64), density, dtype, lead, False, dims=dims)
+
+
+def check_stile_matmul(platform, sparse_b, trans_a, trans_b, trans_c, tile, density, dtype, lead, allow_tf32,
+                       dims=STILE_DIMS):
     rng, seed = fresh_rng()
-    a, b, c_shape, c_lead = stile_case(rng, seed, sparse_b, trans_a, trans_b, trans_c, dtype, lead)
+    a, b, c_shape, c_lead = stile_case(rng, seed, sparse_b, trans_a, trans_b, trans_c, dtype, lead, dims=dims)
     s = b if sparse_b else a
     s_lead = s.shape[:-2]
     tile = resolve(tile, s.shape)
@@ -398,7 +423,7 @@ def test_stile_matmul(platform, sparse_b, trans_a, trans_b, trans_c, tile, densi
     listed = grouped_listed(lists, counts, reduce_cols, *grid(s.shape, tile))
     np.testing.assert_array_equal(listed, live, err_msg=f"{msg}: index")
     ref = stile_reference(a, b, expand(listed, tile, s.shape), sparse_b, trans_a, trans_b, trans_c, c_lead)
-    m, n = STILE_DIMS[0], STILE_DIMS[2]
+    m, n = dims[0], dims[2]
     gsz = tile[0] if reduce_cols else tile[1]
     a_lead, b_lead, _ = LEADS[lead]
     zero = stile_zero(counts, s_lead, sparse_b, gsz, m, n, a_lead, b_lead, c_lead, trans_c)

@@ -10,6 +10,7 @@
 #include "cuda/kernels/sparse_gemm.h"
 #include "cuda/kernels/sm90/row_gather_gemm.h"
 #include "cuda/kernels/sm90/stile_gemm.h"
+#include "cuda/kernels/sm90/wblock_gemm.h"
 #include "cuda/kernels/sparse_gemm_kernel.cuh"
 
 namespace pit {
@@ -197,7 +198,9 @@ cudaError_t LaunchRowGatherMatmul(const MatmulParams& p, const TileList& rows, c
 }
 
 cudaError_t LaunchStileMatmul(const MatmulParams& p, const TileList& lists, bool sparse_b, cudaStream_t stream) {
-  const cudaError_t fast = LaunchStileGemmSm90(p, lists, sparse_b, stream);
+  cudaError_t fast = LaunchWeightBlockGemmSm90(p, lists, sparse_b, stream);
+  if (fast != cudaErrorNotSupported) return fast;
+  fast = LaunchStileGemmSm90(p, lists, sparse_b, stream);
   if (fast != cudaErrorNotSupported) return fast;
   GemmArgs g;
   if (!Common(p, lists, &g)) return cudaErrorInvalidValue;

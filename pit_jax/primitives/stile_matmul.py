@@ -220,7 +220,19 @@ def _transposed_weight_layout(a, b, p: Plan, *, sparse, tile, trans_a, trans_b, 
     return (
         sparse == "b" and trans_b and not (trans_a or trans_c) and p.lists == "rows" and bk <= 64
         and _hopper_covers(a, b, p, out_batch, bk, bn, a.shape[-2], b.shape[-2])
+        and not _weight_block_kernel_covers(a, b, p, sparse=sparse, tile=tile, trans_a=trans_a, trans_c=trans_c,
+                                            out_batch=out_batch)
     )
+
+
+def _weight_block_kernel_covers(a, b, p: Plan, *, sparse, tile, trans_a, trans_c, out_batch) -> bool:
+    """Whether the Hopper (32, 64) weight-block kernel (cuda/kernels/sm90/wblock_gemm.cu)
+    runs this product with the operands as they are: the forward and the dx, rows of a
+    and w whole 16-byte vectors, at most 1024 reduction blocks."""
+    if sparse != "b" or tuple(tile) != (32, 64) or trans_a or trans_c:
+        return False
+    red, block = a.shape[-1], (64 if p.reduce_cols else 32)
+    return _hopper_covers(a, b, p, out_batch, red, b.shape[-2], b.shape[-1]) and math.ceil(red / block) <= 1024
 
 
 def _too_thin(p: Plan, tile) -> bool:
