@@ -47,6 +47,14 @@ def test_kernel_profile_smoke(argv):
         assert r["wall_ms"] > 0 and r["dispatch_ms"] > 0
 
 
+def test_bench_wblock_smoke(tmp_path):
+    from benchmarks import bench_wblock
+
+    rows = bench_wblock.main(["--small", "--densities", "0.0,0.5", "--check", "--out", str(tmp_path)])
+    assert len(rows) == 4 and all(r["pit_fwd_ms"] > 0 and r["err_fwd"] < 2e-2 and r["err_dx"] < 2e-2 for r in rows)
+    assert len(list(tmp_path.glob("wblock_*.json"))) == 1
+
+
 def test_bf16_weights_casts_matrices_only():
     from benchmarks import bench_workloads
 

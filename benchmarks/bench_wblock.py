@@ -1,0 +1,80 @@
+"""(32, 64) weight-block products at BERT-base training sizes on the GPU: the forward
+x @ (w o m) and the dx dy @ (w o m)^T through `pit_jax.sparse_dense(axis="w")` (index
+prebuilt from a random block mask, outside the timed function), against the dense cuBLAS
+product in the same process. Writes benchmarks/results/wblock_<device>_<date>.json.
+
+    python -m benchmarks.bench_wblock [--densities 0.02,0.1,0.5] [--m 4096] [--check]
+    python -m benchmarks.bench_wblock --small      # tiny shapes (a CPU smoke test)
+
+On an H100 the products run on cuda/kernels/sm90/wblock_gemm.cu; PIT_JAX_WBLOCK=0 turns
+that kernel off (the forward then runs on the older STile kernel, the dx on the generic
+one, since the lowering no longer transposes w for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pit_jax
+from benchmarks import common
+
+SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # BERT-base linears (K, N)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--densities", default="0.02,0.1,0.5")
+    ap.add_argument("--m", type=int, default=4096)
+    ap.add_argument("--check", action="store_true", help="compare each product with a float32 reference")
+    ap.add_argument("--small", action="store_true", help="tiny shapes, few repeats")
+    ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    shapes, reps = ([(64, 128), (128, 64)], 3) if args.small else (SHAPES, 15)
+    if args.small:
+        args.m = 256
+    rows = []
+    for k, n in shapes:
+        key = jax.random.PRNGKey(k * 7 + n)
+        sets = common.rotations(2 * args.m * (k + n), 8)
+        xs = [common.random_normal(jax.random.fold_in(key, i), (args.m, k), jnp.bfloat16) for i in range(sets)]
+        dys = [common.random_normal(jax.random.fold_in(key, 100 + i), (args.m, n), jnp.bfloat16) for i in range(sets)]
+        w = common.random_normal(jax.random.fold_in(key, 999), (k, n), jnp.bfloat16)
+        dense_f = common.time_op(lambda x, w: x @ w, [(x, w) for x in xs], reps=reps)["median_ms"]
+        dense_b = common.time_op(lambda dy, w: dy @ w.T, [(dy, w) for dy in dys], reps=reps)["median_ms"]
+        for d in (float(v) for v in args.densities.split(",")):
+            live = rng.random((-(-k // 32), -(-n // 64))) < d
+            idx = jax.jit(lambda t: pit_jax.index_from_tiles(t, (32, 64), (k, n), group_by="both"))(jnp.asarray(live))
+            fwd = lambda x, w: pit_jax.sparse_dense(x, w, idx, axis="w")
+            bwd = lambda dy, w: jax.vjp(lambda x: pit_jax.sparse_dense(x, w, idx, axis="w"), jnp.zeros((args.m, k), jnp.bfloat16))[1](dy)[0]
+            tf = common.time_op(fwd, [(x, w) for x in xs], reps=reps)["median_ms"]
+            tb = common.time_op(bwd, [(dy, w) for dy in dys], reps=reps)["median_ms"]
+            row = {"K": k, "N": n, "density": d, "live": float(live.mean()), "dense_fwd_ms": dense_f, "pit_fwd_ms": tf,
+                   "dense_dx_ms": dense_b, "pit_dx_ms": tb}
+            if args.check:
+                mask = np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n]
+                wm = np.asarray(w, np.float32) * mask
+                ref_f = np.asarray(xs[0], np.float32) @ wm
+                ref_b = np.asarray(dys[0], np.float32) @ wm.T
+                got_f = np.asarray(jax.jit(fwd)(xs[0], w), np.float32)
+                got_b = np.asarray(jax.jit(bwd)(dys[0], w), np.float32)
+                row["err_fwd"] = float(np.abs(got_f - ref_f).max() / (np.abs(ref_f).max() + 1e-9))
+                row["err_dx"] = float(np.abs(got_b - ref_b).max() / (np.abs(ref_b).max() + 1e-9))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(common.table(rows, list(rows[0])))
+    meta = common.device_info()
+    meta.update(m=args.m, dtype="bfloat16", micro_tile=[32, 64], pattern="random live blocks",
+                timing="common.time_op: medians of back-to-back jitted calls over rotated inputs")
+    path = common.write_results("wblock", {"meta": meta, "rows": rows}, args.out)
+    print("wrote", path)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
