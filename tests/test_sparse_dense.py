@@ -377,7 +377,9 @@ CUDA_ROUTE_CASES = [
     ("sdd long reduction", (32, 64), (1100, 96), (1100, 128), True, False, ()),  # weight-block dw
     ("sdd thin tile", (16, 1), (40, 200), (72, 200), False, True, (2,)),  # K-axis dx
     ("stile w^T", (16, 8), (40, 72), (48, 72), False, True, ()),  # weight-block dx, w^T stored
-    ("stile w^T batch", (32, 64), (2, 24, 128), (96, 128), False, True, (2,)),
+    ("stile w^T batch", (32, 32), (2, 24, 128), (96, 128), False, True, (2,)),
+    # (32, 64) blocks: the Hopper weight-block kernel reads w as stored (no w^T).
+    ("stile wblock dx", (32, 64), (2, 24, 128), (96, 128), False, True, (2,)),
     ("stile thin group", (32, 1), (40, 96), (96, 56), False, False, ()),  # 32x1 weight strips
     ("stile thin run", (1, 32), (40, 64), (96, 64), False, True, ()),  # their dx: runs of 1
 ]
@@ -387,8 +389,9 @@ CUDA_ROUTE_CASES = [
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("case,tile,a_shape,b_shape,trans_a,trans_b,lead", CUDA_ROUTE_CASES, ids=[c[0] for c in CUDA_ROUTE_CASES])
 def test_cuda_routes_are_the_same_product(monkeypatch, sm90, dtype, case, tile, a_shape, b_shape, trans_a, trans_b, lead):
-    """The CUDA lowerings' rewrites (w^T for weight-block dx, the dense product for tiles
-    too thin to gather and for long SDD reductions) equal the reference product."""
+    """The CUDA lowerings' rewrites (w^T for weight-block dx other than (32, 64) blocks, the
+    dense product for tiles too thin to gather and for long SDD reductions) equal the
+    reference product; (32, 64) blocks' dx keeps w as stored."""
     from pit_jax import reference
     from pit_jax.primitives import _lowering, sdd_matmul as sdd, stile_matmul as sm
 
@@ -420,6 +423,8 @@ def test_cuda_routes_are_the_same_product(monkeypatch, sm90, dtype, case, tile, 
     dense = "@pit_" not in hlo
     if case == "stile w^T" or case == "stile w^T batch":
         assert not dense and ("transpose" in hlo) == (sm90 and dtype == jnp.bfloat16)
+    elif case == "stile wblock dx":
+        assert not dense and "transpose" not in hlo
     else:
         assert dense, case
 
