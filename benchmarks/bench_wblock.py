@@ -1,7 +1,9 @@
 """(32, 64) weight-block products at BERT-base training sizes on the GPU: the forward
-x @ (w o m) and the dx dy @ (w o m)^T through `pit_jax.sparse_dense(axis="w")` (index
-prebuilt from a random block mask, outside the timed function), against the dense cuBLAS
-product in the same process. Writes benchmarks/results/wblock_<device>_<date>.json.
+x @ (w o m), the dx dy @ (w o m)^T and the weight gradient (x^T @ dy) o m through
+`pit_jax.sparse_dense(axis="w")` and its vjp (index prebuilt from a random block mask,
+outside the timed function), against the dense cuBLAS products in the same process (for
+the weight gradient also the masked dense product written in JAX; pit's own weight
+gradient over 4096 tokens takes that route too, `sdd_matmul._dense_is_faster`). Writes benchmarks/results/wblock_<device>_<date>.json.
 
     python -m benchmarks.bench_wblock [--densities 0.02,0.1,0.5] [--m 4096] [--check]
     python -m benchmarks.bench_wblock --small      # tiny shapes (a CPU smoke test)
@@ -47,6 +49,8 @@ def main(argv=None):
         w = common.random_normal(jax.random.fold_in(key, 999), (k, n), jnp.bfloat16)
         dense_f = common.time_op(lambda x, w: x @ w, [(x, w) for x in xs], reps=reps)["median_ms"]
         dense_b = common.time_op(lambda dy, w: dy @ w.T, [(dy, w) for dy in dys], reps=reps)["median_ms"]
+        pairs = [(x, dy) for x, dy in zip(xs, dys)]
+        dense_w = common.time_op(lambda x, dy: x.T @ dy, pairs, reps=reps)["median_ms"]
         for d in (float(v) for v in args.densities.split(",")):
             live = rng.random((-(-k // 32), -(-n // 64))) < d
             idx = jax.jit(lambda t: pit_jax.index_from_tiles(t, (32, 64), (k, n), group_by="both"))(jnp.asarray(live))
@@ -54,8 +58,14 @@ def main(argv=None):
             bwd = lambda dy, w: jax.vjp(lambda x: pit_jax.sparse_dense(x, w, idx, axis="w"), jnp.zeros((args.m, k), jnp.bfloat16))[1](dy)[0]
             tf = common.time_op(fwd, [(x, w) for x in xs], reps=reps)["median_ms"]
             tb = common.time_op(bwd, [(dy, w) for dy in dys], reps=reps)["median_ms"]
+            mask_j = jnp.asarray(np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n], jnp.bfloat16)
+            masked_dw = lambda x, dy: (x.T @ dy) * mask_j
+            pit_dw = lambda x, dy: jax.vjp(lambda v: pit_jax.sparse_dense(x, v, idx, axis="w"), w)[1](dy)[0]
+            tmw = common.time_op(masked_dw, pairs, reps=reps)["median_ms"]
+            tw = common.time_op(pit_dw, pairs, reps=reps)["median_ms"]
             row = {"K": k, "N": n, "density": d, "live": float(live.mean()), "dense_fwd_ms": dense_f, "pit_fwd_ms": tf,
-                   "dense_dx_ms": dense_b, "pit_dx_ms": tb}
+                   "dense_dx_ms": dense_b, "pit_dx_ms": tb, "dense_dw_ms": dense_w, "masked_dw_ms": tmw,
+                   "pit_dw_ms": tw}
             if args.check:
                 mask = np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n]
                 wm = np.asarray(w, np.float32) * mask
@@ -65,6 +75,10 @@ def main(argv=None):
                 got_b = np.asarray(jax.jit(bwd)(dys[0], w), np.float32)
                 row["err_fwd"] = float(np.abs(got_f - ref_f).max() / (np.abs(ref_f).max() + 1e-9))
                 row["err_dx"] = float(np.abs(got_b - ref_b).max() / (np.abs(ref_b).max() + 1e-9))
+                ref_w = (np.asarray(xs[0], np.float32).T @ np.asarray(dys[0], np.float32)) * mask
+                got_w = np.asarray(jax.jit(pit_dw)(xs[0], dys[0]), np.float32)
+                row["err_dw"] = float(np.abs(got_w - ref_w).max() / (np.abs(ref_w).max() + 1e-9))
+                row["dead_dw_max"] = float(np.abs(np.where(mask, 0.0, got_w)).max())
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(common.table(rows, list(rows[0])))
