@@ -3,7 +3,8 @@ x @ (w o m), the dx dy @ (w o m)^T and the weight gradient (x^T @ dy) o m throug
 `pit_jax.sparse_dense(axis="w")` and its vjp (index prebuilt from a random block mask,
 outside the timed function), against the dense cuBLAS products in the same process (for
 the weight gradient also the masked dense product written in JAX; pit's own weight
-gradient over 4096 tokens takes that route too, `sdd_matmul._dense_is_faster`). Writes benchmarks/results/wblock_<device>_<date>.json.
+gradient over 4096 tokens takes that route too, `sdd_matmul._dense_is_faster`).
+Writes benchmarks/results/wblock_<device>_<date>.json.
 
     python -m benchmarks.bench_wblock [--densities 0.02,0.1,0.5] [--m 4096] [--check]
     python -m benchmarks.bench_wblock --small      # tiny shapes (a CPU smoke test)
@@ -54,11 +55,12 @@ def main(argv=None):
         for d in (float(v) for v in args.densities.split(",")):
             live = rng.random((-(-k // 32), -(-n // 64))) < d
             idx = jax.jit(lambda t: pit_jax.index_from_tiles(t, (32, 64), (k, n), group_by="both"))(jnp.asarray(live))
+            mask = np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n]  # the live blocks' elements
             fwd = lambda x, w: pit_jax.sparse_dense(x, w, idx, axis="w")
             bwd = lambda dy, w: jax.vjp(lambda x: pit_jax.sparse_dense(x, w, idx, axis="w"), jnp.zeros((args.m, k), jnp.bfloat16))[1](dy)[0]
             tf = common.time_op(fwd, [(x, w) for x in xs], reps=reps)["median_ms"]
             tb = common.time_op(bwd, [(dy, w) for dy in dys], reps=reps)["median_ms"]
-            mask_j = jnp.asarray(np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n], jnp.bfloat16)
+            mask_j = jnp.asarray(mask, jnp.bfloat16)
             masked_dw = lambda x, dy: (x.T @ dy) * mask_j
             pit_dw = lambda x, dy: jax.vjp(lambda v: pit_jax.sparse_dense(x, v, idx, axis="w"), w)[1](dy)[0]
             tmw = common.time_op(masked_dw, pairs, reps=reps)["median_ms"]
@@ -67,7 +69,6 @@ def main(argv=None):
                    "dense_dx_ms": dense_b, "pit_dx_ms": tb, "dense_dw_ms": dense_w, "masked_dw_ms": tmw,
                    "pit_dw_ms": tw}
             if args.check:
-                mask = np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n]
                 wm = np.asarray(w, np.float32) * mask
                 ref_f = np.asarray(xs[0], np.float32) @ wm
                 ref_b = np.asarray(dys[0], np.float32) @ wm.T
