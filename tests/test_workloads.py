@@ -14,6 +14,8 @@ import numpy as np
 import optax
 import pytest
 
+import pit_jax
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 from pit_models import bert, common, opt, pruning, switch  # noqa: E402
@@ -208,6 +210,28 @@ def test_sparse_training_matches_masked_dense(tile):
     assert err_out < F32_TOL
     assert err_grad < 1e-4
     assert dead == 0.0
+
+
+def test_weight_indexes_batched_per_shape():
+    """`pruning.weight_indexes` builds one index per kernel shape and slices it: each
+    kernel's index lists the same live blocks (counts equal, lists equal as sets, unused
+    slots past the count ignored) as that kernel's own `index_from_tiles`."""
+    rng = np.random.default_rng(11)
+    tile = (32, 64)
+    shapes = {"a/qkv": (96, 192), "b/qkv": (96, 192), "a/out": (64, 96), "b/out": (64, 96), "c/out": (64, 96)}
+    blocks = {n: jnp.asarray(rng.random((-(-k // 32), -(-m // 64))) < 0.4) for n, (k, m) in shapes.items()}
+    blocks["c/out"] = jnp.zeros_like(blocks["c/out"])  # an empty kernel among live ones
+    got = jax.jit(lambda b: pruning.weight_indexes(b, tile, shapes))(blocks)
+    for n, b in blocks.items():
+        want = pit_jax.index_from_tiles(b, tile, shapes[n], group_by="both")
+        g = got[n]
+        assert (g.shape, g.micro_tile, g.group_by) == (want.shape, want.micro_tile, want.group_by)
+        for lists, counts, wl, wc in ((g.tiles[None], g.count[None], want.tiles[None], want.count[None]),
+                                      (g.row_tiles, g.row_count, want.row_tiles, want.row_count),
+                                      (g.col_tiles, g.col_count, want.col_tiles, want.col_count)):
+            np.testing.assert_array_equal(np.asarray(counts), np.asarray(wc), err_msg=n)
+            for lst, c, wlst in zip(np.asarray(lists), np.asarray(counts), np.asarray(wl)):
+                assert sorted(lst[:c]) == sorted(wlst[:c]), n
 
 
 def test_sparse_training_routes_match_masked_dense():

@@ -107,9 +107,18 @@ def masks(params, density, tile) -> Dict[str, jax.Array]:
 def weight_indexes(blocks, tile, shapes, *, train=True):
     """PitIndexes (W axis) of the live blocks ({name: bool [tk, tn]}, {name: (K, N)}):
     column lists feed the forward, row lists dx. Built from the block masks directly
-    (`pit_jax.index_from_tiles`), with no element mask."""
+    (`pit_jax.index_from_tiles`), with no element mask: one batched build per kernel
+    shape (4 a step for BERT, not 48), each kernel's index a slice of it."""
     group_by = "both" if train else "col"
-    return {name: pit_jax.index_from_tiles(b, tile, shapes[name], group_by=group_by) for name, b in blocks.items()}
+    by_shape: Dict[tuple, list] = {}
+    for name in blocks:
+        by_shape.setdefault(tuple(shapes[name]), []).append(name)
+    out = {}
+    for shape, names in by_shape.items():
+        idx = pit_jax.index_from_tiles(jnp.stack([blocks[n] for n in names]), tile, shape, group_by=group_by)
+        for i, n in enumerate(names):
+            out[n] = pit_jax.PitIndex(*(a[i] for a in idx.arrays), idx.shape, idx.micro_tile, idx.group_by)
+    return out
 
 
 def kernel_shapes(params) -> Dict[str, tuple]:
