@@ -79,16 +79,22 @@ def pruned_kernels(params, prefix="params") -> Dict[str, jax.Array]:
     return out
 
 
+def names_by_shape(shapes) -> Dict[tuple, list]:
+    """{(K, N): [names]} of {name: (K, N)}, names in their given order: the kernels that
+    share one batched sort or index build."""
+    out: Dict[tuple, list] = {}
+    for name, shape in shapes.items():
+        out.setdefault(tuple(shape), []).append(name)
+    return out
+
+
 def live_blocks(params, density, tile) -> Dict[str, jax.Array]:
     """{"layer_i/<linear>": bool [tk, tn]}: each pruned kernel's live blocks. The kernels
     of one shape (the same linear in every layer) share one batched sort, so a step
     sorts 4 times, not 48."""
     kernels = pruned_kernels(params)
-    by_shape: Dict[tuple, list] = {}
-    for name, w in kernels.items():
-        by_shape.setdefault(tuple(w.shape), []).append(name)
     out = {}
-    for names in by_shape.values():
+    for names in names_by_shape({n: w.shape for n, w in kernels.items()}).values():
         live = top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density)
         out.update({n: live[i] for i, n in enumerate(names)})
     return out
@@ -110,11 +116,8 @@ def weight_indexes(blocks, tile, shapes, *, train=True):
     (`pit_jax.index_from_tiles`), with no element mask: one batched build per kernel
     shape (4 a step for BERT, not 48), each kernel's index a slice of it."""
     group_by = "both" if train else "col"
-    by_shape: Dict[tuple, list] = {}
-    for name in blocks:
-        by_shape.setdefault(tuple(shapes[name]), []).append(name)
     out = {}
-    for shape, names in by_shape.items():
+    for shape, names in names_by_shape({n: shapes[n] for n in blocks}).items():
         idx = pit_jax.index_from_tiles(jnp.stack([blocks[n] for n in names]), tile, shape, group_by=group_by)
         for i, n in enumerate(names):
             out[n] = pit_jax.PitIndex(*(a[i] for a in idx.arrays), idx.shape, idx.micro_tile, idx.group_by)
