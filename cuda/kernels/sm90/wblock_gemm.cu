@@ -11,7 +11,9 @@
 //   - trans_b false: the forward x [M, K] @ (w o mask) [K, N] (per-column lists);
 //     trans_b true: dx = dy [M, N] @ (w o mask)^T with w stored [K_out, N] (per-row lists);
 //   - the stored rows of a, w and C whole 16-byte vectors (K and N multiples of 8), the
-//     pointers 16-byte aligned, at most kMaxEntries reduction blocks, a grid within limits.
+//     pointers 16-byte aligned, at most 1024 reduction blocks, a grid within limits;
+//   - lists as pit_jax builds them: no entry twice (an entry is summed once per listing);
+//     an entry outside the reduction adds nothing.
 #include "cuda/kernels/sm90/wblock_gemm.h"
 
 #include <algorithm>
@@ -29,8 +31,8 @@ using sm90::kMaxDevices;
 using namespace sm90_wblock;
 
 template <int kKind, bool kDx>
-cudaError_t Launch(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_c, const Args& g,
-                   dim3 grid, cudaStream_t stream) {
+cudaError_t Launch(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_c,
+                           const Args& g, dim3 grid, cudaStream_t stream) {
   auto kernel = WeightBlockGemmKernel<kKind, kDx>;
   static bool attr_set[kMaxDevices] = {};
   int dev = 0;
@@ -82,13 +84,15 @@ cudaError_t LaunchWeightBlockGemmSm90(const MatmulParams& p, const TileList& lis
   // Reduction blocks (entries) and column groups of C.
   const int64_t entries = dx ? (p.K + 63) / 64 : (p.K + 31) / 32;
   const int64_t groups = dx ? (p.N + 31) / 32 : (p.N + 63) / 64;
-  if (lists.groups != groups || entries > kMaxEntries) return cudaErrorNotSupported;
+  // At most 1024 entries: what the lowering expects this kernel to cover
+  // (stile_matmul._weight_block_kernel_covers); the kernel itself has no such limit.
+  if (lists.groups != groups || entries > 1024) return cudaErrorNotSupported;
   if (p.batch <= 0 || p.M == 0 || p.N == 0) return p.batch >= 0 ? cudaSuccess : cudaErrorNotSupported;
   if (p.a.batch <= 0 || p.b.batch <= 0 || lists.batch <= 0 || p.batch % p.a.batch || p.batch % p.b.batch ||
       p.batch % lists.batch)
     return cudaErrorNotSupported;
-  const int64_t m_tiles = (p.M + kBM - 1) / kBM, n_tiles = (p.N + kBN - 1) / kBN;
-  if (m_tiles > 65535 || p.batch > 65535 || n_tiles > 0x7FFFFFFF || p.M > 0x7FFFFFFF ||
+  const int64_t m_tiles = (p.M + kBM - 1) / kBM;
+  if (m_tiles > 65535 || p.batch > 65535 || groups > 0x7FFFFFFF || p.M > 0x7FFFFFFF ||
       lists.capacity > 0x7FFFFFFF || lists.batch * groups * lists.capacity > (int64_t{1} << 40))
     return cudaErrorNotSupported;
   if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || !Aligned16(p.c)) return cudaErrorNotSupported;
@@ -96,13 +100,15 @@ cudaError_t LaunchWeightBlockGemmSm90(const MatmulParams& p, const TileList& lis
   const bool bf16 = p.dtype == DType::kBF16;
   const CUtensorMapDataType dt = bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map_a, map_w, map_c;
-  // a [M, K]: slabs of 128 rows x one entry's reduction depth. w: (32, 64) blocks of its
-  // stored [rows, cols] ([K, N] forward, [N, K] = [K_out, N_w] for dx). C [M, N]: 128 x 64.
+  // a [M, K]: slabs of 256 rows x one entry's reduction depth. w: (32, 64) blocks of its
+  // stored [rows, cols] ([K, N] forward, [N, K] = [K_out, N_w] for dx). C [M, N]: one
+  // group's 256 x 64 (forward) or 256 x 32 (dx) tile.
   const bool ok =
       MakeMap(&map_a, dt, p.a.data, p.K, p.M, p.a.batch, dx ? 64 : 32, kBM,
               dx ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B) &&
       MakeMap(&map_w, dt, p.b.data, dx ? p.K : p.N, dx ? p.N : p.K, p.b.batch, 64, 32, CU_TENSOR_MAP_SWIZZLE_128B) &&
-      MakeMap(&map_c, dt, p.c, p.N, p.M, p.batch, 64, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+      MakeMap(&map_c, dt, p.c, p.N, p.M, p.batch, dx ? 32 : 64, kBM,
+              dx ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
 
   Args g;
@@ -111,11 +117,10 @@ cudaError_t LaunchWeightBlockGemmSm90(const MatmulParams& p, const TileList& lis
   g.groups = static_cast<int>(groups);
   g.capacity = static_cast<int>(lists.capacity);
   g.entries = static_cast<int>(entries);
-  g.c_cols = static_cast<int>(p.N);
   g.a_div = static_cast<int>(p.batch / p.a.batch);
   g.b_div = static_cast<int>(p.batch / p.b.batch);
   g.idx_div = static_cast<int>(p.batch / lists.batch);
-  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.batch));
   if (dx)
     return bf16 ? Launch<kBf16, true>(map_a, map_w, map_c, g, grid, stream)
                 : Launch<kF16, true>(map_a, map_w, map_c, g, grid, stream);

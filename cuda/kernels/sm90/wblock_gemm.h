@@ -1,6 +1,6 @@
 // Hopper (sm_90a) path of pit_stile_matmul for (32, 64) weight blocks at training sizes:
 // the forward x @ (w o mask) and the dx dy @ (w o mask)^T straight from the untransposed
-// operands, 128 x 128 tiles of C over the merged lists of their groups (wblock_gemm.cuh).
+// operands, one 256-row tile of C per column group and its list (wblock_gemm.cuh).
 // No host sync, no allocation, no host read of device data.
 #pragma once
 
