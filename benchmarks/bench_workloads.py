@@ -380,7 +380,7 @@ def opt_case(suite, small):
             del models, params, x, ref
 
 
-def prune_case(suite, small):
+def prune_case(suite, small, tiles=None):
     import sparse_training
 
     if small:
@@ -394,6 +394,8 @@ def prune_case(suite, small):
     rng = np.random.default_rng(1)
     data = bert.synthetic_batch(rng, cfg, batch, seq, np.full((batch,), seq, np.int32))
     tx = optax.adamw(1e-4)
+    if tiles:
+        plan = [(t, ds) for t, ds in plan if t in tiles]
     for tile_name, densities in plan:
         tile = pruning.parse_tile(tile_name)
         steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
@@ -534,6 +536,8 @@ def main(argv=None):
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="start no new variant after S seconds (default 540 at full size, none with --small; 0 = none)")
     ap.add_argument("--moe", default=None, help="moe: just these E:top_k configurations, e.g. 64:2,128:2")
+    ap.add_argument("--prune", default=None, type=lambda v: tuple(t.strip() for t in v.split(",") if t.strip()),
+                    help="prune: just these pruning tiles, e.g. 32x64")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     # moe E=128 training plans 45-57 GB: more than JAX's default pool (75 % of an 80 GB card).
@@ -556,7 +560,7 @@ def main(argv=None):
             elif w == "moe":
                 moe_case(suite, args.small, args.moe)
             else:
-                prune_case(suite, args.small)
+                prune_case(suite, args.small, args.prune)
         except Exception as e:  # noqa: BLE001 - a failing workload does not stop the others
             print(f"{w}: FAILED {type(e).__name__}: {e}", flush=True)
             if args.verbose:

@@ -1,7 +1,7 @@
 """Regenerate the STile database for this GPU: time every variant, fit its costs, write JSON.
 
     python -m benchmarks.profile_stiles [--out PATH] [--smoke] [--dtypes bfloat16,tf32,float16]
-                                        [--deadline-s S] [--verbose]
+                                        [--update] [--refit] [--deadline-s S] [--verbose]
 
 The one command behind `pit_jax/stile_db/<gpu-model>.json` (docs/optimizer.md). For each
 dtype and each variant of `pit_jax.optimizer.database.CATALOG` it times, on random
@@ -9,13 +9,16 @@ patterns at the variant's own micro-tile (exactly round(density * tiles) live):
   - the index, `pit_jax.index(operand, micro_tile, group_by=...)` as sparse_dense builds it,
   - the product with that index precomputed, `pit_jax.sparse_dense(x, w, index, ...)`,
   - the dense product (`x @ w` as a dense plan runs it) on a few shapes,
-with the timing helpers of `benchmarks/common.py`, then fits each variant's cost terms
-(non-negative least squares on relative error, over the cost model's features) and
-writes the database with the raw timings it was fit from. The JSON is rewritten after
-every variant, so an interrupted run leaves what it finished (variants with no timing
-are left out: the optimizer then never picks them). No new case starts after
---deadline-s (default 230 s: about 4 minutes on an H100). `--smoke`: tiny shapes, for
-the CPU (exercises the code; the numbers mean nothing; written under /tmp by default).
+with the timing helpers of `benchmarks/common.py` (on a GPU the device time: see
+`Profiler.time`), then fits each variant's cost terms (non-negative least squares on
+relative error, over the cost model's features) and writes the database with the raw
+timings it was fit from. The JSON is rewritten after every variant, so an interrupted
+run leaves what it finished (variants with no timing are left out: the optimizer then
+never picks them). No new case starts after --deadline-s (default 230 s; one dtype takes
+about 260 s on an H100, so profile one dtype per run with --update, which keeps the
+file's other dtypes). --refit times nothing: it fits the file's entries again from their
+stored timings. `--smoke`: tiny shapes, for the CPU (exercises the code; the numbers
+mean nothing; written under /tmp by default).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ RUN_DTYPES = {
 @dataclasses.dataclass(frozen=True)
 class Config:
     shapes: tuple  # (M, K, N) for every variant
+    w_shapes: tuple  # extra shapes for the weight-block (W axis) variants and the dense fit
     dense_shapes: tuple  # extra shapes for the dense fit
     sparsities: tuple
     dtypes: tuple
@@ -62,6 +66,13 @@ class Config:
 
 FULL = Config(
     shapes=((4096, 4096, 4096), (8192, 2048, 2048)),
+    # Two BERT-base training products (4096 tokens: qkv, ffn_out) for the W axis, whose
+    # plans choose per pruned linear at that size: a fixed cost fit at 4096^3 alone was
+    # extrapolated to products 10x smaller. Not for the M and K axes: their features do
+    # not model the row-gather kernel's split-K or its rounds of tiles, and a fit over
+    # both sizes underestimated a 4096^3 product with every row live by 35 % (H100,
+    # 2026-11-26; docs/optimizer.md).
+    w_shapes=((4096, 768, 2304), (4096, 3072, 768)),
     dense_shapes=((2048, 2048, 2048), (16384, 4096, 4096), (1024, 1024, 4096)),
     sparsities=(0.5, 0.9, 0.99),
     dtypes=("bfloat16", "tf32", "float16"),
@@ -71,6 +82,7 @@ FULL = Config(
 )
 SMOKE = Config(
     shapes=((128, 256, 256),),
+    w_shapes=((64, 128, 256),),
     dense_shapes=((64, 128, 128),),
     sparsities=(0.5, 0.9),
     dtypes=("bfloat16",),
@@ -92,6 +104,24 @@ def fit(features: np.ndarray, ms: np.ndarray):
         terms = np.clip(np.linalg.lstsq(a, b, rcond=None)[0], 0, None)
     rel = features @ terms / ms - 1
     return terms, {"rel_rms": float(np.sqrt(np.mean(rel**2))), "max_rel_err": float(np.abs(rel).max()), "n": int(len(ms))}
+
+
+def fit_entry(kind, micro_tile, compute_tile, dtype_key, description, rows):
+    """A database entry: the variant's cost terms fit to its timing rows (kept in it)."""
+    ms = np.array([r["product_ms"] for r in rows])
+    p_terms, p_fit = fit(np.array([r["product_features"] for r in rows]), ms)
+    entry = {
+        "kind": kind, "micro_tile": micro_tile, "compute_tile": compute_tile, "dtype": dtype_key,
+        "description": description,
+        "product": dict(zip(dbm.PRODUCT_TERMS, map(float, p_terms))),
+        "fit": {"product": p_fit},
+    }
+    if kind != "dense":
+        i_terms, i_fit = fit(np.array([r["index_features"] for r in rows]), np.array([r["index_ms"] for r in rows]))
+        entry["index"] = dict(zip(dbm.INDEX_TERMS, map(float, i_terms)))
+        entry["fit"]["index"] = i_fit
+    entry["timings"] = rows
+    return entry
 
 
 class Profiler:
@@ -116,6 +146,7 @@ class Profiler:
         self.errors: list[str] = []
         self.key = jax.random.key(0)
         self.n = 0
+        self.profile_extra = {}
 
     def elapsed(self):
         return time.perf_counter() - self.t0
@@ -134,9 +165,22 @@ class Profiler:
         return jax.random.fold_in(self.key, self.n)
 
     def time(self, fn, sets, **kw):
+        """time_op's result, its "ms" the device time on a GPU (else the wall time).
+
+        A small op jitted alone is bound by the host: at BERT-base sizes a weight-block
+        product of ~14 us of kernel time read ~30 us of wall time per call, and its index
+        ~40 us (H100, 2026-11-26). Inside a model's jitted step, whose kernels XLA
+        replays from command buffers, an op costs about its kernels' time, so that is
+        what the database is fit to: the summed kernel durations of a profiler trace
+        ("device_ms"), with the wall time kept beside it ("wall_ms")."""
+        device_calls = self.args.device_calls if jax.default_backend() == "gpu" else 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return common.time_op(fn, sets, reps=self.cfg.reps, target_s=self.cfg.target_s, budget_s=2.0, **kw)
+            t = common.time_op(fn, sets, reps=self.cfg.reps, target_s=self.cfg.target_s, budget_s=2.0,
+                               device_calls=device_calls, **kw)
+        t["wall_ms"] = t["median_ms"]
+        t["ms"] = t.get("device_ms") or t["median_ms"]
+        return t
 
     def fail(self, label, e):
         msg = str(e).strip().splitlines()
@@ -151,7 +195,7 @@ class Profiler:
         spec = dbm.spec_for("dense", None)
         template = dbm.Variant("dense", None, spec.compute_tile, dtype_key, (0, 0, 0), (0, 0, 0))
         rows = []
-        for m, k, n in (*self.cfg.shapes, *self.cfg.dense_shapes):
+        for m, k, n in self.shapes_for("dense"):
             label = f"{dtype_key} dense {m}x{k}x{n}"
             if not self.should_run(label):
                 continue
@@ -164,12 +208,19 @@ class Profiler:
                 t = self.time(lambda x, w: dense_product(x, w, prec), sets)
                 prob = cost_model.Problem("x", 1, m, k, n, item)
                 pf, _, _ = cost_model.features(template, None, prob, self.slots)
-                rows.append({"shape": [m, k, n], "sparsity": 0.0, "product_ms": t["median_ms"], "product_features": list(pf)})
-                self.log(f"{label}: {t['median_ms']:.4g} ms")
+                rows.append({"shape": [m, k, n], "sparsity": 0.0, "product_ms": t["ms"], "product_wall_ms": t["wall_ms"],
+                             "product_features": list(pf)})
+                self.log(f"{label}: {t['ms']:.4g} ms (wall {t['wall_ms']:.4g})")
                 del sets
             except Exception as e:  # noqa: BLE001 - one failing case must not stop the run
                 self.fail(label, e)
         self.add(spec, dtype_key, rows)
+
+    def shapes_for(self, kind):
+        cfg = self.cfg
+        if kind == "dense":
+            return (*cfg.shapes, *cfg.w_shapes, *cfg.dense_shapes)
+        return (*cfg.shapes, *cfg.w_shapes) if kind == "w" else cfg.shapes
 
     # -- sparse variants ---------------------------------------------------------------
     def variant(self, spec, dtype_key):
@@ -177,7 +228,7 @@ class Profiler:
         item = jnp.dtype(dtype).itemsize
         template = dbm.Variant(spec.kind, spec.micro_tile, spec.compute_tile, dtype_key, (0, 0, 0), (0, 0, 0))
         rows = []
-        for m, k, n in self.cfg.shapes:
+        for m, k, n in self.shapes_for(spec.kind):
             for sparsity in self.cfg.sparsities:
                 label = f"{dtype_key} {dbm.variant_id(spec.kind, spec.micro_tile, dtype_key)} {m}x{k}x{n} sparsity {sparsity:g}"
                 if not self.should_run(label):
@@ -220,12 +271,14 @@ class Profiler:
         pf, xf, dens = cost_model.features(template, cost_model.Coverage(mask), prob, self.slots)
         row = {
             "shape": [m, k, n], "sparsity": sparsity, "density": dens,
-            "product_ms": t_prod["median_ms"], "index_ms": t_index["median_ms"],
+            "product_ms": t_prod["ms"], "index_ms": t_index["ms"],
+            "product_wall_ms": t_prod["wall_ms"], "index_wall_ms": t_index["wall_ms"],
             "product_features": list(pf), "index_features": list(xf),
             "max_rel_err": err, "ok": bool(err <= tol),
         }
         check = "" if row["ok"] else f"  CHECK FAILED (rel err {err:.2g})"
-        self.log(f"{label}: product {row['product_ms']:.4g} ms, index {row['index_ms']:.4g} ms, {dens:.1%} live{check}")
+        self.log(f"{label}: product {row['product_ms']:.4g} ms (wall {row['product_wall_ms']:.4g}), index "
+                 f"{row['index_ms']:.4g} ms (wall {row['index_wall_ms']:.4g}), {dens:.1%} live{check}")
         del sets, owners, idx
         return row
 
@@ -235,26 +288,39 @@ class Profiler:
         if not rows:
             self.log(f"{dtype_key} {spec.kind} {spec.micro_tile}: no timings, left out of the database")
             return
-        ms = np.array([r["product_ms"] for r in rows])
-        p_terms, p_fit = fit(np.array([r["product_features"] for r in rows]), ms)
-        entry = {
-            "kind": spec.kind,
-            "micro_tile": None if spec.micro_tile is None else list(spec.micro_tile),
-            "compute_tile": list(spec.compute_tile),
-            "dtype": dtype_key,
-            "description": spec.description,
-            "product": dict(zip(dbm.PRODUCT_TERMS, map(float, p_terms))),
-            "fit": {"product": p_fit},
-        }
-        if spec.kind != "dense":
-            i_terms, i_fit = fit(np.array([r["index_features"] for r in rows]), np.array([r["index_ms"] for r in rows]))
-            entry["index"] = dict(zip(dbm.INDEX_TERMS, map(float, i_terms)))
-            entry["fit"]["index"] = i_fit
-        entry["timings"] = rows
+        entry = fit_entry(spec.kind, None if spec.micro_tile is None else list(spec.micro_tile),
+                          list(spec.compute_tile), dtype_key, spec.description, rows)
         self.entries.append(entry)
         fits = ", ".join(f"{k} rel rms {v['rel_rms']:.1%}" for k, v in entry["fit"].items())
         self.log(f"fit {dbm.variant_id(spec.kind, spec.micro_tile, dtype_key)}: {fits}")
         self.flush()
+
+    def refit(self):
+        """--refit: every entry of the output file fit again from its stored timings, at
+        the shapes this version profiles for its kind (no GPU needed)."""
+        import json
+
+        with open(self.path) as f:
+            old = json.load(f)
+        for v in old["variants"]:
+            shapes = {tuple(s) for s in self.shapes_for(v["kind"])}
+            rows = [r for r in v["timings"] if tuple(r["shape"]) in shapes and r.get("ok", True)]
+            if not rows:
+                self.log(f"{v['kind']} {v['micro_tile']} {v['dtype']}: no timings at these shapes, left out")
+                continue
+            self.entries.append(fit_entry(v["kind"], v["micro_tile"], v["compute_tile"], v["dtype"],
+                                          v.get("description", ""), rows))
+            dropped = len(v["timings"]) - len(rows)
+            self.log(f"refit {dbm.variant_id(v['kind'], v['micro_tile'], v['dtype'])} from {len(rows)} timings"
+                     + (f" ({dropped} at other shapes left out)" if dropped else ""))
+        # The file describes the profiled GPU, not this machine.
+        self.meta = {**self.meta, **{k: old[k] for k in ("device", "platform", "date", "host", "jax", "jaxlib", "pit_jax",
+                                                         "pit_jax_build") if k in old}}
+        self.slots = int(old.get("parallel_slots", self.slots))
+        self.profile_extra = {"refit_of": old.get("profile")}
+        self.flush()
+        self.log(f"wrote {self.path}: {len(self.entries)} variants")
+        return self.path
 
     def flush(self):
         if not any(e["kind"] == "dense" for e in self.entries):
@@ -267,8 +333,11 @@ class Profiler:
             profile={
                 "argv": sys.argv[1:], "smoke": bool(self.args.smoke), "config": dataclasses.asdict(self.cfg),
                 "wall_s": round(self.elapsed(), 1), "not_run_deadline": self.not_run, "errors": self.errors,
-                "timing": "benchmarks/common.py time_op: median ms of one call over rotated input sets",
+                "timing": ("benchmarks/common.py time_op over rotated input sets; *_ms: on a GPU the summed kernel "
+                           f"durations per op of a profiler trace of {self.args.device_calls} calls (device_ms), else "
+                           "the median wall ms of one call; *_wall_ms: the wall time"),
                 "patterns": "random live micro-tiles of the variant's own shape (m: random live rows)",
+                **self.profile_extra,
             },
         )
         doc["parallel_slots"] = self.slots
@@ -281,8 +350,21 @@ class Profiler:
             json.dump(doc, f, indent=1)
         os.replace(tmp, self.path)
 
+    def keep_other_dtypes(self):
+        """--update: the existing file's entries of the dtypes not profiled now stay."""
+        if not (self.args.update and os.path.exists(self.path)):
+            return
+        import json
+
+        with open(self.path) as f:
+            old = json.load(f)
+        kept = [v for v in old.get("variants", []) if v.get("dtype") not in self.cfg.dtypes]
+        self.entries.extend(kept)
+        self.log(f"--update: kept {len(kept)} entries of other dtypes from {self.path}")
+
     def run(self):
         self.log(f"{self.meta['device']} ({self.meta['platform']}), jax {self.meta['jax']}, {self.slots} parallel slots -> {self.path}")
+        self.keep_other_dtypes()
         for dtype_key in self.cfg.dtypes:
             self.dense(dtype_key)
             for spec in dbm.CATALOG:
@@ -309,6 +391,12 @@ def main(argv=None):
     ap.add_argument("--dtypes", default=None, help=f"comma-separated subset of {','.join(RUN_DTYPES)}")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no new case after S seconds (default 230; --smoke: none; 0 = none)")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing cases")
+    ap.add_argument("--device-calls", type=int, default=5,
+                    help="calls traced per timing for the device time (GPU; 0: fit the wall time)")
+    ap.add_argument("--refit", action="store_true",
+                    help="no timing: fit the output file's entries again from their stored timings (at this version's shapes)")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the output file's entries of the dtypes not in --dtypes (profile one dtype at a time)")
     args = ap.parse_args(argv)
     if args.deadline_s is None:
         args.deadline_s = 0 if args.smoke else 230
@@ -316,7 +404,8 @@ def main(argv=None):
         bad = [d for d in args.dtypes.split(",") if d.strip() and d.strip() not in RUN_DTYPES]
         if bad:
             ap.error(f"--dtypes: unknown {bad}; choose from {list(RUN_DTYPES)}")
-    return Profiler(args).run()
+    profiler = Profiler(args)
+    return profiler.refit() if args.refit else profiler.run()
 
 
 if __name__ == "__main__":

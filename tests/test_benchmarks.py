@@ -157,3 +157,34 @@ def test_index_share_prefers_device_time(tmp_path):
     share = next(t for t in sd.targets(rows, {"platform": "gpu"}) if t["id"] == "index_share")
     wall = next(e for e in share["entries"] if e["impl"] == "index_mask")
     assert wall["basis"] == "wall" and wall["measured"] == rows[2]["pct_of_product"] and not wall["met"]
+
+
+def test_profile_stiles_update_and_refit(tmp_path):
+    """One dtype per run with --update keeps the others; --refit fits again from the
+    stored timings at this version's shapes (M/K variants: the large shapes only)."""
+    import json
+
+    from benchmarks import profile_stiles
+    from pit_jax.optimizer import database as dbm
+
+    out = str(tmp_path / "db.json")
+    profile_stiles.main(["--smoke", "--out", out, "--dtypes", "bfloat16"])
+    profile_stiles.main(["--smoke", "--out", out, "--dtypes", "float16", "--update"])
+    doc = json.load(open(out))
+    assert {v["dtype"] for v in doc["variants"]} == {"bfloat16", "float16"}
+    by_kind = {(v["kind"], v["dtype"]): v for v in doc["variants"]}
+    shapes = lambda v: {tuple(r["shape"]) for r in v["timings"]}  # noqa: E731
+    small, w_extra = profile_stiles.SMOKE.shapes, profile_stiles.SMOKE.w_shapes
+    assert shapes(by_kind[("w", "bfloat16")]) == set(small) | set(w_extra)
+    assert shapes(by_kind[("m", "bfloat16")]) == set(small)
+    row = by_kind[("w", "float16")]["timings"][0]
+    assert row["product_wall_ms"] > 0 and row["index_wall_ms"] > 0  # CPU: the fit's ms are the wall times
+    assert row["product_ms"] == row["product_wall_ms"]
+
+    profile_stiles.main(["--smoke", "--out", out, "--refit"])
+    again = json.load(open(out))
+    assert len(again["variants"]) == len(doc["variants"]) and "refit_of" in again["profile"]
+    for v, w in zip(doc["variants"], again["variants"]):
+        assert v["kind"] == w["kind"] and v["dtype"] == w["dtype"]
+        assert w["product"] == pytest.approx(v["product"])  # same timings, same fit
+    dbm.parse(again, out)
