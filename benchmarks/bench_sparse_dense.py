@@ -675,19 +675,24 @@ WHY_MISSED = {
     "kw_oracle": (
         "The oracle multiplies [M, K_live] by [K_live, N] with one K set for all rows. PIT's 32x1 "
         "strips (and 32x64 / 1x64 weight blocks) give every 32-row group (64-column block) its own "
-        "K set, so the sm_90 STile kernel re-reads each group's live operand rows: 9.1 GB x density "
-        "(K axis) and 4.8 GB x density (weight blocks) of L2 -> SM traffic against 0.13 GB x density "
-        "for the oracle's operands. Nsight Compute at sparsity 0.5: L2 at 33-54 % and DRAM at 7-35 % "
-        "of peak; the cp.async gather's per-warp issue is the limit (for 32x64 blocks also the "
-        "L2 -> SM fabric). An index built from the operand adds 21-48 us (index_ms_inside_jit). "
-        "docs/notes/sm90_stile.md."
+        "K set, so the kernels re-read each group's live operand rows: 9.1 GB x density (K axis) and "
+        "4.8 GB x density (weight blocks) of L2 -> SM traffic against 0.13 GB x density for the "
+        "oracle's operands. Nsight Compute at sparsity 0.5 (sm_90 STile kernel): L2 at 33-54 % and "
+        "DRAM at 7-35 % of peak; the cp.async gather's per-warp issue is the limit. 32x64 blocks run "
+        "on the weight-block kernel since 2026-11-26 (one CTA per 256-row tile and column group, "
+        "TMA slabs): 1.06x / 1.24x the oracle at sparsity 0.9 / 0.95, and at 0.99 a product's fixed "
+        "cost (its stage chain, ~28 us against the oracle's 19) plus the index dominate. An index "
+        "built from the operand adds 21-48 us (index_ms_inside_jit). docs/notes/sm90_stile.md, "
+        "docs/notes/sm90_wblock.md."
     ),
     "kw_vs_dense": (
         "At sparsity 0.5 the per-group re-reads (1.2 GB for weight blocks, 2.3 GB for 32x1 strips at "
         "4096^3) exceed what a dense product with 128 x 256 tiles moves from L2 (1.1-1.6 GB by count, "
-        "with or without B multicast), so the gathered product is slower than dense there. From "
-        "sparsity 0.9 on it is at least as fast as dense on every pattern (1.00x for random 32x1 "
-        "strips at 0.9). docs/notes/sm90_stile.md."
+        "with or without B multicast), so the gathered product is slower than dense there; 32x64 "
+        "blocks on the weight-block kernel (2026-11-26) run the product alone at dense's time "
+        "(0.99x) and the index from w's values makes it 0.91x. From sparsity 0.9 on it is at least "
+        "as fast as dense on every pattern (1.00x for random 32x1 strips at 0.9). "
+        "docs/notes/sm90_stile.md, docs/notes/sm90_wblock.md."
     ),
     "index_share": (
         "Shares by device time where an entry's basis is 'device' (the index's kernels against the "
