@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -298,8 +299,6 @@ class Profiler:
     def refit(self):
         """--refit: every entry of the output file fit again from its stored timings, at
         the shapes this version profiles for its kind (no GPU needed)."""
-        import json
-
         with open(self.path) as f:
             old = json.load(f)
         for v in old["variants"]:
@@ -345,8 +344,6 @@ class Profiler:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            import json
-
             json.dump(doc, f, indent=1)
         os.replace(tmp, self.path)
 
@@ -354,8 +351,6 @@ class Profiler:
         """--update: the existing file's entries of the dtypes not profiled now stay."""
         if not (self.args.update and os.path.exists(self.path)):
             return
-        import json
-
         with open(self.path) as f:
             old = json.load(f)
         kept = [v for v in old.get("variants", []) if v.get("dtype") not in self.cfg.dtypes]
@@ -379,8 +374,6 @@ class Profiler:
 
 
 def json_roundtrip(doc):
-    import json
-
     return json.loads(json.dumps(doc))
 
 
