@@ -13,6 +13,7 @@ from pit_jax.moe_index import MoeIndex
 from pit_jax.ops.index import index, index_from_tiles
 from pit_jax.ops.layer_norm import layer_norm
 from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
+from pit_jax.ops.prune import TopBlocks, block_topk
 from pit_jax.ops.sparse_dense import sparse_dense
 from pit_jax.ops.sread_swrite import sread, swrite
 from pit_jax.optimizer import Plan, plan
@@ -24,6 +25,8 @@ __all__ = [
     "MoeIndex",
     "PitIndex",
     "Plan",
+    "TopBlocks",
+    "block_topk",
     "checkpoint_policies",
     "export_checks",
     "grouped_matmul",

@@ -329,3 +329,19 @@ def moe_ffn(x, gates, expert_ids, w_in, w_out, *, w_gate=None, activation="relu"
 
     y = jax.lax.fori_loop(0, win.shape[0], body, jnp.zeros(xf.shape, jnp.float32))
     return y.astype(dtype)
+
+
+def block_topk(density, *mats, tile_h: int, tile_w: int):
+    """(live bool [M, tk, tn], scores float32 [M, tk, tn], thresholds float32 [M]) of the
+    matrices [..., K, N] (M = all of them, in operand order): each block's L1 norm, each
+    matrix's keep-th largest norm (keep = clip(round(density * blocks), 1, blocks)) by a
+    sort, and the blocks at or above it."""
+    k, n = mats[0].shape[-2:]
+    tk, tn = math.ceil(k / tile_h), math.ceil(n / tile_w)
+    a = jnp.concatenate([jnp.abs(m.reshape(-1, k, n).astype(jnp.float32)) for m in mats])
+    a = jnp.pad(a, ((0, 0), (0, tk * tile_h - k), (0, tn * tile_w - n)))
+    scores = a.reshape(-1, tk, tile_h, tn, tile_w).sum(axis=(2, 4))
+    flat = jnp.sort(scores.reshape(-1, tk * tn), axis=-1)
+    keep = jnp.clip(jnp.round(jnp.asarray(density, jnp.float32) * (tk * tn)).astype(jnp.int32), 1, tk * tn)
+    thresholds = jnp.take(flat, tk * tn - keep, axis=-1)
+    return scores >= thresholds[:, None, None], scores, thresholds

@@ -141,6 +141,17 @@ auto RowActivation(B b) {
 }
 
 template <class B>
+auto BlockTopk(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // density float32 []
+      .RemainingArgs()  // the matrices [..., K, N], one shape and dtype
+      .template Ret<AnyBuffer>()  // live pred [M, tk, tn]
+      .template Ret<AnyBuffer>()  // scores float32 [M, tk, tn]
+      .template Ret<AnyBuffer>()  // thresholds float32 [M]
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w");
+}
+
+template <class B>
 auto RowSum(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // x
       .template Arg<S32>()  // tiles

@@ -1,0 +1,47 @@
+// pit_block_topk's decoded call (docs/kernels.md): plain data shared by the FFI handlers
+// (cuda/ffi/block_topk_args.h) and the kernels.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/matmul_params.h"
+
+namespace pit {
+
+// Matrices handed to one launch of the scores kernel (its parameter block holds their
+// addresses); a call with more launches again.
+constexpr int kTopkMaxMatrices = 64;
+
+struct BlockTopkParams {
+  DType dtype = DType::kF32;  // the matrices' element type
+  int64_t matrices = 0;       // M: the matrices of all operands, in operand order
+  int64_t rows = 0;           // K
+  int64_t cols = 0;           // N
+  int64_t tile_h = 1;         // block rows
+  int64_t tile_w = 1;         // block columns
+  int64_t tile_rows = 0;      // ceil(K / tile_h)
+  int64_t tile_cols = 0;      // ceil(N / tile_w)
+  const float* density = nullptr;  // [] on the device: the live fraction of each matrix's blocks
+  bool* live = nullptr;            // [M, tile_rows, tile_cols]
+  float* scores = nullptr;         // [M, tile_rows, tile_cols]: each block's L1 norm
+  float* thresholds = nullptr;     // [M]: each matrix's cut, its keep-th largest score
+};
+
+#ifdef __CUDACC__
+#define PIT_TOPK_HD __host__ __device__
+#else
+#define PIT_TOPK_HD
+#endif
+
+// keep = round-half-even(density * blocks) clipped to [1, blocks] (NaN: 1), in float32
+// as jnp computes it (pruning's top_blocks); the cut is the keep-th largest score.
+PIT_TOPK_HD inline int64_t TopkKeep(float density, int64_t blocks) {
+  const float d = density * static_cast<float>(blocks);
+  if (!(d >= 1.f)) return 1;
+  if (d >= static_cast<float>(blocks)) return blocks;
+  const int64_t k = static_cast<int64_t>(rintf(d));
+  return k < 1 ? 1 : (k > blocks ? blocks : k);
+}
+
+}  // namespace pit

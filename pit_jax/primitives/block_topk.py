@@ -1,0 +1,85 @@
+"""`pit_block_topk`: block magnitude pruning's mask, on the device, with no sort.
+
+Operands: density float32 [], then one or more matrices [..., K, N] of one trailing
+shape and dtype (float32 / bfloat16 / float16; leading dims are more matrices).
+Results, with M = all the matrices in operand order and (tk, tn) = (ceil(K / tile_h),
+ceil(N / tile_w)):
+  live bool [M, tk, tn]: the blocks whose score is at least the matrix's cut,
+  scores float32 [M, tk, tn]: each block's L1 norm (sum of |w|; edge blocks partial),
+  thresholds float32 [M]: the cut, the keep-th largest score of the matrix, where
+    keep = clip(round_half_even(density * tk * tn), 1, tk * tn) (NaN density: 1).
+Params: tile_h, tile_w.
+
+Taking the matrices as separate operands lets a model prune its 12 same-shaped kernels
+in one call without stacking (a copy of every weight). No gradient flows: the results
+are functions of stop_gradient(w) (their tangents are zero). vmap: the mapped axis
+becomes more matrices (a mapped density runs the reference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import ad, batching, mlir, xla
+
+from pit_jax import _native, reference
+from pit_jax.primitives._lowering import _missing_cuda
+from pit_jax.primitives._vma import Primitive, zero_tangent
+
+block_topk_p = Primitive("pit_block_topk")
+block_topk_p.multiple_results = True
+
+
+def _abstract_eval(density, *mats, tile_h, tile_w):
+    k, n = mats[0].shape[-2:]
+    m = sum(math.prod(a.shape[:-2]) for a in mats)
+    grid = (m, math.ceil(k / tile_h), math.ceil(n / tile_w))
+    return ShapedArray(grid, jnp.bool_), ShapedArray(grid, jnp.float32), ShapedArray((m,), jnp.float32)
+
+
+def _jvp(primals, tangents, **params):
+    outs = block_topk_p.bind(*primals, **params)
+    return outs, [zero_tangent(o) for o in outs]
+
+
+def _batch(args, dims, **params):
+    density, *mats = args
+    d_density, *d_mats = dims
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    if d_density is not None:
+        fn = lambda *a: reference.block_topk(*a, **params)  # noqa: E731
+        return jax.vmap(fn, in_axes=tuple(dims))(*args), (0, 0, 0)
+    # Each operand's matrices as [size, m_i, K, N]; the results come back operand by
+    # operand ([size * m_i] each) and are regrouped as [size, M].
+    lead = []
+    moved = []
+    for a, d in zip(mats, d_mats):
+        a = jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+        lead.append(math.prod(a.shape[1:-2]))
+        moved.append(a)
+    outs = block_topk_p.bind(density, *moved, **params)
+    regrouped = []
+    for out in outs:
+        parts, start = [], 0
+        for m in lead:
+            parts.append(out[start:start + size * m].reshape(size, m, *out.shape[1:]))
+            start += size * m
+        regrouped.append(jnp.concatenate(parts, axis=1))
+    return regrouped, (0, 0, 0)
+
+
+def _lowering_rule(ctx, *args, tile_h, tile_w):
+    return jax.ffi.ffi_lowering("pit_block_topk")(ctx, *args, tile_h=np.int64(tile_h), tile_w=np.int64(tile_w))
+
+
+block_topk_p.def_impl(lambda *args, **params: xla.apply_primitive(block_topk_p, *args, **params))
+block_topk_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[block_topk_p] = _jvp
+batching.primitive_batchers[block_topk_p] = _batch
+mlir.register_lowering(block_topk_p, _lowering_rule, platform="cpu")
+mlir.register_lowering(block_topk_p, _lowering_rule if _native.has_cuda() else _missing_cuda("pit_block_topk"),
+                       platform="cuda")
