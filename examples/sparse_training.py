@@ -6,9 +6,12 @@ fraction of its weight blocks with the largest L1 norm; the mask becomes a W-axi
 PitIndex and `sparse_dense` computes x @ (w * mask) on the live blocks only, forward
 and backward (the weight gradient is computed for live blocks only). Compares, in one run:
   pit          SparseDense on the W axis with the recomputed index (or, where the
-               optimizer expects it faster, the dense product on the masked kernel)
-  dense_masked nn.Dense on w * mask (the same mask recomputed every step): what a JAX
-               user writes for pruning, and the alternative
+               optimizer expects it faster, the dense product on the masked kernel);
+               the mask by pit_jax.block_topk (block norms and a radix select on the
+               device, no sort)
+  dense_masked nn.Dense on w * mask (the same mask recomputed every step, by XLA's
+               block sums and a sort): what a JAX user writes for pruning, and the
+               alternative
   dense        nn.Dense, no pruning (the dense model)
 checks pit == dense_masked (outputs and gradients of all params) and that the gradients
 are zero outside the live blocks, times one fine-tuning step (adamw) per density (pit
@@ -81,7 +84,8 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None):
         return optax.apply_updates(p, u), s, loss, live
 
     def pit_step(p, s, t, ln, y, density):
-        blocks = pruning.live_blocks(p, density, tile)  # recomputed from the current weights
+        # recomputed from the current weights, by pit_jax.block_topk (no sort)
+        blocks = pruning.live_blocks(p, density, tile, impl="pit")
         shapes = pruning.kernel_shapes(p)
         routed = lambda n: n.split("/", 1)[1] in dense_linears
         wi = pruning.weight_indexes({n: b for n, b in blocks.items() if not routed(n)}, tile, shapes)

@@ -198,6 +198,27 @@ def test_live_blocks_batched_like_each_kernel(tile):
 
 
 @pytest.mark.parametrize("tile", [(32, 64), (32, 1), (1, 32)])
+def test_live_blocks_pit_matches_jax(tile):
+    """The pit step's masks (`pit_jax.block_topk` over each shape's kernels) are the
+    twin's (block sums and a sort), but for blocks that tie the cut within float32
+    rounding (the two sum in different orders)."""
+    cfg = bert.BertConfig.tiny(layers=3, hidden=48, ffn=100)
+    data = _batch(cfg, 2, 16, 5, lengths=[16, 9])
+    params = jax.jit(bert.BertClassifier(cfg, "dense").init)(jax.random.PRNGKey(6), data[0], data[1])
+    for density in (0.5, 0.1):
+        want = jax.jit(lambda p: pruning.live_blocks(p, density, tile))(params)
+        got = jax.jit(lambda p: pruning.live_blocks(p, density, tile, impl="pit"))(params)
+        assert set(got) == set(want)
+        for name, w in pruning.pruned_kernels(params).items():
+            scores = np.asarray(pruning.block_scores(w, tile))
+            cut = scores[np.asarray(want[name])].min()
+            differ = np.asarray(got[name]) != np.asarray(want[name])
+            assert not (differ & (np.abs(scores - cut) > 1e-5 * cut)).any(), (name, density)
+    with pytest.raises(ValueError, match="impl must be"):
+        pruning.live_blocks(params, 0.5, tile, impl="sort")
+
+
+@pytest.mark.parametrize("tile", [(32, 64), (32, 1), (1, 32)])
 def test_sparse_training_matches_masked_dense(tile):
     import sparse_training
 

@@ -3,10 +3,11 @@
 A kernel [K, N] is cut into micro-tiles (bk, bn) (PIT's weight blocks: 32x64, or the
 finer 32x1 / 1x32); each block scores its L1 norm; the `density` fraction of blocks
 with the highest scores stay live. `density` may be a traced scalar (a schedule), since
-the threshold is read from the sorted scores, so changing it does not recompile. The
-block masks (`live_blocks`: one batched sort per kernel shape) become PitIndexes (W
-axis) for the PIT model directly (`weight_indexes`), or element masks that multiply the
-kernels for the dense twin (`masks`, `apply_masks`): both compute x @ (w * mask).
+the threshold is read from the scores on the device, so changing it does not recompile.
+The block masks (`live_blocks`: per kernel shape, one batched sort, or one
+`pit_jax.block_topk` call) become PitIndexes (W axis) for the PIT model directly
+(`weight_indexes`), or element masks that multiply the kernels for the dense twin
+(`masks`, `apply_masks`): both compute x @ (w * mask).
 """
 
 from __future__ import annotations
@@ -88,14 +89,21 @@ def names_by_shape(shapes) -> Dict[tuple, list]:
     return out
 
 
-def live_blocks(params, density, tile) -> Dict[str, jax.Array]:
+def live_blocks(params, density, tile, *, impl="jax") -> Dict[str, jax.Array]:
     """{"layer_i/<linear>": bool [tk, tn]}: each pruned kernel's live blocks. The kernels
-    of one shape (the same linear in every layer) share one batched sort, so a step
-    sorts 4 times, not 48."""
+    of one shape (the same linear in every layer) are decided together, 4 calls a step,
+    not 48. impl "jax": XLA's block sums and one batched sort per shape (what a JAX user
+    writes); "pit": `pit_jax.block_topk` (the same blocks, by a radix select on the
+    device, the kernels read once and not stacked)."""
+    if impl not in ("jax", "pit"):
+        raise ValueError(f"live_blocks: impl must be 'jax' or 'pit', got {impl!r}")
     kernels = pruned_kernels(params)
     out = {}
     for names in names_by_shape({n: w.shape for n, w in kernels.items()}).values():
-        live = top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density)
+        if impl == "pit":
+            live = pit_jax.block_topk([kernels[n] for n in names], tile, density).live
+        else:
+            live = top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density)
         out.update({n: live[i] for i, n in enumerate(names)})
     return out
 
