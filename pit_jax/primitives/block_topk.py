@@ -13,7 +13,9 @@ Params: tile_h, tile_w.
 Taking the matrices as separate operands lets a model prune its 12 same-shaped kernels
 in one call without stacking (a copy of every weight). No gradient flows: the results
 are functions of stop_gradient(w) (their tangents are zero). vmap: the mapped axis
-becomes more matrices (a mapped density runs the reference).
+becomes more matrices (a mapped density runs the reference). Under jit over several
+devices it has no batch-split rule (its results concatenate its operands' matrices), so
+XLA gathers the matrices whole, as pruned kernels are in data-parallel training.
 """
 
 from __future__ import annotations
