@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/host_device.h"
 #include "cuda/common/matmul_params.h"
 
 namespace pit {
@@ -28,15 +29,9 @@ struct BlockTopkParams {
   float* thresholds = nullptr;     // [M]: each matrix's cut, its keep-th largest score
 };
 
-#ifdef __CUDACC__
-#define PIT_TOPK_HD __host__ __device__
-#else
-#define PIT_TOPK_HD
-#endif
-
 // keep = round-half-even(density * blocks) clipped to [1, blocks] (NaN: 1), in float32
 // as jnp computes it (pruning's top_blocks); the cut is the keep-th largest score.
-PIT_TOPK_HD inline int64_t TopkKeep(float density, int64_t blocks) {
+PIT_HOST_DEVICE inline int64_t TopkKeep(float density, int64_t blocks) {
   const float d = density * static_cast<float>(blocks);
   if (!(d >= 1.f)) return 1;
   if (d >= static_cast<float>(blocks)) return blocks;

@@ -14,12 +14,7 @@
 
 #include <cstdint>
 
-// Methods of these plain structs run on the host and, under nvcc, on the device.
-#if defined(__CUDACC__)
-#define PIT_HOST_DEVICE __host__ __device__
-#else
-#define PIT_HOST_DEVICE
-#endif
+#include "cuda/common/host_device.h"  // methods of these plain structs run on both sides
 
 namespace pit {
 

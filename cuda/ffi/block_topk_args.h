@@ -44,9 +44,8 @@ inline ffi::ErrorOr<BlockTopkParams> DecodeBlockTopk(ffi::AnyBuffer density, ffi
       return InvalidArg(what + " must have operand 0's dtype and trailing shape [" + std::to_string(p.rows) +
                         ", " + std::to_string(p.cols) + "]");
     }
-    const int64_t size = p.dtype == DType::kF32 ? 4 : 2;
     for (int64_t b = 0; b < m->batch; ++b)
-      bases.push_back(static_cast<const char*>(buf->untyped_data()) + b * m->rows * m->cols * size);
+      bases.push_back(static_cast<const char*>(buf->untyped_data()) + b * m->rows * m->cols * DTypeBytes(p.dtype));
   }
   if (p.rows < 1 || p.cols < 1) return InvalidArg(target + ": the matrices must not be empty");
   p.matrices = static_cast<int64_t>(bases.size());
