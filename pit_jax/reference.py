@@ -338,9 +338,11 @@ def block_topk(density, *mats, tile_h: int, tile_w: int):
     sort, and the blocks at or above it."""
     k, n = mats[0].shape[-2:]
     tk, tn = math.ceil(k / tile_h), math.ceil(n / tile_w)
-    a = jnp.concatenate([jnp.abs(m.reshape(-1, k, n).astype(jnp.float32)) for m in mats])
-    a = jnp.pad(a, ((0, 0), (0, tk * tile_h - k), (0, tn * tile_w - n)))
-    scores = a.reshape(-1, tk, tile_h, tn, tile_w).sum(axis=(2, 4))
+    # Each operand's block sums, then the small score arrays joined (not the matrices).
+    scores = jnp.concatenate([
+        _tiled(jnp.abs(m.reshape(-1, k, n).astype(jnp.float32)), (tile_h, tile_w)).sum(axis=(-2, -1))
+        for m in mats
+    ]).reshape(-1, tk, tn)
     flat = jnp.sort(scores.reshape(-1, tk * tn), axis=-1)
     keep = jnp.clip(jnp.round(jnp.asarray(density, jnp.float32) * (tk * tn)).astype(jnp.int32), 1, tk * tn)
     thresholds = jnp.take(flat, tk * tn - keep, axis=-1)

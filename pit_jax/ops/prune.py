@@ -11,9 +11,8 @@ import jax.numpy as jnp
 
 from pit_jax import config, reference
 from pit_jax.pit_index import MicroTileSpec, normalize_micro_tile
+from pit_jax.primitives._products import FLOATS
 from pit_jax.primitives.block_topk import block_topk_p
-
-_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
 class TopBlocks(NamedTuple):
@@ -62,7 +61,7 @@ def block_topk(
         what = "matrices" if single else f"matrices[{i}]"
         if m.ndim < 2:
             raise ValueError(f"pit_jax.block_topk: {what} must have rank >= 2 ([..., K, N]), got shape {tuple(m.shape)}")
-        if m.dtype not in [jnp.dtype(d) for d in _DTYPES]:
+        if m.dtype not in FLOATS:
             raise TypeError(f"pit_jax.block_topk: {what} must be float32, bfloat16 or float16, got {m.dtype}")
         if m.shape[-2:] != first.shape[-2:] or m.dtype != first.dtype:
             raise ValueError(
@@ -77,13 +76,13 @@ def block_topk(
         # block), as jnp's padded block sums have it.
         micro_tile = tuple(min(v, d) if isinstance(v, int) and v >= 1 else v for v, d in zip(micro_tile, (k, n)))
     tile_h, tile_w = normalize_micro_tile(micro_tile, (k, n), "pit_jax.block_topk: micro_tile")
-    if math.ceil(k / tile_h) * math.ceil(n / tile_w) > 2**30:
+    grid = (math.ceil(k / tile_h), math.ceil(n / tile_w))
+    if grid[0] * grid[1] > 2**30:
         raise ValueError("pit_jax.block_topk: at most 2^30 blocks per matrix are supported")
     density = jnp.asarray(density)
     if density.shape != () or not jnp.issubdtype(density.dtype, jnp.floating):
         raise TypeError(f"pit_jax.block_topk: density must be a float scalar, got {density.dtype}{list(density.shape)}")
     density = density.astype(jnp.float32)
-    grid = (math.ceil(k / tile_h), math.ceil(n / tile_w))
     total = sum(math.prod(m.shape[:-2]) for m in mats)
     if total == 0:
         outs = (jnp.zeros((0, *grid), jnp.bool_), jnp.zeros((0, *grid), jnp.float32), jnp.zeros((0,), jnp.float32))
