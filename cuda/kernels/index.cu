@@ -273,8 +273,15 @@ __global__ void __launch_bounds__(kThreads) IndexSharedKernel(IndexParams p, Pla
 // kRowLoads independent 16-byte loads in flight per lane, no shared memory and no block
 // barrier (the shared mode's per-item barrier and scan left its loads idle; see
 // docs/notes/index_kernel.md), then numbers its live tiles with one atomicAdd per list.
+//
+// A live tile is usually live in its first bytes (a token row of activations), so the warp
+// first probes the first 32 * kProbeLoads vectors of each of its tiles, all tiles' loads in
+// flight together, and reads the rest only of the tiles still dead: at half the rows live
+// the pass reads about half of x instead of all of it. A dead tile pays one more round
+// trip, which the other warps' loads hide (no barrier waits on it).
 constexpr int kWarpTiles = 4;
 constexpr int kRowLoads = 16;
+constexpr int kProbeLoads = 1;
 
 template <typename Word>
 __global__ void __launch_bounds__(kThreads) IndexRowsKernel(IndexParams p, int64_t groups_per_entry) {
@@ -289,14 +296,34 @@ __global__ void __launch_bounds__(kThreads) IndexRowsKernel(IndexParams p, int64
     const int64_t b = gi / groups_per_entry;
     const int64_t tr0 = (gi - b * groups_per_entry) * kWarpTiles;
     const int ntr = static_cast<int>(std::min<int64_t>(kWarpTiles, p.tile_rows - tr0));
+    // The probe: the first vectors of each tile's first row.
+    uint4 probe[kWarpTiles][kProbeLoads];
+#pragma unroll
+    for (int t = 0; t < kWarpTiles; ++t) {
+      const Word* row = x + (b * p.rows + (tr0 + t) * p.tile_h) * p.cols;
+#pragma unroll
+      for (int k = 0; k < kProbeLoads; ++k) {
+        const int j = lane + 32 * k;
+        probe[t][k] = t < ntr && j < nvec ? LoadMasked(row + j * V) : make_uint4(0, 0, 0, 0);
+      }
+    }
     uint32_t live = 0;
+#pragma unroll
+    for (int t = 0; t < kWarpTiles; ++t) {
+      uint32_t acc = 0;
+#pragma unroll
+      for (int k = 0; k < kProbeLoads; ++k) acc |= probe[t][k].x | probe[t][k].y | probe[t][k].z | probe[t][k].w;
+      if (__any_sync(0xffffffffu, acc != 0)) live |= 1u << t;
+    }
+    // The rest, of the tiles the probe found dead (warp-uniform: `live` is).
     for (int t = 0; t < ntr; ++t) {
+      if ((live >> t) & 1) continue;
       const int64_t r0 = (tr0 + t) * p.tile_h;
       const int nrows = static_cast<int>(std::min<int64_t>(p.tile_h, p.rows - r0));
       uint32_t acc = 0;
       for (int i = 0; i < nrows; ++i) {
         const Word* row = x + (b * p.rows + r0 + i) * p.cols;
-        for (int j0 = lane; j0 < nvec; j0 += 32 * kRowLoads) {
+        for (int j0 = lane + (i == 0 ? 32 * kProbeLoads : 0); j0 < nvec; j0 += 32 * kRowLoads) {
           uint4 v[kRowLoads];
 #pragma unroll
           for (int k = 0; k < kRowLoads; ++k)
