@@ -659,17 +659,20 @@ WHY_MISSED = {
         "also writes the dead rows' zeros, 90 % of a 134 MB output at 10 % live (~25 us of the "
         "sm_90 kernel in a harness diagnostic), and runs whole rounds of 128 x 256 tiles on 132 "
         "SMs (10 %: 2 rounds where the work fills 1.7). (2) An index built from x inside the jit "
-        "reads all of x: 134 MB, 46 us at the copy rate; the index kernel's rows mode takes 48 us of "
-        "device time (62-65 us before 2026-11-25; index_ms_inside_jit: 39-60 us). At 10 % live, one read "
-        "of x and w plus one write of the whole "
-        "output is 302 MB, 103 us at 2.93 TB/s, 1.16x the oracle: nothing that builds its index "
-        "from x and returns the full output reaches 1.10x there. docs/notes/sm90_row_gather.md, "
+        "reads every dead row of x whole (a row is dead only once all of it is read) and the "
+        "first 512 B of each live row: 121 MB at 10 % live, 41 us at the copy rate; the index "
+        "kernel's rows mode takes 44 / 37 / 29 us of device time at 10 / 30 / 50 % live (48 us "
+        "before it probed live rows, 2026-11-26; 62-65 us before 2026-11-25). At 10 % live, that "
+        "read, the product's read of x's live rows and of w and one write of the whole output "
+        "are 300 MB, 102 us at 2.93 TB/s, 1.16x the oracle: nothing that builds its index from x "
+        "and returns the full output reaches 1.10x there. docs/notes/sm90_row_gather.md, "
         "docs/notes/index_kernel.md."
     ),
     "m_f32_tf32": (
         "As for bf16 at twice the bytes: the product with a precomputed index pays the dead rows' "
-        "zeros and whole rounds of tiles, and an index from f32 x reads 268 MB. At 10 % live one "
-        "read of x and w plus one write of the output is 604 MB, 206 us at 2.93 TB/s, 1.16x the "
+        "zeros and whole rounds of tiles, and an index from f32 x reads its dead rows whole (242 MB "
+        "at 10 % live). At 10 % live that read plus the product's reads and one write of the "
+        "output are ~600 MB, 206 us at 2.93 TB/s, 1.16x the "
         "oracle. docs/notes/sm90_row_gather.md."
     ),
     "kw_oracle": (
@@ -699,8 +702,8 @@ WHY_MISSED = {
         "product's, from a profiler trace in the same run), else wall-clock upper bounds (~30 us of "
         "dispatch per call; from a row mask the index was 3.6-3.9 us of kernel time + ~1 us of init "
         "against a 124 us product, 4 %, profiler, 2026-11-23). Built from values the index must read "
-        "its operand once: x at 10 % live "
-        "rows (134 MB, 46 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
+        "every dead tile of its operand whole: x at 10 % live "
+        "rows (121 MB, 41 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
         "axes (32 MB, 11 us, 8-15 % of products of 0.07-0.14 ms): 5 % is below one read of the "
         "input. docs/benchmarks.md, docs/notes/index_kernel.md."
     ),
@@ -711,7 +714,7 @@ WHY_MISSED = {
         "by bytes at the copy rate) and the grouped weight-gradient kernel reads them by TMA in stages "
         "of 64 tokens: 0.11-0.12 / 0.28 / 0.45-0.49 ms against cuBLAS's 0.09-0.10 / 0.22-0.24 / 0.35-0.37 ms on the "
         "same rows (harness, 2026-11-25), the consumer warpgroups' wgmma issue being the limit now. "
-        "The index built inside the jit reads all of x (pit_jax minus pit_jax_pre: 43-63 us). "
+        "The index built inside the jit reads x's dead rows whole (pit_jax minus pit_jax_pre: 43-63 us before 2026-11-26's probe). "
         "docs/notes/sm90_grouped.md, run 11."
     ),
 }
