@@ -924,28 +924,18 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
                    : "memory");
     }
     __syncwarp();
-    if constexpr (kAct >= 1) {
-      // An activation: the 4 rows in a rolled loop (8 independent values per pass), which
-      // keeps its code 4x smaller. Unrolled, the GELU path ran ~3x slower inside a model
-      // than back to back (its instructions fetched cold on every call, it seems).
+    // The 4 rows in a rolled loop (8 independent values per pass), which keeps the code
+    // 4x smaller. Unrolled, the GELU path ran ~3x slower inside a model than back to back
+    // (its instructions fetched cold on every call, it seems), and BERT's ffn_in without
+    // an activation 20.7 us in the model against 18.2 with ReLU's rolled loop (H100).
 #pragma unroll 1
-      for (int i = 0; i < 4; ++i) {
-        const int r = (lane >> 3) + 4 * i;
-        uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
-        v = EpilogueChunk<kKind, kAct>(v, bias8);
-        const int row = i == 0 ? rows[0] : (i == 1 ? rows[1] : (i == 2 ? rows[2] : rows[3]));  // no indexed array
-        if (row >= 0 && col < g.N)
-          *reinterpret_cast<uint4*>(c_b + row * g.out_row_bytes + static_cast<int64_t>(col) * 2) = v;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = (lane >> 3) + 4 * i;
-        uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
-        if constexpr (kAct == 0) v = EpilogueChunk<kKind, 0>(v, bias8);
-        if (rows[i] >= 0 && col < g.N)
-          *reinterpret_cast<uint4*>(c_b + rows[i] * g.out_row_bytes + static_cast<int64_t>(col) * 2) = v;
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int r = (lane >> 3) + 4 * i;
+      uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
+      if constexpr (kAct >= 0) v = EpilogueChunk<kKind, kAct>(v, bias8);
+      const int row = i == 0 ? rows[0] : (i == 1 ? rows[1] : (i == 2 ? rows[2] : rows[3]));  // no indexed array
+      if (row >= 0 && col < g.N)
+        *reinterpret_cast<uint4*>(c_b + row * g.out_row_bytes + static_cast<int64_t>(col) * 2) = v;
     }
   }
 }
