@@ -123,6 +123,34 @@ def test_transforms(platform):
     np.testing.assert_allclose(np.asarray(jax.jit(lambda: hvp(f))()), np.asarray(hvp(ref)), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_gelu_exact_elementwise_over_the_float32_range(platform):
+    """gelu_exact and its derivative element by element over [-14, 14] and +inf (the GPU's
+    Phi is its own erfc fit, cuda/kernels/epilogue.cuh NormalCdf): within float32 rounding
+    of the float64 values, relative where they are not tiny, so the negative tail is
+    checked too (a check scaled by max |ref| would not see it)."""
+    rng, seed = fresh_rng()
+    v = np.concatenate([np.linspace(-14.0, 14.0, 28001), rng.standard_normal(4059) * 4.0, [0.0, -0.0, np.inf, 40.0]])
+    z = v.astype(np.float32).reshape(-1, 64)
+    live = np.ones(z.shape[0], bool)
+
+    def f(z, live):
+        y, vjp = jax.vjp(lambda z: apply(z, None, live, 1, "gelu_exact"), z)
+        return y, vjp(jnp.ones_like(y))[0]
+
+    y, dz = (f64(a) for a in jax.jit(f)(*put(platform, z, live)))
+    z64 = f64(z)
+    fin = np.isfinite(z64)
+    zf = z64[fin]
+    phi = 0.5 * np.vectorize(math.erfc)(-zf / math.sqrt(2.0))
+    for name, got, want, floor in (("gelu_exact", y[fin], zf * phi, 1e-7),
+                                   ("its derivative", dz[fin], phi + zf * np.exp(-0.5 * zf * zf) / math.sqrt(2 * math.pi),
+                                    3e-7)):
+        bad = np.flatnonzero(np.abs(got - want) > 5e-6 * np.abs(want) + floor)
+        assert bad.size == 0, f"seed={seed}: {name} at {zf[bad[:4]]} = {got[bad[:4]]}, want {want[bad[:4]]}"
+    assert np.all(y[~fin] == np.inf), f"seed={seed}: gelu_exact(inf) = {y[~fin]}"
+
+
 def _raw(target, outs, *args, activation=3, tile_h=1):
     return jax.ffi.ffi_call(target, outs)(*args, tile_h=np.int64(tile_h), activation=np.int64(activation))
 
