@@ -238,6 +238,69 @@ def test_flax_layers_equal_activation_of_dense(platform, dtype):
     assert rel_err(got, want) < TOL[jnp.dtype(dtype).name], f"seed={seed}"
 
 
+def _f32_bias_pair(platform, x, w, b32, **kw):
+    """sparse_dense with the float32 bias as it is, and with the bias cast to x's dtype
+    first; and whether the float32 one reached a fused primitive uncast."""
+    def f(x, w, b):
+        y = pit_jax.sparse_dense(x, w, bias=b, **kw)
+        return jnp.concatenate(y, axis=-1) if isinstance(y, tuple) else y
+    X, W, B = put(platform, x, w, b32)
+    got = jax.jit(f)(X, W, B)
+    want = jax.jit(f)(X, W, B.astype(x.dtype))
+    eqns = jax.make_jaxpr(f)(X, W, B).jaxpr.eqns
+    fused = [e for e in eqns if e.primitive.name in ("pit_row_linear", "pit_row_linear_parts")]
+    uncast = bool(fused) and all(e.invars[2].aval.dtype == jnp.float32 for e in fused)
+    return got, want, uncast
+
+
+F32_BIAS_CASES = [("gelu_exact", 1, "dense"), ("relu", 3, "dense"), (None, 1, "zeros"), (None, 3, "zeros"),
+                  ("silu", 1, "zeros")]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("name,parts,dead", F32_BIAS_CASES, ids=[f"{c[0]}-p{c[1]}-{c[2]}" for c in F32_BIAS_CASES])
+def test_float32_bias_equals_the_bias_cast_first(platform, dtype, name, parts, dead):
+    """A float32 bias with 16-bit x and w goes into the fused kernel uncast (no cast kernel
+    per call) and gives exactly the result of the bias cast to x's dtype first; its
+    gradient is float32 and agrees with the cast path's to 16-bit precision."""
+    rng, seed = fresh_rng()
+    x, w, _, mask = rows_case(rng, (), 75, 40, 72, 0.4, dtype)
+    b32 = (rng.standard_normal(72) * 3).astype(np.float32)  # not representable in 16 bits
+    kw = dict(activation=name, out_parts=parts, dead_rows=dead)
+    got, want, uncast = _f32_bias_pair(platform, x, w, b32, **kw)
+    assert uncast, "the float32 bias must reach the fused primitive uncast"
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=f"seed={seed}")
+    want64 = ref(x, w, b32.astype(dtype), mask, name) * (mask if dead == "zeros" else 1.0)
+    assert rel_err(got, want64) < TOL[jnp.dtype(dtype).name], f"seed={seed}"
+
+    def loss(b, cast):
+        y = pit_jax.sparse_dense(*put(platform, x, w), bias=b.astype(dtype) if cast else b, **kw)
+        y = jnp.concatenate(y, axis=-1) if parts > 1 else y
+        return jnp.sum(jnp.sin(y.astype(jnp.float32)))
+    g32, gcast = (jax.jit(jax.grad(loss), static_argnums=1)(put(platform, b32), c) for c in (False, True))
+    assert g32.dtype == jnp.float32
+    # Both are 16-bit approximations of one gradient: the cast path sums the bias's
+    # cotangent in x's dtype, the float32 path in float32.
+    err = rel_err(g32, np.asarray(gcast, np.float64))
+    assert err < TOL[jnp.dtype(dtype).name], f"seed={seed}: gradient relative difference {err:.2e}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("k,n,parts,name,dead", [(768, 2304, 3, None, "zeros"), (768, 3072, 1, "gelu_exact", "zeros"),
+                                                 (3072, 768, 1, None, "zeros"), (256, 520, 1, "relu", "dense")],
+                         ids=["qkv-parts", "ffn_in", "split_k", "n520"])
+def test_float32_bias_hopper_shapes_gpu(k, n, parts, name, dead):
+    """The sm_90 kernel's float32-bias loads (the 16-bit stores, the three-part stores, the
+    split-K reduction) at BERT-like shapes: bitwise the bias cast first."""
+    rng, seed = fresh_rng()
+    x, w, _, _ = rows_case(rng, (), 1500, k, n, 0.27, jnp.bfloat16)
+    b32 = (rng.standard_normal(n) * 3).astype(np.float32)
+    got, want, uncast = _f32_bias_pair("gpu", x, w, b32, activation=name, out_parts=parts, dead_rows=dead)
+    assert uncast
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=f"seed={seed}")
+
+
 def test_bad_bias_and_activation_are_clear_errors():
     x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
     with pytest.raises(ValueError, match=r"bias must be \[\.\.\., N\] with N = 6"):

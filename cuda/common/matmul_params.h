@@ -43,9 +43,13 @@ enum class Activation : int { kNone = 0, kRelu = 1, kGeluTanh = 2, kGeluErf = 3,
 constexpr int kNumActivations = 5;
 
 struct Epilogue {
-  const void* bias = nullptr;  // [N] in C's dtype, or null (no bias)
+  const void* bias = nullptr;  // [N] in C's dtype or float32 (bias_f32), or null (no bias)
   const void* dead = nullptr;  // [N] in C's dtype: every unlisted row's value, or null (zeros)
   Activation act = Activation::kNone;
+  // A float32 bias for a 16-bit C (mixed-precision parameters): each value is rounded to
+  // C's dtype before the add, so the result is the one of a bias cast beforehand, without
+  // a cast kernel per call.
+  bool bias_f32 = false;
   bool Trivial() const { return bias == nullptr && act == Activation::kNone; }
 };
 

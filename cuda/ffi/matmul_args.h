@@ -143,8 +143,8 @@ struct ProductArgs {
   StileGeometry geometry;  // pit_stile_matmul only
 };
 
-// The fused epilogue: bias and dead_row [N] in c's dtype or empty (none; zeros), activation
-// a code of matmul_params.h's Activation.
+// The fused epilogue: bias [N] in c's dtype or float32, dead_row [N] in c's dtype, either
+// empty (none; zeros); activation a code of matmul_params.h's Activation.
 inline ffi::ErrorOr<Epilogue> DecodeEpilogue(const std::string& target, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                              int64_t activation, const MatmulParams& p) {
   Epilogue e;
@@ -152,20 +152,23 @@ inline ffi::ErrorOr<Epilogue> DecodeEpilogue(const std::string& target, ffi::Any
     return InvalidArg(target + ": activation must be a code in [0, " + std::to_string(kNumActivations) + "), got " +
                       std::to_string(activation));
   e.act = static_cast<Activation>(activation);
-  auto vector = [&](ffi::AnyBuffer v, const char* what) -> ffi::ErrorOr<const void*> {
+  auto vector = [&](ffi::AnyBuffer v, const char* what, bool f32_ok) -> ffi::ErrorOr<const void*> {
     if (v.element_count() == 0) return static_cast<const void*>(nullptr);
     auto dtype = DecodeDType(v.element_type(), target + ": " + what);
-    if (dtype.has_error() || *dtype != p.dtype) return InvalidArg(target + ": " + what + " must have the dtype of a");
+    const bool f32 = dtype.has_value() && *dtype == DType::kF32 && f32_ok;
+    if (dtype.has_error() || (*dtype != p.dtype && !f32))
+      return InvalidArg(target + ": " + what + (f32_ok ? " must have the dtype of a or float32" : " must have the dtype of a"));
     if (v.dimensions().size() != 1 || v.dimensions()[0] != p.N)
       return InvalidArg(target + ": " + what + " must be [N] = [" + std::to_string(p.N) + "] or empty");
     return static_cast<const void*>(v.untyped_data());
   };
-  auto b = vector(bias, "bias");
+  auto b = vector(bias, "bias", true);
   if (b.has_error()) return ffi::Unexpected<ffi::Error>(b.error());
-  auto d = vector(dead_row, "dead_row");
+  auto d = vector(dead_row, "dead_row", false);
   if (d.has_error()) return ffi::Unexpected<ffi::Error>(d.error());
   e.bias = *b;
   e.dead = *d;
+  e.bias_f32 = *b != nullptr && p.dtype != DType::kF32 && bias.element_type() == ffi::DataType::F32;
   return e;
 }
 

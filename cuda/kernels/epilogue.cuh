@@ -93,12 +93,13 @@ __device__ __forceinline__ float ActivateGradT(float v) {
 }
 
 struct EpilogueDev {
-  const void* bias = nullptr;  // [n_limit] in `dtype`, or null
+  const void* bias = nullptr;  // [n_limit] in `dtype` (or float32: bias_f32), or null
   const char* dead = nullptr;  // [n_limit] in `dtype`: the dead rows' value, or null (zeros)
   int act = 0;
   int dtype = 0;    // DType of C and the bias
   int n_limit = 0;  // N: columns at or past it read no bias (their results are dropped)
   bool on = false;  // anything to do on live rows
+  bool bias_f32 = false;  // a float32 bias for a 16-bit C, rounded to `dtype` per value
 
   static EpilogueDev From(const Epilogue& e, DType t, int64_t n) {
     EpilogueDev d;
@@ -108,12 +109,18 @@ struct EpilogueDev {
     d.dtype = static_cast<int>(t);
     d.n_limit = static_cast<int>(n);
     d.on = !e.Trivial();
+    d.bias_f32 = e.bias_f32;
     return d;
   }
 
   __device__ __forceinline__ float Bias(int n) const {
     if (!bias || n >= n_limit) return 0.0f;
     if (dtype == static_cast<int>(DType::kF32)) return __ldg(static_cast<const float*>(bias) + n);
+    if (bias_f32) {  // rounded to C's dtype, as a cast beforehand would
+      const float b = __ldg(static_cast<const float*>(bias) + n);
+      if (dtype == static_cast<int>(DType::kBF16)) return __bfloat162float(__float2bfloat16_rn(b));
+      return __half2float(__float2half_rn(b));
+    }
     const unsigned short w = __ldg(static_cast<const unsigned short*>(bias) + n);
     if (dtype == static_cast<int>(DType::kBF16)) return __uint_as_float(static_cast<uint32_t>(w) << 16);
     return __half2float(__ushort_as_half(w));

@@ -117,8 +117,9 @@ class FusedQKV(nn.Module):
     def __call__(self, x, rows):
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], 3 * self.features), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros_init(), (3 * self.features,), jnp.float32)
+        # The float32 bias goes in as it is: the kernel rounds it to `dtype` (no cast per call).
         return pit_jax.sparse_dense(x.astype(self.dtype), kernel.astype(self.dtype), rows, axis="m",
-                                    bias=bias.astype(self.dtype), out_parts=3, dead_rows=self.dead_rows)
+                                    bias=bias, out_parts=3, dead_rows=self.dead_rows)
 
 
 class EncoderLayer(nn.Module):

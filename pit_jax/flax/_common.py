@@ -19,6 +19,13 @@ def check_batch_dims(batch_dims, shape, what, kept):
                          f"(leading dims kept as {kept}), got {batch_dims}")
 
 
+def keep_float32_bias(bias, promoted):
+    """The bias to hand to sparse_dense after the layer's dtype promotion (`promoted`): a
+    float32 parameter as it is, since sparse_dense rounds it to the product's dtype (in
+    the M-axis kernel's epilogue: the same values, without a cast kernel per call)."""
+    return bias if bias is not None and jnp.asarray(bias).dtype == jnp.float32 else promoted
+
+
 def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index=None, plan=None, bias=None,
                            activation=None, batch_dims=0, dead_rows="dense"):
     """`act(inputs @ kernel + bias)` over the last dim of inputs ([..., K]), skipping dead

@@ -10,7 +10,7 @@ import numpy as np
 from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
-from pit_jax.flax._common import layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax._common import keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
@@ -69,10 +69,10 @@ class SparseDense(nn.Module):
         """`index` (optional): a PitIndex of the inputs (of the kernel for axis "w")."""
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
-        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        inputs, kernel, promoted = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan, bias=bias, activation=self.activation, batch_dims=self.batch_dims,
+            plan=self.plan, bias=keep_float32_bias(bias, promoted), activation=self.activation, batch_dims=self.batch_dims,
             dead_rows=self.dead_rows,
         )
         return y

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 
-from pit_jax.flax._common import layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax._common import keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
 from pit_jax.flax.nnx_moe import MoE
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
@@ -71,10 +71,10 @@ class SparseDense(nnx.Module):
     def __call__(self, inputs, index=None):
         kernel = self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None
-        inputs, kernel, bias = dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        inputs, kernel, promoted = dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan, bias=bias, activation=self.activation, batch_dims=self.batch_dims,
+            plan=self.plan, bias=keep_float32_bias(bias, promoted), activation=self.activation, batch_dims=self.batch_dims,
             dead_rows=self.dead_rows,
         )
         return y

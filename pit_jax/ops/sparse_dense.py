@@ -202,6 +202,8 @@ def sparse_dense(
       plan: a `pit_jax.Plan`: its axis and micro-tile (clipped to smaller inputs), or
         the dense product; leave axis and micro_tile unset.
       bias: None or [..., N] (broadcast against the result), cast to the result's dtype.
+        A float32 [N] bias with 16-bit x and w, fused on the M axis, is rounded to their
+        dtype in the kernel's epilogue (same values; no cast kernel per call).
       activation: None, a name ("relu", "gelu" (tanh approximation, as jax.nn.gelu),
         "gelu_exact", "silu", "swish") or a callable, applied after the bias. The names
         are fused into the M-axis product's epilogue (see above).
@@ -246,10 +248,13 @@ def sparse_dense(
     tf32 = allow_tf32(precision)
     x, w = x.astype(dtype), w.astype(dtype)
     act = None if activation is None else _activations.resolve(activation, "sparse_dense: activation")
+    kernel_bias = None  # the bias the fused M-axis kernels take: float32 stays float32
     if bias is not None:
-        bias = jnp.asarray(bias).astype(dtype)
+        bias = jnp.asarray(bias)
         if bias.ndim < 1 or bias.shape[-1] != w.shape[-1]:
             raise ValueError(f"sparse_dense: bias must be [..., N] with N = {w.shape[-1]}, got {tuple(bias.shape)}")
+        kernel_bias = bias if bias.dtype == jnp.float32 else bias.astype(dtype)
+        bias = bias.astype(dtype)
 
     def epilogue(y):
         y = y if bias is None else y + bias
@@ -331,11 +336,11 @@ def sparse_dense(
     if config.reference_enabled("sparse_dense"):
         y = live_only(epilogue(reference.stile_matmul(x, w, *index.arrays, **params)))
     elif parts_fused:
-        ys = row_linear_parts(x, w, bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,
+        ys = row_linear_parts(x, w, kernel_bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,
                               allow_tf32=tf32, zero_dead=zero_dead)
         return tuple(map(unvector, ys))
     elif fused:
-        y = row_linear(x, w, bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32,
+        y = row_linear(x, w, kernel_bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32,
                        zero_dead=zero_dead)
     else:
         y = live_only(epilogue(stile_matmul(x, w, index.arrays, **params)))

@@ -101,11 +101,22 @@ def tf32_k_major(b, trans_b, *, dtype, allow_tf32):
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4, "swish": 4}
 
 
+def float32_rounded_to(v, dtype):
+    """v in float32 with its values rounded to `dtype` (what the kernels do to a float32
+    bias of a 16-bit product). lax.reduce_precision, not a convert pair: XLA on the GPU
+    may fold f32 -> bf16 -> f32 away (excess precision allowed)."""
+    if v.dtype == dtype or dtype == jnp.float32:
+        return v.astype(jnp.float32)
+    fi = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(v.astype(jnp.float32), exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+
+
 def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None, parts=1,
                     zero_dead=False):
     """pit_row_gather_matmul: C = act(A @ op(B) + bias) on the listed row blocks of A,
-    act(bias) elsewhere (zeros without a bias or with `zero_dead`). `bias` [N] in A's dtype;
-    the dead rows' value act(bias) is computed here once (float32, rounded) and copied there.
+    act(bias) elsewhere (zeros without a bias or with `zero_dead`). `bias` [N] in A's dtype
+    or float32 (the kernel rounds it to A's dtype); the dead rows' value act(bias) is
+    computed here once (float32, rounded) and copied there.
     parts=3: pit_row_gather_matmul3, C written as three column parts, each of shape `out`
     (a list of three results)."""
     if parts not in (1, 3):
@@ -115,7 +126,7 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
     if bias is None:
         bias = empty
     elif not zero_dead:
-        dead = bias.astype(jnp.float32)
+        dead = float32_rounded_to(bias, a.dtype)
         dead = (dead if activation is None else _activations.ACTIVATIONS[activation](dead)).astype(a.dtype)
     target, outs = ("pit_row_gather_matmul", out) if parts == 1 else ("pit_row_gather_matmul3", (out,) * parts)
     return jax.ffi.ffi_call(target, outs)(

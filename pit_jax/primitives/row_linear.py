@@ -3,7 +3,8 @@
     y = act((x ∘ rows) @ w + bias)
 
 `rows` = the row blocks of x listed by the index operands (tiles, count, row_tiles,
-row_count, col_tiles, col_count; exactly x's batch dims), `bias` [N] or [0] (none),
+row_count, col_tiles, col_count; exactly x's batch dims), `bias` [N] or [0] (none) in
+x's dtype or float32 (rounded to x's dtype first, as a cast would, but in the kernel),
 `activation` None or a name of `ACTIVATIONS`. Live rows get the product, the bias and
 the activation before the one rounding to x's dtype; dead rows are written act(bias)
 (zeros without a bias), or zeros with `zero_dead`, and cost no product. This is what
@@ -50,8 +51,8 @@ def _check(x, w, bias, idx, *, tile_h, activation):
     n = w.shape[-1]
     if bias.ndim != 1 or bias.shape[0] not in (0, n):
         raise ValueError(f"row_linear: bias must be [N] = [{n}] (or [0] for none), got {tuple(bias.shape)}")
-    if bias.dtype != x.dtype:
-        raise TypeError(f"row_linear: bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    if bias.dtype not in (x.dtype, jnp.float32):
+        raise TypeError(f"row_linear: bias must have x's dtype {x.dtype} or float32, got {bias.dtype}")
     if w.ndim > 2 and tuple(w.shape[:-2]) != tuple(x.shape[:-2]):
         raise ValueError(f"row_linear: w's batch dims {tuple(w.shape[:-2])} must be x's {tuple(x.shape[:-2])} or none")
     p = plan(x, w, idx, sparse="a", tile=_tile(x, tile_h), trans_a=False, trans_b=False, trans_c=False,
@@ -130,7 +131,8 @@ def _activate_rows(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
     rows = functools.partial(row_activation, tiles=idx[0], count=idx[1], tile_h=tile_h, activation=activation)
     if not bias.shape[-1] or zero_dead:
         return jax.jvp(lambda z: rows(z, None), (z,), (z_dot,))
-    dead = lambda b: _activations.ACTIVATIONS[activation](b.astype(jnp.float32)).astype(z.dtype)  # noqa: E731
+    # The bias rounded to z's dtype first, as the kernel rounds a float32 one.
+    dead = lambda b: _activations.ACTIVATIONS[activation](_lowering.float32_rounded_to(b, z.dtype)).astype(z.dtype)  # noqa: E731
     if type(db) is ad.Zero:
         fill = dead(bias)
         return jax.jvp(lambda z: rows(z, fill), (z,), (z_dot,))

@@ -98,6 +98,14 @@ inline void LoadRow(DType t, const void* src, int64_t offset, int64_t n, float* 
   }
 }
 
+// v[0..n) rounded to dtype t (in place, still float).
+inline void RoundTo(DType t, float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (t == DType::kBF16) v[i] = BF16ToFloat(FloatToBF16(v[i]));
+    if (t == DType::kF16) v[i] = F16ToFloat(FloatToF16(v[i]));
+  }
+}
+
 // n floats -> dtype t at element `offset` of dst, each rounded once.
 inline void StoreRow(DType t, const float* src, int64_t n, void* dst, int64_t offset) {
   if (n <= 0) return;

@@ -27,7 +27,10 @@ void RowGather(const MatmulParams& p, const TileList& t) {
   // The epilogue: act(acc + bias) on live rows, a copy of the dead row (zeros without one)
   // on the others.
   std::vector<float> bias(static_cast<size_t>(p.N), 0.0f);
-  if (p.epi.bias) cpu::LoadRow(p.dtype, p.epi.bias, 0, p.N, bias.data());
+  if (p.epi.bias) {
+    cpu::LoadRow(p.epi.bias_f32 ? DType::kF32 : p.dtype, p.epi.bias, 0, p.N, bias.data());
+    if (p.epi.bias_f32) cpu::RoundTo(p.dtype, bias.data(), p.N);  // as a cast beforehand would
+  }
   for (int64_t b = 0; b < p.batch; ++b) {
     char* cb = static_cast<char*>(p.c) + b * p.M * p.N * es;
     if (p.epi.dead) {

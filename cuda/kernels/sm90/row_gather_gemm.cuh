@@ -909,9 +909,20 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
     const int col = n0 + 64 * ch + 8 * (lane & 7);
     // This lane's 8 biases of the chunk, loaded before the staging so that the load's
     // latency is hidden (16-byte aligned: checked by the launcher).
+    // Float32 biases (bias_f32; 32-byte aligned: N % 8 == 0) are rounded to C's dtype after
+    // the staging: converting them here would wait for the loads before it.
     uint4 bias8 = make_uint4(0, 0, 0, 0);
-    if constexpr (kAct >= 0)
-      if (g.epi.bias && col < g.N) bias8 = __ldg(reinterpret_cast<const uint4*>(g.epi.bias) + (col >> 3));
+    float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+    if constexpr (kAct >= 0) {
+      if (g.epi.bias && col < g.N) {
+        if (g.epi.bias_f32) {
+          lo = __ldg(reinterpret_cast<const float4*>(g.epi.bias) + (col >> 2));
+          hi = __ldg(reinterpret_cast<const float4*>(g.epi.bias) + (col >> 2) + 1);
+        } else {
+          bias8 = __ldg(reinterpret_cast<const uint4*>(g.epi.bias) + (col >> 3));
+        }
+      }
+    }
     __syncwarp();  // the previous chunk's reads are done
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
@@ -924,6 +935,11 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
                    : "memory");
     }
     __syncwarp();
+    if constexpr (kAct >= 0) {
+      if (g.epi.bias_f32)
+        bias8 = make_uint4(Pack2<kKind>(lo.x, lo.y), Pack2<kKind>(lo.z, lo.w), Pack2<kKind>(hi.x, hi.y),
+                           Pack2<kKind>(hi.z, hi.w));
+    }
     // The 4 rows in a rolled loop (8 independent values per pass), which keeps the code
     // 4x smaller. Unrolled, the GELU path ran ~3x slower inside a model than back to back
     // (its instructions fetched cold on every call, it seems), and BERT's ffn_in without
@@ -1137,7 +1153,13 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
           const float2 b = __ldg(reinterpret_cast<const float2*>(g.epi.bias) + (col >> 1));
           x += b.x, y += b.y;
         } else {
-          const float2 b = Unpack2<kKind>(__ldg(reinterpret_cast<const unsigned int*>(g.epi.bias) + (col >> 1)));
+          float2 b;
+          if (g.epi.bias_f32) {  // rounded to C's dtype, as a cast beforehand would
+            const float2 f = __ldg(reinterpret_cast<const float2*>(g.epi.bias) + (col >> 1));
+            b = Unpack2<kKind>(Pack2<kKind>(f.x, f.y));
+          } else {
+            b = Unpack2<kKind>(__ldg(reinterpret_cast<const unsigned int*>(g.epi.bias) + (col >> 1)));
+          }
           x += b.x, y += b.y;
         }
       }
