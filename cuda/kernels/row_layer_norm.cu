@@ -136,17 +136,18 @@ template <typename T, int V, int kChunks>
 __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row, int lane) {
   T* y = static_cast<T*>(p.y) + row * p.cols;
   float h[kChunks][V];
-  float4 gs[kChunks][V / 4], os[kChunks][V / 4];  // scale, offset (kParamsFirst)
+  float4 gs[kChunks][V / 4], os[kChunks][V / 4];  // scale and offset of the lane's columns
+  auto load_params = [&](int j, int64_t c, int i) {
+    gs[j][i / 4] = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
+    os[j][i / 4] = __ldg(reinterpret_cast<const float4*>(p.offset + c + i));
+  };
   if constexpr (kParamsFirst<kChunks>) {
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
       if (c < p.cols) {
 #pragma unroll
-        for (int i = 0; i < V; i += 4) {
-          gs[j][i / 4] = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
-          os[j][i / 4] = __ldg(reinterpret_cast<const float4*>(p.offset + c + i));
-        }
+        for (int i = 0; i < V; i += 4) load_params(j, c, i);
       }
     }
   }
@@ -158,13 +159,8 @@ __device__ void NormalizeRowInRegisters(const RowLayerNormParams& p, int64_t row
     if (c < p.cols) {
 #pragma unroll
       for (int i = 0; i < V; i += 4) {
-        float4 g, o;
-        if constexpr (kParamsFirst<kChunks>) {
-          g = gs[j][i / 4], o = os[j][i / 4];
-        } else {
-          g = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
-          o = __ldg(reinterpret_cast<const float4*>(p.offset + c + i));
-        }
+        if constexpr (!kParamsFirst<kChunks>) load_params(j, c, i);
+        const float4 g = gs[j][i / 4], o = os[j][i / 4];
         h[j][i] = (h[j][i] - mean) * (rstd * g.x) + o.x;
         h[j][i + 1] = (h[j][i + 1] - mean) * (rstd * g.y) + o.y;
         h[j][i + 2] = (h[j][i + 2] - mean) * (rstd * g.z) + o.z;
