@@ -72,8 +72,8 @@ class SparseDense(nn.Module):
         inputs, kernel, promoted = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = sparse_matmul_last_dim(
             inputs, kernel, axis=self.axis, micro_tile=self.micro_tile, precision=self.precision, index=index,
-            plan=self.plan, bias=keep_float32_bias(bias, promoted), activation=self.activation, batch_dims=self.batch_dims,
-            dead_rows=self.dead_rows,
+            plan=self.plan, bias=keep_float32_bias(bias, promoted), activation=self.activation,
+            batch_dims=self.batch_dims, dead_rows=self.dead_rows,
         )
         return y
 
