@@ -155,9 +155,8 @@ inline ffi::ErrorOr<Epilogue> DecodeEpilogue(const std::string& target, ffi::Any
   auto vector = [&](ffi::AnyBuffer v, const char* what, bool f32_ok) -> ffi::ErrorOr<const void*> {
     if (v.element_count() == 0) return static_cast<const void*>(nullptr);
     auto dtype = DecodeDType(v.element_type(), target + ": " + what);
-    const bool f32 = dtype.has_value() && *dtype == DType::kF32 && f32_ok;
-    if (dtype.has_error() || (*dtype != p.dtype && !f32))
-      return InvalidArg(target + ": " + what + (f32_ok ? " must have the dtype of a or float32" : " must have the dtype of a"));
+    if (dtype.has_error() || (*dtype != p.dtype && !(f32_ok && *dtype == DType::kF32)))
+      return InvalidArg(target + ": " + what + " must have the dtype of a" + (f32_ok ? " or float32" : ""));
     if (v.dimensions().size() != 1 || v.dimensions()[0] != p.N)
       return InvalidArg(target + ": " + what + " must be [N] = [" + std::to_string(p.N) + "] or empty");
     return static_cast<const void*>(v.untyped_data());

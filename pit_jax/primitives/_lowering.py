@@ -101,14 +101,16 @@ def tf32_k_major(b, trans_b, *, dtype, allow_tf32):
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4, "swish": 4}
 
 
-def float32_rounded_to(v, dtype):
-    """v in float32 with its values rounded to `dtype` (what the kernels do to a float32
-    bias of a 16-bit product). lax.reduce_precision, not a convert pair: XLA on the GPU
-    may fold f32 -> bf16 -> f32 away (excess precision allowed)."""
-    if v.dtype == dtype or dtype == jnp.float32:
-        return v.astype(jnp.float32)
-    fi = jnp.finfo(dtype)
-    return jax.lax.reduce_precision(v.astype(jnp.float32), exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+def dead_row_value(bias, activation, dtype):
+    """act(bias) [N] in `dtype`, the value the fused products' dead rows hold: the bias
+    rounded to `dtype` first (as the kernels round a float32 one), the activation in
+    float32, rounded once. The first rounding is lax.reduce_precision, not a convert
+    pair: XLA on the GPU may fold f32 -> bf16 -> f32 away (excess precision allowed)."""
+    b = bias.astype(jnp.float32)
+    if bias.dtype != dtype and dtype != jnp.float32:
+        fi = jnp.finfo(dtype)
+        b = jax.lax.reduce_precision(b, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+    return (b if activation is None else _activations.ACTIVATIONS[activation](b)).astype(dtype)
 
 
 def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None, parts=1,
@@ -126,8 +128,7 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
     if bias is None:
         bias = empty
     elif not zero_dead:
-        dead = float32_rounded_to(bias, a.dtype)
-        dead = (dead if activation is None else _activations.ACTIVATIONS[activation](dead)).astype(a.dtype)
+        dead = dead_row_value(bias, activation, a.dtype)
     target, outs = ("pit_row_gather_matmul", out) if parts == 1 else ("pit_row_gather_matmul3", (out,) * parts)
     return jax.ffi.ffi_call(target, outs)(
         a, b, tiles, count, bias, dead, tile_h=np.int64(tile_h), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32),

@@ -131,9 +131,7 @@ def _activate_rows(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
     rows = functools.partial(row_activation, tiles=idx[0], count=idx[1], tile_h=tile_h, activation=activation)
     if not bias.shape[-1] or zero_dead:
         return jax.jvp(lambda z: rows(z, None), (z,), (z_dot,))
-    act = _activations.ACTIVATIONS[activation]
-    # The bias rounded to z's dtype first, as the kernel rounds a float32 one.
-    dead = lambda b: act(_lowering.float32_rounded_to(b, z.dtype)).astype(z.dtype)  # noqa: E731
+    dead = lambda b: _lowering.dead_row_value(b, activation, z.dtype)  # noqa: E731
     if type(db) is ad.Zero:
         fill = dead(bias)
         return jax.jvp(lambda z: rows(z, fill), (z,), (z_dot,))
