@@ -20,13 +20,14 @@ from pit_jax.primitives.grouped_matmul import grouped_matmul_p
 from pit_jax.primitives.index import pit_index_p
 from pit_jax.primitives.moe_index import moe_index_p
 from pit_jax.primitives.row_layer_norm import row_layer_norm_p
-from pit_jax.primitives.row_linear import row_linear_p
+from pit_jax.primitives.row_linear import row_linear_p, row_linear_pre_p
 from pit_jax.primitives.row_linear_parts import row_linear_parts_p
 from pit_jax.primitives.sdd_matmul import sdd_matmul_p
 from pit_jax.primitives.stile_matmul import stile_matmul_p
 
 # The products: what a forward pass spends its time on and a backward pass needs again.
-PRODUCTS = frozenset({row_linear_p, row_linear_parts_p, stile_matmul_p, sdd_matmul_p, grouped_matmul_p})
+PRODUCTS = frozenset({row_linear_p, row_linear_pre_p, row_linear_parts_p, stile_matmul_p, sdd_matmul_p,
+                      grouped_matmul_p})
 # The indexes: small results, but building one reads its whole operand (x or w).
 INDEXES = frozenset({pit_index_p, moe_index_p})
 

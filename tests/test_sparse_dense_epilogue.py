@@ -2,8 +2,9 @@
 
 On the M axis a named activation (with its [N] bias, if any) runs in the row-gather
 kernel's epilogue (primitives/row_linear.py): live rows get act(product + bias), dead rows
-act(bias) without a product; differentiated, the product with its bias, then the
-activation and its derivative on the live rows (pit_row_activation). Everything else (a
+act(bias) without a product; differentiated, one kernel writes act(z) and z = product +
+bias (pit_row_gather_matmul_pre, z on the live rows only) and the activation's derivative
+runs on the live rows (pit_row_activation_bwd). Everything else (a
 bias alone, callables, batched biases, the K and W axes) is the unfused expression. Fresh random data every run; native outputs are
 poisoned (NaN) before each kernel.
 """
@@ -299,6 +300,100 @@ def test_float32_bias_hopper_shapes_gpu(k, n, parts, name, dead):
     got, want, uncast = _f32_bias_pair("gpu", x, w, b32, activation=name, out_parts=parts, dead_rows=dead)
     assert uncast
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=f"seed={seed}")
+
+
+PRE_CASES = [(jnp.bfloat16, 75, 40, 72, "gelu_exact", True), (jnp.float16, 75, 40, 72, "silu", False),
+             (jnp.float32, 75, 40, 72, "relu", True), (jnp.bfloat16, 33, 24, 20, "gelu", True)]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype,m,k,n,name,dead", PRE_CASES,
+                         ids=[f"{jnp.dtype(c[0]).name}-{c[4]}-{c[2]}x{c[3]}" for c in PRE_CASES])
+def test_pre_activation_kernel_equals_the_two_products(platform, dtype, m, k, n, name, dead):
+    """row_linear_pre (pit_row_gather_matmul_pre), the primal of a differentiated product
+    with an activation: act(z) bitwise row_linear's value and z bitwise the product with
+    its bias and no activation, on the listed rows (z's other rows are not written: the
+    poison stays there). N = 20 is no multiple of 8: the generic kernel on the GPU."""
+    _pre_case(platform, dtype, m, k, n, name, dead, 0.4)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("k,n", [(768, 3072), (3072, 768), (256, 520)], ids=["ffn_in", "split_k", "n520"])
+def test_pre_activation_kernel_hopper_shapes_gpu(dtype, k, n):
+    """The same at BERT-like shapes on the GPU: the sm_90 kernel's 16-bit stores, the
+    split-K reduction and the TF32 stores write z as well."""
+    _pre_case("gpu", dtype, 1500, k, n, "gelu_exact", True, 0.27)
+
+
+def _pre_case(platform, dtype, m, k, n, name, dead, density):
+    from pit_jax.primitives.row_linear import row_linear, row_linear_pre_p
+
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (), m, k, n, density, dtype)
+    index = pit_jax.index(put(platform, x), "row")
+    tf32 = dtype == jnp.float32 and platform == "gpu"
+    kw = dict(tile_h=1, allow_tf32=tf32, zero_dead=dead)
+    args = put(platform, x, w, b)
+
+    @jax.jit
+    def both(x, w, b):
+        y, z = row_linear_pre_p.bind(x, w, b, *index.arrays, activation=name, **kw)
+        return y, z, row_linear(x, w, b, index.arrays, activation=name, **kw), \
+            row_linear(x, w, b, index.arrays, activation=None, **kw)
+
+    y, z, y1, z1 = (np.asarray(jnp.asarray(a, jnp.float32)) for a in both(*args))
+    live = mask[:, 0] > 0
+    np.testing.assert_array_equal(y, y1, err_msg=f"seed={seed}: act(z)")
+    np.testing.assert_array_equal(z[live], z1[live], err_msg=f"seed={seed}: z on the listed rows")
+    tol = 3e-3 if tf32 else TOL[jnp.dtype(dtype).name]
+    assert rel_err(y, ref(x, w, b, mask, name) * (mask if dead else 1.0)) < tol, f"seed={seed}"
+    assert rel_err(z[live], (ref(x, w, b, mask, None))[live]) < tol, f"seed={seed}"
+
+
+def test_raw_pre_target_errors_name_it():
+    """pit_row_gather_matmul_pre called directly: no activation, or a z unlike c, is an
+    error naming the target; the primitive refuses a missing activation at trace time."""
+    from pit_jax.primitives.row_linear import row_linear_pre_p
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
+        idx = pit_jax.index(x, "row")
+        empty = jnp.zeros((0,), jnp.float32)
+        out = jax.ShapeDtypeStruct((8, 6), jnp.float32)
+        attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False)
+        for outs, act, msg in (((out, out), 0, "needs an activation"),
+                               ((out, jax.ShapeDtypeStruct((8, 5), jnp.float32)), 1, "z must have c's shape")):
+            with pytest.raises(Exception, match=f"pit_row_gather_matmul_pre: {msg}"):
+                call = jax.ffi.ffi_call("pit_row_gather_matmul_pre", outs)
+                jax.block_until_ready(call(x, w, idx.tiles, idx.count, empty, empty, activation=np.int64(act), **attrs))
+        with pytest.raises(ValueError, match="row_linear_pre: needs an activation"):
+            row_linear_pre_p.bind(x, w, empty, *idx.arrays, tile_h=1, activation=None, allow_tf32=False,
+                                  zero_dead=False)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_differentiated_step_takes_act_and_z_from_one_kernel(platform):
+    """A grad step of a product with an activation runs one fused kernel for act(z) and z
+    (pit_row_gather_matmul_pre), no forward pit_row_activation; second order (a
+    Hessian-vector product) differentiates it again."""
+    rng, seed = fresh_rng()
+    x, w, b, mask = rows_case(rng, (), 40, 16, 24, 0.5, jnp.float32)
+    args = put(platform, w, x, b)
+    loss = lambda w, x, b: _loss_pit(x, w, b, "gelu_exact")  # noqa: E731
+    text = jax.jit(jax.grad(loss)).lower(*args).as_text()
+    assert "pit_row_gather_matmul_pre" in text, "the primal is not the act-and-z kernel"
+    forward = ('"pit_row_activation"', "@pit_row_activation(")
+    assert not any(f in text for f in forward), "a forward activation pass is left"
+    assert "pit_row_activation_bwd" in text
+    tangent = randn(rng, w.shape, jnp.float32)
+    hvp = jax.jit(lambda w, t: jax.jvp(jax.grad(loss), (w, *args[1:]), (t, jnp.zeros_like(args[1]),
+                                                                         jnp.zeros_like(args[2])))[1])
+    with jax.default_device(jax.devices("cpu")[0]):
+        ref_loss = lambda w, x, b: _loss_ref(x, w, b, "gelu_exact")  # noqa: E731
+        want = jax.jvp(jax.grad(ref_loss), (jnp.asarray(w), jnp.asarray(x), jnp.asarray(b)),
+                       (jnp.asarray(tangent), jnp.zeros_like(jnp.asarray(x)), jnp.zeros_like(jnp.asarray(b))))[1]
+    assert rel_err(hvp(args[0], put(platform, tangent)), np.asarray(want, np.float64)) < 1e-4, f"seed={seed}"
 
 
 def test_bad_bias_and_activation_are_clear_errors():

@@ -50,6 +50,11 @@ struct Epilogue {
   // C's dtype before the add, so the result is the one of a bias cast beforehand, without
   // a cast kernel per call.
   bool bias_f32 = false;
+  // The activation's input (the product plus the bias, rounded to C's dtype) as a second
+  // result [c_batch, M, N], written on the listed rows only (the others are left as they
+  // are), or null: a differentiated step keeps it for the activation's derivative, so the
+  // forward needs no pass of its own for the activation.
+  void* pre = nullptr;
   bool Trivial() const { return bias == nullptr && act == Activation::kNone; }
 };
 

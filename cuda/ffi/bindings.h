@@ -88,6 +88,15 @@ auto RowGatherMatmul(B b) {
   return RowGatherAttrs(RowGatherOperands(std::move(b)).template Ret<AnyBuffer>());  // c
 }
 
+// pit_row_gather_matmul_pre: the same product with an activation, and z = A @ op(B) + bias
+// (the activation's input) as a second result on the listed rows only.
+template <class B>
+auto RowGatherMatmulPre(B b) {
+  return RowGatherAttrs(RowGatherOperands(std::move(b))
+                            .template Ret<AnyBuffer>()     // c
+                            .template Ret<AnyBuffer>());  // z
+}
+
 // pit_row_gather_matmul3: the same product with C as three column parts (q, k and v of a
 // fused projection), each [..., M, N / 3]. CUDA: sm_90a only (the lowering checks); CPU:
 // the product, then the columns copied out.

@@ -191,12 +191,32 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherRest(const std::string& target, 
 inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                                      S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                                      ffi::Result<ffi::AnyBuffer>& c, int64_t tile_h, bool trans_b,
-                                                     bool allow_tf32, int64_t activation) {
-  const std::string target = "pit_row_gather_matmul";
+                                                     bool allow_tf32, int64_t activation,
+                                                     const std::string& target = "pit_row_gather_matmul") {
   auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
                         allow_tf32);
   if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
   return DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation);
+}
+
+// pit_row_gather_matmul_pre: as pit_row_gather_matmul (with an activation), plus z, the
+// activation's input on the listed rows, a second result of c's shape and dtype.
+inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPreArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
+                                                        S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                                        ffi::Result<ffi::AnyBuffer>& c, ffi::Result<ffi::AnyBuffer>& z,
+                                                        int64_t tile_h, bool trans_b, bool allow_tf32,
+                                                        int64_t activation) {
+  const std::string target = "pit_row_gather_matmul_pre";
+  auto args =
+      DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation, target);
+  if (args.has_error()) return args;
+  if (args->mm.epi.act == Activation::kNone)
+    return InvalidArg(target + ": needs an activation (without one z is c: use pit_row_gather_matmul)");
+  auto cd = c->dimensions(), zd = z->dimensions();
+  if (z->element_type() != c->element_type() || zd.size() != cd.size() || !std::equal(zd.begin(), zd.end(), cd.begin()))
+    return InvalidArg(target + ": z must have c's shape and dtype");
+  args->mm.epi.pre = z->untyped_data();
+  return args;
 }
 
 // pit_row_gather_matmul3: as pit_row_gather_matmul with C given as `parts` results of

@@ -95,6 +95,7 @@ __device__ __forceinline__ float ActivateGradT(float v) {
 struct EpilogueDev {
   const void* bias = nullptr;  // [n_limit] in `dtype` (or float32: bias_f32), or null
   const char* dead = nullptr;  // [n_limit] in `dtype`: the dead rows' value, or null (zeros)
+  char* pre = nullptr;         // Epilogue::pre: v + bias on the live rows, laid out as C, or null
   int act = 0;
   int dtype = 0;    // DType of C and the bias
   int n_limit = 0;  // N: columns at or past it read no bias (their results are dropped)
@@ -105,6 +106,7 @@ struct EpilogueDev {
     EpilogueDev d;
     d.bias = e.bias;
     d.dead = static_cast<const char*>(e.dead);
+    d.pre = static_cast<char*>(e.pre);
     d.act = static_cast<int>(e.act);
     d.dtype = static_cast<int>(t);
     d.n_limit = static_cast<int>(n);

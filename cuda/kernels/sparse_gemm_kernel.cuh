@@ -572,6 +572,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
   auto out = [&](int row, int n) -> Word& {
     return C[g.trans_c ? static_cast<int64_t>(n) * g.M + row : static_cast<int64_t>(row) * g.N + n];
   };
+  // The epilogue on v (column n); with Epilogue::pre (row gather: C row-major) v + bias
+  // goes there first, rounded once.
+  auto epilogue = [&](float v, int row, int n) {
+    if (!g.epi.pre) return g.epi.Apply(v, n);
+    v += g.epi.Bias(n);
+    if (n < n_hi) (reinterpret_cast<Word*>(g.epi.pre) + static_cast<int64_t>(c) * g.c_stride)[
+        static_cast<int64_t>(row) * g.N + n] = Elem<T>::FromFloat(v);
+    return Activate(v, g.epi.act);
+  };
   if constexpr (Cfg::kMma) {
     const int lane = Math::Lane(), gq = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -584,7 +593,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
         for (int nt = 0; nt < Cfg::NT; ++nt) {
           const int n = n_lo + Math::WarpN() * Cfg::WN + nt * 8 + 2 * tq;
           float v0 = math.acc[mt][nt][2 * h], v1 = math.acc[mt][nt][2 * h + 1];
-          if (g.epi.on) v0 = g.epi.Apply(v0, n), v1 = g.epi.Apply(v1, n + 1);
+          if (g.epi.on) v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
           if (g.c_vec && n + 2 <= n_hi) {  // row-major C, n even, N even: 4-byte aligned pair
             *reinterpret_cast<uint32_t*>(&out(row, n)) =
                 Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16);
@@ -605,8 +614,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
         const int n = n_lo + Math::Col(js);
         float v0 = math.acc[i][js], v1 = math.acc[i][js + 1], v2 = math.acc[i][js + 2], v3 = math.acc[i][js + 3];
         if (g.epi.on) {
-          v0 = g.epi.Apply(v0, n), v1 = g.epi.Apply(v1, n + 1);
-          v2 = g.epi.Apply(v2, n + 2), v3 = g.epi.Apply(v3, n + 3);
+          v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
+          v2 = epilogue(v2, row, n + 2), v3 = epilogue(v3, row, n + 3);
         }
         if (g.c_vec && n + 4 <= n_hi) {  // row-major C, n % 4 == 0, N % 4 == 0: aligned quad
           if constexpr (sizeof(Word) == 4) {

@@ -12,9 +12,11 @@ keeps a padded model's bias and activation off its padding rows: XLA would run t
 every row. With `zero_dead` the bias is on the live rows only, so its gradient sums the
 cotangent over the live rows (`row_sum`) instead of every row.
 
-Autodiff: the primal comes from the fused kernel (with an activation: z = x @ w + bias
-from it, then `row_activation` on the live rows, whose gradient also runs on the live
-rows only); the tangent is the linear map (stile_matmul of the tangents, plus the bias's),
+Autodiff: the primal comes from the fused kernel; with an activation it is
+`row_linear_pre`, which also returns z = x @ w + bias on the live rows (the activation's
+input, a residual no op reads off the list, so its other rows are not written), and the
+activation's derivative runs on the live rows only (`row_activation`'s tangent map and
+backward). The tangent is the linear map (stile_matmul of the tangents, plus the bias's),
 transposed to PIT products. vmap batches like stile_matmul; a vmapped bias falls back to
 the unfused expression.
 """
@@ -31,12 +33,16 @@ from jax.interpreters import ad, batching, xla
 from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
-from pit_jax.primitives.row_activation import row_activation
+from pit_jax.primitives.row_activation import row_activation, row_activation_lin_p
 from pit_jax.primitives.row_layer_norm import listed_rows_only
 from pit_jax.primitives.row_sum import row_bcast
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
 row_linear_p = Primitive("pit_row_linear")
+# (act(z), z) from one kernel, z on the listed rows only: the primal of a differentiated
+# row_linear with an activation (fused_jvp).
+row_linear_pre_p = Primitive("pit_row_linear_pre")
+row_linear_pre_p.multiple_results = True
 
 ACTIVATIONS = tuple(name for name in _lowering.ACTIVATION_CODES if name is not None)
 
@@ -66,15 +72,23 @@ def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
     return ShapedArray((*x.shape[:-1], w.shape[-1]), x.dtype)
 
 
-def _native(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, cuda=False):
+def _native(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, cuda=False, pre=False):
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1]), x.dtype)
     trans_b = False
     if cuda:
         w, trans_b = _lowering.tf32_k_major(w, trans_b, dtype=x.dtype, allow_tf32=allow_tf32)
     return _lowering.row_gather_call(
         x, w, idx[0], idx[1], out, tile_h=tile_h, trans_b=trans_b, allow_tf32=allow_tf32,
-        bias=bias if bias.shape[0] else None, activation=activation, zero_dead=zero_dead,
+        bias=bias if bias.shape[0] else None, activation=activation, zero_dead=zero_dead, pre=pre,
     )
+
+
+def _pre_abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
+    if activation is None:
+        raise ValueError("row_linear_pre: needs an activation (without one, z is the result: row_linear)")
+    y = _abstract_eval(x, w, bias, *idx, tile_h=tile_h, activation=activation, allow_tf32=allow_tf32,
+                       zero_dead=zero_dead)
+    return [y, y]
 
 
 def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
@@ -139,13 +153,30 @@ def _activate_rows(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
     return jax.jvp(rows, (z, fill), (z_dot, fill_dot))
 
 
+def _activation_tangent(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
+    """The tangent of _activate_rows's value (act(z) on the index's rows, act(bias) or zeros
+    elsewhere) without its primal: row_activation's tangent map, which reads z on the listed
+    rows only."""
+    live, tans, fill = (0,), [z_dot], jnp.zeros((0,), z.dtype)
+    if bias.shape[-1] and not zero_dead:
+        dead = lambda b: _lowering.dead_row_value(b, activation, z.dtype)  # noqa: E731
+        if type(db) is ad.Zero:
+            fill = dead(bias)
+        else:
+            fill, fill_dot = jax.jvp(dead, (bias,), (db,))
+            live, tans = (0, 1), [z_dot, fill_dot]
+    return row_activation_lin_p.bind(z, fill, idx[0], idx[1], *tans, live=live, tile_h=int(tile_h),
+                                     activation=activation)
+
+
 def fused_jvp(primals, tangents, params, bind, parts=1):
     """(outs, tangents), lists of `parts` column blocks, for row_linear (parts=1) and
     row_linear_parts. The primal comes from the fused kernel (`bind`: bias in its epilogue;
-    with an activation, z = x @ w + bias from it, then `row_activation` on the live rows,
-    whose gradient also runs on the live rows only); the tangent is the linear map,
-    transposed to PIT products. So a differentiated step runs neither the bias nor the
-    activation (nor, for parts, a split) over every row."""
+    with an activation and one part, `row_linear_pre`: act(z) and z from one kernel, else z
+    from it, then `row_activation` on the live rows); the activation's gradient runs on the
+    live rows only and the tangent is the linear map, transposed to PIT products. So a
+    differentiated step runs neither the bias nor the activation (nor, for parts, a split)
+    over every row."""
     x, w, bias, *idx = primals
     act = params["activation"]
     z_dots = _linear_tangents(primals, tangents, tile_h=params["tile_h"], allow_tf32=params["allow_tf32"],
@@ -153,6 +184,11 @@ def fused_jvp(primals, tangents, params, bind, parts=1):
     if z_dots is None:  # no tangent, or only a bias tangent and no bias
         outs = bind(*primals, **params)
         return outs, [zero_tangent(o) for o in outs]
+    if act is not None and parts == 1:
+        y, z = row_linear_pre_p.bind(*primals, **params)
+        y_dot = _activation_tangent(z, z_dots[0], bias, tangents[2], idx, activation=act, tile_h=params["tile_h"],
+                                    zero_dead=params["zero_dead"])
+        return [y], [y_dot]
     zs = bind(*primals, **dict(params, activation=None))
     if act is None:
         return zs, z_dots
@@ -167,6 +203,21 @@ def fused_jvp(primals, tangents, params, bind, parts=1):
 def _jvp(primals, tangents, **params):
     (out,), (out_dot,) = fused_jvp(primals, tangents, params, lambda *a, **p: [row_linear_p.bind(*a, **p)])
     return out, out_dot
+
+
+def _pre_jvp(primals, tangents, **params):
+    """Differentiating (act(z), z) again (second order): z from row_linear without the
+    activation and act(z) from row_activation, each with its own rules."""
+    x, w, bias, *idx = primals
+    z_dots = _linear_tangents(primals, tangents, tile_h=params["tile_h"], allow_tf32=params["allow_tf32"], parts=1,
+                              zero_dead=params["zero_dead"])
+    z = row_linear_p.bind(*primals, **dict(params, activation=None))
+    if z_dots is None:
+        outs = row_linear_pre_p.bind(*primals, **params)
+        return outs, [zero_tangent(o) for o in outs]
+    y, y_dot = _activate_rows(z, z_dots[0], bias, tangents[2], idx, activation=params["activation"],
+                              tile_h=params["tile_h"], zero_dead=params["zero_dead"])
+    return [y, z], [y_dot, z_dots[0]]
 
 
 def mapped_to_batch(args, dims):
@@ -192,6 +243,13 @@ def _batch(args, dims, **params):
     return row_linear_p.bind(*mapped_to_batch(args, dims), **params), 0
 
 
+def _pre_batch(args, dims, **params):
+    if dims[2] is not None:  # a mapped bias: the unfused expressions
+        pair = lambda *a: (unfused(*a, **params), unfused(*a, **dict(params, activation=None)))  # noqa: E731
+        return list(jax.vmap(pair, in_axes=tuple(dims))(*args)), [0, 0]
+    return row_linear_pre_p.bind(*mapped_to_batch(args, dims), **params), [0, 0]
+
+
 row_linear_p.def_impl(lambda *args, **params: xla.apply_primitive(row_linear_p, *args, **params))
 row_linear_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[row_linear_p] = _jvp
@@ -199,4 +257,14 @@ batching.primitive_batchers[row_linear_p] = _batch
 _lowering.register_traced_lowering(
     row_linear_p, _native, ("pit_row_gather_matmul",), cuda_fn=functools.partial(_native, cuda=True),
     core=((2, 2, 1, *_products.INDEX_CORE), (2,)),
+)
+
+row_linear_pre_p.def_impl(lambda *args, **params: xla.apply_primitive(row_linear_pre_p, *args, **params))
+row_linear_pre_p.def_abstract_eval(_pre_abstract_eval)
+ad.primitive_jvps[row_linear_pre_p] = _pre_jvp
+batching.primitive_batchers[row_linear_pre_p] = _pre_batch
+_lowering.register_traced_lowering(
+    row_linear_pre_p, functools.partial(_native, pre=True), ("pit_row_gather_matmul_pre",),
+    cuda_fn=functools.partial(_native, cuda=True, pre=True),
+    core=((2, 2, 1, *_products.INDEX_CORE), (2, 2)),
 )

@@ -52,9 +52,16 @@ void RowGather(const MatmulParams& p, const TileList& t) {
         cpu::LoadRow(p.dtype, p.a.data, (b * p.M + r) * p.K, rows * p.K, arows.data());
         std::fill(acc.begin(), acc.end(), 0.0f);
         cpu::UpdateRows(rows, l, out, bm, 0, 0, p.K, p.N);
-        if (!p.epi.Trivial())
+        if (p.epi.pre) {  // z = acc + bias, rounded, then act(z) from the unrounded sum
+          for (int i = 0; i < rows; ++i)
+            for (int64_t n = 0; n < p.N; ++n) out[i][n] += bias[n];
+          cpu::StoreRow(p.dtype, acc.data(), rows * p.N, p.epi.pre, (b * p.M + r) * p.N);
+          for (int i = 0; i < rows; ++i)
+            for (int64_t n = 0; n < p.N; ++n) out[i][n] = cpu::Activate(out[i][n], p.epi.act);
+        } else if (!p.epi.Trivial()) {
           for (int i = 0; i < rows; ++i)
             for (int64_t n = 0; n < p.N; ++n) out[i][n] = cpu::Activate(out[i][n] + bias[n], p.epi.act);
+        }
         cpu::StoreRow(p.dtype, acc.data(), rows * p.N, p.c, (b * p.M + r) * p.N);
       }
     }
@@ -67,6 +74,21 @@ ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tile
   auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
   cpu::Poison(c->untyped_data(), c->size_bytes());
+  if (args->mm.batch > 0) RowGather(args->mm, args->index);
+  return ffi::Error::Success();
+}
+
+// The product with its activation and z, the activation's input, on the listed rows (z's
+// other rows keep the poison: nothing may read them).
+ffi::Error RowGatherMatmulPreCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
+                                 ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c,
+                                 ffi::Result<ffi::AnyBuffer> z, int64_t tile_h, bool trans_b, bool allow_tf32,
+                                 int64_t activation) {
+  auto args =
+      DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation);
+  if (args.has_error()) return args.error();
+  cpu::Poison(c->untyped_data(), c->size_bytes());
+  cpu::Poison(z->untyped_data(), z->size_bytes());
   if (args->mm.batch > 0) RowGather(args->mm, args->index);
   return ffi::Error::Success();
 }
@@ -100,5 +122,7 @@ ffi::Error RowGatherMatmul3Cpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer til
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCpu, pit::RowGatherMatmulCpu,
                               pit::bind::RowGatherMatmul(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulPreCpu, pit::RowGatherMatmulPreCpu,
+                              pit::bind::RowGatherMatmulPre(xla::ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmul3Cpu, pit::RowGatherMatmul3Cpu,
                               pit::bind::RowGatherMatmul3(xla::ffi::Ffi::Bind()));

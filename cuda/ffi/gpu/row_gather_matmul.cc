@@ -26,6 +26,20 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
   return gpu::LaunchStatus(kTarget, status);
 }
 
+ffi::Error RowGatherMatmulPreCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
+                                  S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                  ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> z, int64_t tile_h,
+                                  bool trans_b, bool allow_tf32, int64_t activation) {
+  ++HandlerCalls();
+  auto args =
+      DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation);
+  if (args.has_error()) return args.error();
+  cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
+  if (status == cudaSuccess) status = gpu::Poison(z->untyped_data(), z->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
+  return gpu::LaunchStatus("pit_row_gather_matmul_pre", status);
+}
+
 ffi::Error RowGatherMatmul3Cuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                 S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                 ffi::Result<ffi::AnyBuffer> c0, ffi::Result<ffi::AnyBuffer> c1,
@@ -52,6 +66,10 @@ ffi::Error RowGatherMatmul3Cuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCuda, pit::RowGatherMatmulCuda,
                               pit::bind::RowGatherMatmul(pit::gpu::Binding()),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulPreCuda, pit::RowGatherMatmulPreCuda,
+                              pit::bind::RowGatherMatmulPre(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmul3Cuda, pit::RowGatherMatmul3Cuda,

@@ -228,7 +228,7 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   for (int i = 0; parts && i < p.c_parts; ++i)
     if (!p.c_part[i] || !Aligned16(p.c_part[i])) return kNo;
   if (!Aligned16(p.a.data) || !Aligned16(p.b.data) || (!parts && !Aligned16(p.c)) || !Aligned16(p.epi.dead) ||
-      !Aligned16(p.epi.bias))
+      !Aligned16(p.epi.bias) || !Aligned16(p.epi.pre) || (parts && p.epi.pre))
     return kNo;
   const DeviceInfo* dev = GetDeviceInfo();
   if (!dev || !dev->sm90 || dev->sms <= 0) return kNo;

@@ -767,6 +767,22 @@ __device__ __forceinline__ uint4 EpilogueChunk(uint4 v, uint4 b) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The same, also returning z = v + b (the activation's input, rounded) in *pre.
+template <int kKind, int kAct>
+__device__ __forceinline__ uint4 EpilogueChunkPre(uint4 v, uint4 b, uint4* pre) {
+  uint32_t w[4] = {v.x, v.y, v.z, v.w}, z[4];
+  const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 x = Unpack2<kKind>(w[k]), y = Unpack2<kKind>(bw[k]);
+    const float u0 = x.x + y.x, u1 = x.y + y.y;
+    z[k] = Pack2<kKind>(u0, u1);
+    w[k] = Pack2<kKind>(ActivateT<kAct>(u0), ActivateT<kAct>(u1));
+  }
+  *pre = make_uint4(z[0], z[1], z[2], z[3]);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Split-K partial tiles in shared memory (this kernel's split-K and the grouped weight
 // gradient's): consumer thread ct (of 256) holds 2 * kPairs fp32 accumulators (128 for a
 // 256-column tile), stored as kPairs pairs, pair p at (p * 256 + ct) * 8 from `base`
@@ -896,8 +912,9 @@ struct SplitTile {
 // 144 B (own area), or with kEpiInA the warp's 16 rows of the freed A stage (128 B rows,
 // the 16-byte chunk XOR-swizzled by row % 8: conflict-free both ways). kAct: -1 no
 // epilogue, else act(v + bias) with that activation code (0: bias only), on the staged
-// values (rounded once more; the product was rounded when staged).
-template <class Cfg, int kKind, int kAct>
+// values (rounded once more; the product was rounded when staged). kPre: v + bias also
+// stored to Epilogue::pre (C's layout, no parts), the activation's input for its gradient.
+template <class Cfg, int kKind, int kAct, bool kPre = false>
 __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cfg::kBN / 2], int n0, const int (&rows)[4],
                                             char* c_b, uint32_t stage_s, int lane) {
   constexpr int kPitch = Cfg::kEpiInA ? kBKBytes : kEpiPitch;
@@ -948,10 +965,15 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
     for (int i = 0; i < 4; ++i) {
       const int r = (lane >> 3) + 4 * i;
       uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
-      if constexpr (kAct >= 0) v = EpilogueChunk<kKind, kAct>(v, bias8);
+      uint4 z;
+      if constexpr (kPre) v = EpilogueChunkPre<kKind, kAct>(v, bias8, &z);
+      else if constexpr (kAct >= 0) v = EpilogueChunk<kKind, kAct>(v, bias8);
       const int row = i == 0 ? rows[0] : (i == 1 ? rows[1] : (i == 2 ? rows[2] : rows[3]));  // no indexed array
-      if (row >= 0 && col < g.N)
-        *reinterpret_cast<uint4*>(c_b + row * g.out_row_bytes + static_cast<int64_t>(col) * 2) = v;
+      if (row >= 0 && col < g.N) {
+        const int64_t off = row * g.out_row_bytes + static_cast<int64_t>(col) * 2;
+        *reinterpret_cast<uint4*>(c_b + off) = v;
+        if constexpr (kPre) *reinterpret_cast<uint4*>(g.epi.pre + (c_b - g.c) + off) = z;
+      }
     }
   }
 }
@@ -1080,18 +1102,24 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       // The epilogue on what this thread just stored, 4 column groups at a time (inline at
       // all 128 accumulators, the activations' code would be 128 copies).
       if (g.epi.on) {
+        // With Epilogue::pre, v + bias goes there first (the same offsets as in C).
+        auto apply = [&](char* p, int64_t off, int col) {
+          float2 v = *reinterpret_cast<float2*>(p + off);
+          if (g.epi.pre) {
+            v = make_float2(v.x + g.epi.Bias(col), v.y + g.epi.Bias(col + 1));
+            *reinterpret_cast<float2*>(g.epi.pre + (p - g.c) + off) = v;
+            v = make_float2(Activate(v.x, g.epi.act), Activate(v.y, g.epi.act));
+          } else {
+            v = make_float2(g.epi.Apply(v.x, col), g.epi.Apply(v.y, col + 1));
+          }
+          *reinterpret_cast<float2*>(p + off) = v;
+        };
 #pragma unroll 4
         for (int j = 0; j < kAcc / 4; ++j) {
           const int col = col0 + 8 * j;
           const int64_t off = static_cast<int64_t>(col) * 4;
-          if (p0 && col < g.N) {
-            const float2 v = *reinterpret_cast<float2*>(p0 + off);
-            *reinterpret_cast<float2*>(p0 + off) = make_float2(g.epi.Apply(v.x, col), g.epi.Apply(v.y, col + 1));
-          }
-          if (p1 && col < g.N) {
-            const float2 v = *reinterpret_cast<float2*>(p1 + off);
-            *reinterpret_cast<float2*>(p1 + off) = make_float2(g.epi.Apply(v.x, col), g.epi.Apply(v.y, col + 1));
-          }
+          if (p0 && col < g.N) apply(p0, off, col);
+          if (p1 && col < g.N) apply(p1, off, col);
         }
       }
     } else {
@@ -1107,8 +1135,16 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       }
       // The activation is a template argument of the store, chosen once per tile: a switch
       // per element left the 128-value epilogue serial (about 10 us per tile, measured).
+      constexpr bool kPreOk = (kDiag & (kDualWidth | kOutParts)) == 0;  // the launcher's rule
       if (!g.epi.on) {
         StoreTile16<Cfg, kKind, -1>(g, acc, tile.n0, rows, c_b, stage_s, lane);
+      } else if (kPreOk && g.epi.pre) {
+        switch (g.epi.act) {  // a differentiated step: the activation's input too
+          case static_cast<int>(Activation::kRelu): StoreTile16<Cfg, kKind, 1, kPreOk>(g, acc, tile.n0, rows, c_b, stage_s, lane); break;
+          case static_cast<int>(Activation::kGeluTanh): StoreTile16<Cfg, kKind, 2, kPreOk>(g, acc, tile.n0, rows, c_b, stage_s, lane); break;
+          case static_cast<int>(Activation::kGeluErf): StoreTile16<Cfg, kKind, 3, kPreOk>(g, acc, tile.n0, rows, c_b, stage_s, lane); break;
+          default: StoreTile16<Cfg, kKind, 4, kPreOk>(g, acc, tile.n0, rows, c_b, stage_s, lane);
+        }
       } else if constexpr ((kDiag & kDualWidth) != 0) {
         StoreTile16<Cfg, kKind, 0>(g, acc, tile.n0, rows, c_b, stage_s, lane);
       } else {
@@ -1161,6 +1197,14 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
             b = Unpack2<kKind>(__ldg(reinterpret_cast<const unsigned int*>(g.epi.bias) + (col >> 1)));
           }
           x += b.x, y += b.y;
+        }
+      }
+      if (g.epi.pre) {  // the activation's input, laid out as C
+        char* pre = g.epi.pre + (st.c_b - g.c) + row * g.c_row_bytes;
+        if constexpr (kKind == kTf32) {
+          *reinterpret_cast<float2*>(pre + static_cast<int64_t>(col) * 4) = make_float2(x, y);
+        } else {
+          *reinterpret_cast<uint32_t*>(pre + static_cast<int64_t>(col) * 2) = Pack2<kKind>(x, y);
         }
       }
       x = ActivateT<kAct>(x), y = ActivateT<kAct>(y);
