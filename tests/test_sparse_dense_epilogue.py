@@ -394,6 +394,18 @@ def test_differentiated_step_takes_act_and_z_from_one_kernel(platform):
         want = jax.jvp(jax.grad(ref_loss), (jnp.asarray(w), jnp.asarray(x), jnp.asarray(b)),
                        (jnp.asarray(tangent), jnp.zeros_like(jnp.asarray(x)), jnp.zeros_like(jnp.asarray(b))))[1]
     assert rel_err(hvp(args[0], put(platform, tangent)), np.asarray(want, np.float64)) < 1e-4, f"seed={seed}"
+    # dead_rows="zeros": the bias on the live rows, z's cotangent left unwritten off them.
+    zeros = lambda w, x, b: jnp.sum(jnp.sin(pit_jax.sparse_dense(x, w, bias=b, activation="gelu_exact",  # noqa: E731
+                                                                 dead_rows="zeros")))
+    with jax.default_device(jax.devices("cpu")[0]):
+        def zeros_ref(w, x, b):
+            y = jnp.matmul(jnp.asarray(mask, jnp.float32) * x, w, precision="highest") + b
+            return jnp.sum(jnp.sin(jnp.asarray(mask, jnp.float32) * jax.nn.gelu(y, approximate=False)))
+        want = jax.grad(zeros_ref, argnums=(0, 1, 2))(jnp.asarray(w), jnp.asarray(x), jnp.asarray(b))
+    got = jax.jit(jax.grad(zeros, argnums=(0, 1, 2)))(*args)
+    for what, g, e in zip(("dw", "dx", "dbias"), got, want):
+        e = np.asarray(e, np.float64) * (mask if what == "dx" else 1.0)
+        assert rel_err(g, e) < 1e-4, f"seed={seed}: dead_rows='zeros' {what}"
 
 
 def test_bad_bias_and_activation_are_clear_errors():
