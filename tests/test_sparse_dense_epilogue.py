@@ -406,6 +406,12 @@ def test_differentiated_step_takes_act_and_z_from_one_kernel(platform):
     for what, g, e in zip(("dw", "dx", "dbias"), got, want):
         e = np.asarray(e, np.float64) * (mask if what == "dx" else 1.0)
         assert rel_err(g, e) < 1e-4, f"seed={seed}: dead_rows='zeros' {what}"
+    # Reverse over reverse (a gradient penalty): z's unwritten rows must not leak (NaN * 0).
+    penalty = lambda w: jnp.sum(jax.grad(loss)(w, *args[1:]) ** 2)  # noqa: E731
+    with jax.default_device(jax.devices("cpu")[0]):
+        want_p = jax.grad(lambda w: jnp.sum(jax.grad(ref_loss)(w, jnp.asarray(x), jnp.asarray(b)) ** 2))(
+            jnp.asarray(w))
+    assert rel_err(jax.jit(jax.grad(penalty))(args[0]), np.asarray(want_p, np.float64)) < 1e-4, f"seed={seed}"
 
 
 def test_bad_bias_and_activation_are_clear_errors():

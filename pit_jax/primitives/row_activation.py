@@ -61,8 +61,11 @@ def _act_grad(activation, v):
 
 
 def reference(z, fill, tiles, count, *, tile_h, activation):
-    """The same value in jnp over every row."""
+    """The same value in jnp over every row. z's unlisted rows are never read: they are
+    replaced before any arithmetic (a product's z holds nothing there, and NaN * 0 in a
+    derivative of this expression would leak out)."""
     rows = _rows(tiles, count, z.shape[-2], tile_h, True)
+    z = jnp.where(rows[..., None], z, jnp.zeros((), z.dtype))
     other = fill.astype(jnp.float32) if fill.size else jnp.zeros((z.shape[-1],), jnp.float32)
     return jnp.where(rows[..., None], _act(activation)(z.astype(jnp.float32)), other).astype(z.dtype)
 
@@ -160,6 +163,7 @@ def row_activation_bwd(z, tiles, count, dy, *, tile_h, activation):
 
 def bwd_reference(z, tiles, count, dy, *, tile_h, activation):
     rows = _rows(tiles, count, z.shape[-2], tile_h, True)
+    z = jnp.where(rows[..., None], z, jnp.zeros((), z.dtype))  # unlisted rows unread (reference)
     g = dy.astype(jnp.float32) * _act_grad(activation, z.astype(jnp.float32))
     return jnp.where(rows[..., None], g, 0.0).astype(z.dtype)
 
