@@ -138,33 +138,33 @@ def _linear_tangents(primals, tangents, *, tile_h, allow_tf32, parts, zero_dead)
     return None if t is None else _split(t, parts)
 
 
-def _activate_rows(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
-    """(act(z), its tangent) on the index's rows; the other rows get act(bias), in float32
-    rounded once (what the fused kernel writes there), or zeros without a bias or with
-    `zero_dead`."""
-    rows = functools.partial(row_activation, tiles=idx[0], count=idx[1], tile_h=tile_h, activation=activation)
+def _dead_fill(bias, db, *, activation, dtype, zero_dead):
+    """(fill, fill_dot): the dead rows' value act(bias), in float32 rounded once (what the
+    fused kernel writes there), and its tangent; (None, None) for zeros (no bias, or
+    `zero_dead`), fill_dot None when the bias has no tangent."""
     if not bias.shape[-1] or zero_dead:
-        return jax.jvp(lambda z: rows(z, None), (z,), (z_dot,))
-    dead = lambda b: _lowering.dead_row_value(b, activation, z.dtype)  # noqa: E731
+        return None, None
+    dead = lambda b: _lowering.dead_row_value(b, activation, dtype)  # noqa: E731
     if type(db) is ad.Zero:
-        fill = dead(bias)
+        return dead(bias), None
+    return jax.jvp(dead, (bias,), (db,))
+
+
+def _activate_rows(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
+    """(act(z), its tangent) on the index's rows; the other rows get `_dead_fill`'s value."""
+    rows = functools.partial(row_activation, tiles=idx[0], count=idx[1], tile_h=tile_h, activation=activation)
+    fill, fill_dot = _dead_fill(bias, db, activation=activation, dtype=z.dtype, zero_dead=zero_dead)
+    if fill_dot is None:
         return jax.jvp(lambda z: rows(z, fill), (z,), (z_dot,))
-    fill, fill_dot = jax.jvp(dead, (bias,), (db,))
     return jax.jvp(rows, (z, fill), (z_dot, fill_dot))
 
 
 def _activation_tangent(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dead):
-    """The tangent of _activate_rows's value (act(z) on the index's rows, act(bias) or zeros
-    elsewhere) without its primal: row_activation's tangent map, which reads z on the listed
-    rows only."""
-    live, tans, fill = (0,), [z_dot], jnp.zeros((0,), z.dtype)
-    if bias.shape[-1] and not zero_dead:
-        dead = lambda b: _lowering.dead_row_value(b, activation, z.dtype)  # noqa: E731
-        if type(db) is ad.Zero:
-            fill = dead(bias)
-        else:
-            fill, fill_dot = jax.jvp(dead, (bias,), (db,))
-            live, tans = (0, 1), [z_dot, fill_dot]
+    """The tangent of _activate_rows's value without its primal: row_activation's tangent
+    map, which reads z on the listed rows only."""
+    fill, fill_dot = _dead_fill(bias, db, activation=activation, dtype=z.dtype, zero_dead=zero_dead)
+    live, tans = ((0,), [z_dot]) if fill_dot is None else ((0, 1), [z_dot, fill_dot])
+    fill = jnp.zeros((0,), z.dtype) if fill is None else fill
     return row_activation_lin_p.bind(z, fill, idx[0], idx[1], *tans, live=live, tile_h=int(tile_h),
                                      activation=activation)
 
@@ -208,13 +208,13 @@ def _jvp(primals, tangents, **params):
 def _pre_jvp(primals, tangents, **params):
     """Differentiating (act(z), z) again (second order): z from row_linear without the
     activation and act(z) from row_activation, each with its own rules."""
-    x, w, bias, *idx = primals
+    _, _, bias, *idx = primals
     z_dots = _linear_tangents(primals, tangents, tile_h=params["tile_h"], allow_tf32=params["allow_tf32"], parts=1,
                               zero_dead=params["zero_dead"])
-    z = row_linear_p.bind(*primals, **dict(params, activation=None))
     if z_dots is None:
         outs = row_linear_pre_p.bind(*primals, **params)
         return outs, [zero_tangent(o) for o in outs]
+    z = row_linear_p.bind(*primals, **dict(params, activation=None))
     y, y_dot = _activate_rows(z, z_dots[0], bias, tangents[2], idx, activation=params["activation"],
                               tile_h=params["tile_h"], zero_dead=params["zero_dead"])
     return [y, z], [y_dot, z_dots[0]]

@@ -754,32 +754,20 @@ __device__ __forceinline__ float2 Unpack2(uint32_t w) {
   }
 }
 
-// The epilogue on 8 consecutive 16-bit values of C and their 8 biases b: act(v + b).
-template <int kKind, int kAct>
-__device__ __forceinline__ uint4 EpilogueChunk(uint4 v, uint4 b) {
-  uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 x = Unpack2<kKind>(w[k]), y = Unpack2<kKind>(bw[k]);
-    w[k] = Pack2<kKind>(ActivateT<kAct>(x.x + y.x), ActivateT<kAct>(x.y + y.y));
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// The same, also returning z = v + b (the activation's input, rounded) in *pre.
-template <int kKind, int kAct>
-__device__ __forceinline__ uint4 EpilogueChunkPre(uint4 v, uint4 b, uint4* pre) {
+// The epilogue on 8 consecutive 16-bit values of C and their 8 biases b: act(v + b);
+// kPre: also z = v + b (the activation's input, rounded) in *pre.
+template <int kKind, int kAct, bool kPre = false>
+__device__ __forceinline__ uint4 EpilogueChunk(uint4 v, uint4 b, uint4* pre = nullptr) {
   uint32_t w[4] = {v.x, v.y, v.z, v.w}, z[4];
   const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const float2 x = Unpack2<kKind>(w[k]), y = Unpack2<kKind>(bw[k]);
     const float u0 = x.x + y.x, u1 = x.y + y.y;
-    z[k] = Pack2<kKind>(u0, u1);
+    if constexpr (kPre) z[k] = Pack2<kKind>(u0, u1);
     w[k] = Pack2<kKind>(ActivateT<kAct>(u0), ActivateT<kAct>(u1));
   }
-  *pre = make_uint4(z[0], z[1], z[2], z[3]);
+  if constexpr (kPre) *pre = make_uint4(z[0], z[1], z[2], z[3]);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -966,8 +954,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
       const int r = (lane >> 3) + 4 * i;
       uint4 v = LdShared16(stage_s + r * kPitch + chunk_at(r, lane & 7));
       uint4 z;
-      if constexpr (kPre) v = EpilogueChunkPre<kKind, kAct>(v, bias8, &z);
-      else if constexpr (kAct >= 0) v = EpilogueChunk<kKind, kAct>(v, bias8);
+      if constexpr (kAct >= 0) v = EpilogueChunk<kKind, kAct, kPre>(v, bias8, &z);
       const int row = i == 0 ? rows[0] : (i == 1 ? rows[1] : (i == 2 ? rows[2] : rows[3]));  // no indexed array
       if (row >= 0 && col < g.N) {
         const int64_t off = row * g.out_row_bytes + static_cast<int64_t>(col) * 2;
