@@ -3,6 +3,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
 
     python -m benchmarks.kernel_profile bert                   # BERT b32 inference: dense, dense_cudnn, pit
     python -m benchmarks.kernel_profile bert --bf16w           # the same with the weights stored in bf16
+    python -m benchmarks.kernel_profile bert --cast-kernels    # float32 weights cast at the call's start
     python -m benchmarks.kernel_profile prune --tile 32x64 --density 0.02   # pruned training step
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
     python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
@@ -48,7 +49,16 @@ def _bert_batch(small):
     return cfg, data, attn, params
 
 
-def _bert(small, bf16w=False, bf16_all=False):
+def _cast_kernels(params):
+    """params with every "kernel" leaf (the linears' weight matrices) cast to bf16: the
+    casts all at the start of the call, independent of each other, where XLA may fuse
+    them horizontally (the model casts each one where its layer runs)."""
+    def cast(path, a):
+        return a.astype(jnp.bfloat16) if getattr(path[-1], "key", None) == "kernel" else a
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
+def _bert(small, bf16w=False, bf16_all=False, cast_kernels=False):
     from pit_models import bert
 
     cfg, (tokens, lengths, _), attn, params = _bert_batch(small)
@@ -61,7 +71,8 @@ def _bert(small, bf16w=False, bf16_all=False):
     out = {}
     for name, mode, attention in (("dense", "dense", "xla"), ("dense_cudnn", "dense", attn), ("pit", "pit", attn)):
         m = bert.BertClassifier(cfg, mode, attention)
-        out[name] = (jax.jit(lambda p, t, ln, m=m: m.apply(p, t, ln)[1]), (params, tokens, lengths))
+        pre = _cast_kernels if cast_kernels else (lambda p: p)
+        out[name] = (jax.jit(lambda p, t, ln, m=m, pre=pre: m.apply(pre(p), t, ln)[1]), (params, tokens, lengths))
     return out
 
 
@@ -197,6 +208,8 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=0.02, help="prune: live fraction of blocks")
     ap.add_argument("--bf16w", action="store_true", help="bert: weight matrices stored in bf16 (infer_bf16w)")
     ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
+    ap.add_argument("--cast-kernels", action="store_true",
+                    help="bert: float32 parameters, the weight matrices cast to bf16 at the start of the call")
     ap.add_argument("--experts", type=int, default=8, help="moe_train: experts")
     ap.add_argument("--top-k", type=int, default=1, help="moe_train: experts per token")
     ap.add_argument("--only", default=None, help="comma-separated variants")
@@ -204,7 +217,7 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args(argv)
     if args.workload == "bert":
-        variants = _bert(args.small, args.bf16w, args.bf16_all)
+        variants = _bert(args.small, args.bf16w, args.bf16_all, args.cast_kernels)
     elif args.workload == "bert_train":
         variants = _bert_train(args.small)
     elif args.workload == "moe_train":
