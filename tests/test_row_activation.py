@@ -78,6 +78,30 @@ def test_value_and_gradients(platform, dtype, name, density, m, n, tile_h):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("capacity", [None, 7])
+def test_backward_dead_rows_unwritten(platform, capacity):
+    """row_activation_bwd(dead_zeros=False), what row_linear's backward asks for when only
+    readers of the listed rows take dz: the listed rows bitwise the dead_zeros=True result,
+    the others not written (with poisoned outputs they stay NaN), at full capacity (the
+    kernel's dead-tail slots skip their rows) and below it (no memset)."""
+    from pit_jax.primitives.row_activation import row_activation_bwd
+
+    rng, seed = fresh_rng()
+    z, _, live = case(rng, (), 50, 72, 1, 0.4, jnp.bfloat16)
+    dy = randn(rng, z.shape, jnp.bfloat16)
+    idx = pit_jax.index(put(platform, live[..., None]), "row", capacity=capacity)
+    tiles, count = pit_jax.ops.sread_swrite.flat_index(idx, (), "test", "z")
+    listed = listed_rows(idx, 50)
+    f = jax.jit(lambda z, dy, dead_zeros: row_activation_bwd(z, tiles, count, dy, tile_h=1, activation="gelu_exact",
+                                                              dead_zeros=dead_zeros), static_argnums=2)
+    args = put(platform, z, dy)
+    kept, zeros = (np.asarray(f(*args, d), np.float32) for d in (False, True))
+    np.testing.assert_array_equal(kept[listed], zeros[listed], err_msg=f"seed={seed}")
+    assert not zeros[~listed].any()
+    assert np.isnan(kept[~listed]).all(), f"seed={seed}: the unlisted rows must be left unwritten (poisoned)"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("capacity", [3, 10])
 def test_capacity_below_the_row_blocks(platform, capacity):
     """A list too short for every block: rows past the capacity are fill (the forward
@@ -149,8 +173,8 @@ def test_gelu_exact_elementwise_over_the_float32_range(platform):
     assert np.all(y[~fin] == np.inf), f"seed={seed}: gelu_exact(inf) = {y[~fin]}"
 
 
-def _raw(target, outs, *args, activation=3, tile_h=1):
-    return jax.ffi.ffi_call(target, outs)(*args, tile_h=np.int64(tile_h), activation=np.int64(activation))
+def _raw(target, outs, *args, activation=3, tile_h=1, **attrs):
+    return jax.ffi.ffi_call(target, outs)(*args, tile_h=np.int64(tile_h), activation=np.int64(activation), **attrs)
 
 
 _F = lambda *s: jnp.ones(s, jnp.float32)  # noqa: E731
@@ -166,7 +190,7 @@ RAW_BAD = {
     ("pit_row_activation", "tile_h must be in \\[1, M\\]"): lambda: _raw("pit_row_activation", _Y, _F(4, 8), _F(0),
                                                                           _I(4), _I(), tile_h=5),
     ("pit_row_activation_bwd", "dy must have z's shape and dtype"): lambda: _raw(
-        "pit_row_activation_bwd", _Y, _F(4, 8), _I(4), _I(), _F(4, 7)),
+        "pit_row_activation_bwd", _Y, _F(4, 8), _I(4), _I(), _F(4, 7), dead_zeros=True),
 }
 
 

@@ -15,6 +15,9 @@ struct RowActivationParams : RowBlocks {
   const void* fill = nullptr;             // forward: [cols], the other rows' value, or null (zeros)
   const void* dy = nullptr;               // backward: [batch, rows, cols]
   void* out = nullptr;                    // forward: y; backward: dz
+  // Backward: false leaves the rows the list does not name unwritten (for a dz that only
+  // listed-row readers take: dead_zeros in docs/kernels.md), true writes zeros there.
+  bool dead_zeros = true;
 };
 
 }  // namespace pit

@@ -178,7 +178,8 @@ auto RowActivationBwd(B b) {
       .template Arg<AnyBuffer>()  // dy
       .template Ret<AnyBuffer>()  // dz
       .template Attr<int64_t>("tile_h")
-      .template Attr<int64_t>("activation");
+      .template Attr<int64_t>("activation")
+      .template Attr<bool>("dead_zeros");
 }
 
 template <class B>

@@ -46,16 +46,18 @@ inline ffi::ErrorOr<RowActivationParams> DecodeRowActivation(ffi::AnyBuffer z, f
   return p;
 }
 
-// pit_row_activation_bwd: z, tiles, count, dy (z's shape and dtype) -> dz.
+// pit_row_activation_bwd: z, tiles, count, dy (z's shape and dtype) -> dz; dead_zeros false
+// leaves dz's unlisted rows unwritten.
 inline ffi::ErrorOr<RowActivationParams> DecodeRowActivationBwd(ffi::AnyBuffer z, S32Buffer tiles, S32Buffer count,
                                                                 ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer>& dz,
-                                                                int64_t tile_h, int64_t activation) {
+                                                                int64_t tile_h, int64_t activation, bool dead_zeros) {
   const std::string target = "pit_row_activation_bwd";
   auto p = DecodeRowActivationCommon(target, z, tiles, count, dz, tile_h, activation);
   if (p.has_error()) return p;
   if (dy.element_type() != z.element_type() || !SameDims(dy.dimensions(), z.dimensions()))
     return InvalidArg(target + ": dy must have z's shape and dtype");
   p->dy = dy.untyped_data();
+  p->dead_zeros = dead_zeros;
   return p;
 }
 

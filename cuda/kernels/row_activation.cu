@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kWarps * 32) RowActivationKernel(const RowActi
   bool live;
   int64_t id;
   if (!SlotBlock(p, unit, dead_tail, &live, &id)) return;
+  if (kBwd && !live && !p.dead_zeros) return;  // dz's dead rows: left unwritten
   const int64_t b = unit / p.capacity, n = p.cols;
   const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
   for (int64_t r = r0; r < r1; ++r) {
@@ -108,10 +109,10 @@ cudaError_t Launch(const RowActivationParams& p, cudaStream_t stream) {
   // The list's tail names the dead blocks only when it can hold every block; then every
   // row is written once by its slot (no memset first).
   const bool dead_tail = p.capacity == p.tile_rows;
-  if (!dead_tail && (kBwd || !p.fill)) {
+  if (!dead_tail && ((kBwd && p.dead_zeros) || (!kBwd && !p.fill))) {
     cudaError_t e = cudaMemsetAsync(p.out, 0, static_cast<size_t>(bytes), stream);
     if (e != cudaSuccess) return e;
-  } else if (!dead_tail) {
+  } else if (!dead_tail && !kBwd) {
     const int64_t total = p.batch * p.rows * (vec ? p.cols / kVec : p.cols);
     const unsigned blocks = static_cast<unsigned>(total / 256 + 1 < 4096 ? total / 256 + 1 : 4096);
     if (vec)

@@ -29,7 +29,7 @@ void RowActivation(const RowActivationParams& p) {
 
 void RowActivationBwd(const RowActivationParams& p) {
   const int64_t n = p.cols;
-  cpu::Zero(p.out, p.batch * p.rows * n * DTypeBytes(p.dtype));
+  if (p.dead_zeros) cpu::Zero(p.out, p.batch * p.rows * n * DTypeBytes(p.dtype));  // else: left as poisoned
   std::vector<float> v(n), g(n);
   cpu::ForListedRows(p, [&](int64_t, int64_t off) {
     cpu::LoadRow(p.dtype, p.z, off, n, v.data());
@@ -49,8 +49,9 @@ ffi::Error RowActivationCpu(ffi::AnyBuffer z, ffi::AnyBuffer fill, S32Buffer til
 }
 
 ffi::Error RowActivationBwdCpu(ffi::AnyBuffer z, S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy,
-                               ffi::Result<ffi::AnyBuffer> dz, int64_t tile_h, int64_t activation) {
-  auto p = DecodeRowActivationBwd(z, tiles, count, dy, dz, tile_h, activation);
+                               ffi::Result<ffi::AnyBuffer> dz, int64_t tile_h, int64_t activation,
+                               bool dead_zeros) {
+  auto p = DecodeRowActivationBwd(z, tiles, count, dy, dz, tile_h, activation, dead_zeros);
   if (p.has_error()) return p.error();
   cpu::Poison(dz->untyped_data(), dz->size_bytes());
   RowActivationBwd(*p);

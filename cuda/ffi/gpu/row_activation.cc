@@ -23,9 +23,9 @@ ffi::Error RowActivationCuda(cudaStream_t stream, ffi::AnyBuffer z, ffi::AnyBuff
 
 ffi::Error RowActivationBwdCuda(cudaStream_t stream, ffi::AnyBuffer z, S32Buffer tiles, S32Buffer count,
                                 ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dz, int64_t tile_h,
-                                int64_t activation) {
+                                int64_t activation, bool dead_zeros) {
   ++HandlerCalls();
-  auto p = DecodeRowActivationBwd(z, tiles, count, dy, dz, tile_h, activation);
+  auto p = DecodeRowActivationBwd(z, tiles, count, dy, dz, tile_h, activation, dead_zeros);
   if (p.has_error()) return p.error();
   cudaError_t status = gpu::Poison(dz->untyped_data(), dz->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowActivationBwd(*p, stream);
