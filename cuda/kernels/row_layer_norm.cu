@@ -414,8 +414,14 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
     // With a dead tail (the list at full capacity) the warps also write the dead rows'
     // zeros, in place of a memset of all of dh before the kernel.
     const int64_t end = dead_tail ? p.capacity : live;
-    for (int64_t slot = active ? warp : end; slot < end; slot += q.warps) {
-      const int32_t entry = __ldg(p.tiles + b * p.capacity + slot);
+    // The warp's first 32 list entries in one read (lane i: its i-th slot), not one
+    // dependent L2 round trip per slot before that slot's row can load.
+    const int64_t first = active ? warp : end;
+    int32_t entries = 0;
+    if (first + lane * q.warps < end) entries = __ldg(p.tiles + b * p.capacity + first + lane * q.warps);
+    int i = 0;
+    for (int64_t slot = first; slot < end; slot += q.warps, ++i) {
+      const int32_t entry = i < 32 ? __shfl_sync(0xffffffffu, entries, i) : __ldg(p.tiles + b * p.capacity + slot);
       const int64_t id = EntryBlock(entry, slot < live);
       if (id < 0 || id >= p.tile_rows) continue;  // not a row block of x
       const int64_t r0 = id * p.tile_h, r1 = r0 + p.tile_h < p.rows ? r0 + p.tile_h : p.rows;
