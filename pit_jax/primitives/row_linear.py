@@ -164,8 +164,9 @@ def _activation_tangent(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dea
     map, which reads z on the listed rows only. Its transpose leaves z's cotangent
     unwritten off the list where nothing reads it there: z's cotangent goes to the
     product's transposes (PIT products over the listed rows; the masked dense route zeroes
-    both operands' dead rows, _dense_route.stile) and, with a bias, to the bias's gradient,
-    a sum over the listed rows (`row_sum`) with `zero_dead`, over every row without."""
+    both operands' dead rows, _dense_route.stile) and, with a bias, to the bias's gradient:
+    a sum over the listed rows (`row_sum`) with `zero_dead`; without it a sum over every
+    row, so there the zeros are written."""
     fill, fill_dot = _dead_fill(bias, db, activation=activation, dtype=z.dtype, zero_dead=zero_dead)
     live, tans = ((0,), [z_dot]) if fill_dot is None else ((0, 1), [z_dot, fill_dot])
     fill = jnp.zeros((0,), z.dtype) if fill is None else fill
