@@ -49,17 +49,18 @@ def stile(a, b, tmask, *, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, o
     kernels never read them, so they may hold anything (row_activation_bwd leaves them
     unwritten), and 0 * NaN would reach the product."""
     s = a if sparse == "a" else b
-    s = jnp.where(reference.element_mask(tmask, tile, s.shape[-2:]), s, jnp.zeros((), s.dtype))
+    emask = reference.element_mask(tmask, tile, s.shape[-2:])
+    s = jnp.where(emask, s, jnp.zeros((), s.dtype))
     # The masked operand's reduction axis (stored layout) and the other operand's.
     s_red = (-2 if trans_a else -1) if sparse == "a" else (-1 if trans_b else -2)
     o_red = (-1 if trans_b else -2) if sparse == "a" else (-2 if trans_a else -1)
     o = b if sparse == "a" else a
     span = tmask.shape[-1 if s_red == -2 else -2] == 1  # one tile across the non-reduction extent
     if span and tuple(tmask.shape[:-2]) == tuple(o.shape[:-2]):
-        k = s.shape[s_red]
-        live = jnp.repeat(tmask[..., :, 0] if s_red == -2 else tmask[..., 0, :], tile[0 if s_red == -2 else 1],
-                          axis=-1)[..., :k]
-        live = live[..., :, None] if o_red == -2 else live[..., None, :]
+        # One line of the element mask along the reduction axis, oriented as o's.
+        live = emask[..., :, :1] if s_red == -2 else emask[..., :1, :]
+        if (s_red == -2) != (o_red == -2):
+            live = jnp.swapaxes(live, -1, -2)
         o = jnp.where(live, o, jnp.zeros((), o.dtype))
     a, b = (s, o) if sparse == "a" else (o, s)
     out = product(a, b, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, allow_tf32=allow_tf32, out_batch=out_batch)

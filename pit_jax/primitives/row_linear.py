@@ -171,7 +171,7 @@ def _activation_tangent(z, z_dot, bias, db, idx, *, activation, tile_h, zero_dea
     live, tans = ((0,), [z_dot]) if fill_dot is None else ((0, 1), [z_dot, fill_dot])
     fill = jnp.zeros((0,), z.dtype) if fill is None else fill
     return row_activation_lin_p.bind(z, fill, idx[0], idx[1], *tans, live=live, tile_h=int(tile_h),
-                                     activation=activation, dead_zeros=not (zero_dead or not bias.shape[-1]))
+                                     activation=activation, dead_zeros=bool(bias.shape[-1]) and not zero_dead)
 
 
 def fused_jvp(primals, tangents, params, bind, parts=1):
