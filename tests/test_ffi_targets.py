@@ -293,11 +293,14 @@ def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, all
     # The dead rows' value is the caller's (act(bias), as pit_jax passes it): any row here.
     dead = randn(rng, (n,), dtype) if has_bias else np.zeros((0,), dtype)
     mask, live, index = build_index(rng, a.shape, (h, k), density)
+    # Half the cases leave the dead rows unwritten (skip_dead): NaN there, the CPU's fill or
+    # the poison, which shows the kernel stored nothing.
+    skip = trans_b != allow_tf32
 
     def f(mk, a, b, bias, dead):
         idx = index(mk)
         c = ffi("pit_row_gather_matmul", (*a_lead, m, n), dtype, a, b, idx.tiles, idx.count, bias, dead, tile_h=h,
-                trans_b=trans_b, allow_tf32=allow_tf32, activation=act)
+                trans_b=trans_b, allow_tf32=allow_tf32, activation=act, skip_dead=skip)
         return c, idx.tiles, idx.count
 
     c, tiles, count = run(platform, f, mask, a, b, bias, dead)
@@ -306,6 +309,11 @@ def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, all
     np.testing.assert_array_equal(rows, expand(live, (h, 1), (m, 1)), err_msg=f"{msg}: index")
     b64 = f64(bias) if has_bias else 0.0
     live_ref = activation64(batched_product(f64(a), f64(b), a_lead, False, trans_b) + b64, ACTIVATION_NAMES[act])
+    if skip:
+        dead_rows = np.broadcast_to(~rows, live_ref.shape)
+        assert np.isnan(f64(c)[dead_rows]).all(), f"{msg}: skip_dead, yet a dead row was written"
+        check_close(np.where(dead_rows, 0.0, f64(c)), np.where(rows, live_ref, 0.0), dtype, msg, allow_tf32)
+        return
     ref = np.where(rows, live_ref, f64(dead) if has_bias else 0.0)
     # Dead rows are an exact copy of the dead row (zeros without one).
     check_close(c, ref, dtype, msg, allow_tf32, exact=np.broadcast_to(~rows, ref.shape))
@@ -612,22 +620,28 @@ def _s32(*shape):
 BAD_CALLS = {
     "row_gather_inner_dims": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8), _s32(),
-        jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+        jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0,
+        skip_dead=False),
     "row_gather_dtypes": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6), jnp.bfloat16), _s32(8),
-        _s32(), jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+        _s32(), jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0,
+        skip_dead=False),
     "row_gather_bias_shape": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
-        jnp.zeros((5,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+        jnp.zeros((5,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0,
+        skip_dead=False),
     "row_gather_dead_row_shape": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
-        jnp.zeros((6,)), jnp.zeros((2, 3)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+        jnp.zeros((6,)), jnp.zeros((2, 3)), tile_h=1, trans_b=False, allow_tf32=False, activation=0,
+        skip_dead=False),
     "row_gather_bias_dtype": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
-        jnp.zeros((6,), jnp.bfloat16), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0),
+        jnp.zeros((6,), jnp.bfloat16), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0,
+        skip_dead=False),
     "row_gather_activation": lambda: ffi(
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
-        jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=7),
+        jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=7,
+        skip_dead=False),
     "stile_inner_dims": lambda: ffi(
         "pit_stile_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8, 5), _s32(8),
         sparse_b=False, tile_h=1, tile_w=1, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False),
@@ -675,7 +689,8 @@ def test_empty_batch_and_empty_reduction(platform):
         packed = ffi("pit_sread", (0, 16, 2, 2), jnp.float32, x, t, c, tile_h=2, tile_w=2)
         out = ffi("pit_swrite", (0, 8, 8), jnp.float32, packed, t, c, x, aliases={3: 0}, accumulate=True)
         rg = ffi("pit_row_gather_matmul", (0, 8, 5), jnp.float32, x, jnp.ones((8, 5)), jnp.zeros((0, 8), jnp.int32),
-                 c, jnp.zeros((5,)), jnp.zeros((5,)), tile_h=1, trans_b=False, allow_tf32=False, activation=3)
+                 c, jnp.zeros((5,)), jnp.zeros((5,)), tile_h=1, trans_b=False, allow_tf32=False, activation=3,
+                 skip_dead=False)
         st = ffi("pit_stile_matmul", (0, 8, 5), jnp.float32, x, jnp.ones((8, 5)), jnp.zeros((0, 4, 4), jnp.int32),
                  c[:, None].repeat(4, 1), sparse_b=False, tile_h=2, tile_w=2, trans_a=False, trans_b=False,
                  trans_c=False, allow_tf32=False)

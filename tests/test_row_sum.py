@@ -264,7 +264,7 @@ def test_zero_dead_rows_transforms(platform):
 
 def test_dead_rows_bad_input_is_a_clear_error():
     x, w = jnp.ones((4, 8)), jnp.ones((8, 6))
-    with pytest.raises(ValueError, match=r"dead_rows must be one of \('dense', 'zeros'\), got 'zero'"):
+    with pytest.raises(ValueError, match=r"dead_rows must be one of \('dense', 'zeros', 'unspecified'\), got 'zero'"):
         pit_jax.sparse_dense(x, w, dead_rows="zero")
     with pytest.raises(ValueError, match="dead_rows='zeros' needs the M axis .* got axis='k'"):
         pit_jax.sparse_dense(x, w, axis="k", dead_rows="zeros")

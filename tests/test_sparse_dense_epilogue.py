@@ -361,7 +361,7 @@ def test_raw_pre_target_errors_name_it():
         idx = pit_jax.index(x, "row")
         empty = jnp.zeros((0,), jnp.float32)
         out = jax.ShapeDtypeStruct((8, 6), jnp.float32)
-        attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False)
+        attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False, skip_dead=False)
         for outs, act, msg in (((out, out), 0, "needs an activation"),
                                ((out, jax.ShapeDtypeStruct((8, 5), jnp.float32)), 1, "z must have c's shape")):
             with pytest.raises(Exception, match=f"pit_row_gather_matmul_pre: {msg}"):

@@ -197,7 +197,7 @@ def test_raw_target_three_parts_on_cpu():
         x, w, b, _ = case(rng, (), 50, 16, 24, 0.5, jnp.float32)
         idx = pit_jax.index(jnp.asarray(x), (1, None))
         empty = jnp.zeros((0,), jnp.float32)
-        attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False, activation=np.int64(0))
+        attrs = dict(tile_h=np.int64(1), trans_b=False, allow_tf32=False, activation=np.int64(0), skip_dead=False)
         one = jax.ffi.ffi_call("pit_row_gather_matmul", jax.ShapeDtypeStruct((50, 24), jnp.float32))(
             x, w, idx.tiles, idx.count, b, b, **attrs)
         part = jax.ShapeDtypeStruct((50, 8), jnp.float32)

@@ -55,6 +55,9 @@ struct Epilogue {
   // are), or null: a differentiated step keeps it for the activation's derivative, so the
   // forward needs no pass of its own for the activation.
   void* pre = nullptr;
+  // Leave the unlisted rows unwritten (no dead-row value, no zeros): the caller promised
+  // that nothing reads them (sparse_dense(dead_rows="unspecified"), inference).
+  bool skip_dead = false;
   bool Trivial() const { return bias == nullptr && act == Activation::kNone; }
 };
 

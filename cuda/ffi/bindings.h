@@ -80,7 +80,8 @@ auto RowGatherAttrs(B&& b) {
   return std::forward<B>(b).template Attr<int64_t>("tile_h")
       .template Attr<bool>("trans_b")
       .template Attr<bool>("allow_tf32")
-      .template Attr<int64_t>("activation");
+      .template Attr<int64_t>("activation")
+      .template Attr<bool>("skip_dead");  // unlisted rows left unwritten (else dead_row / zeros)
 }
 
 template <class B>
@@ -119,7 +120,8 @@ auto RowLayerNorm(B b) {
       .template Arg<S32>()  // count
       .template Ret<AnyBuffer>()  // y
       .template Attr<int64_t>("tile_h")
-      .template Attr<float>("epsilon");
+      .template Attr<float>("epsilon")
+      .template Attr<bool>("skip_dead");  // unlisted rows left unwritten (else zeros)
 }
 
 template <class B>

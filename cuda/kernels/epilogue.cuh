@@ -101,6 +101,7 @@ struct EpilogueDev {
   int n_limit = 0;  // N: columns at or past it read no bias (their results are dropped)
   bool on = false;  // anything to do on live rows
   bool bias_f32 = false;  // a float32 bias for a 16-bit C, rounded to `dtype` per value
+  bool skip_dead = false;  // Epilogue::skip_dead: the dead rows are left unwritten
 
   static EpilogueDev From(const Epilogue& e, DType t, int64_t n) {
     EpilogueDev d;
@@ -112,6 +113,7 @@ struct EpilogueDev {
     d.n_limit = static_cast<int>(n);
     d.on = !e.Trivial();
     d.bias_f32 = e.bias_f32;
+    d.skip_dead = e.skip_dead;
     return d;
   }
 

@@ -517,9 +517,10 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, bool dead_tail, cudaStream
 
 cudaError_t LaunchRowLayerNorm(const RowLayerNormParams& p, cudaStream_t stream) {
   if (p.batch * p.rows * p.cols == 0) return cudaSuccess;
-  // The list's tail names the dead blocks only when it can hold every block.
-  const bool dead_tail = p.capacity == p.tile_rows;
-  if (!dead_tail) {
+  // The list's tail names the dead blocks only when it can hold every block. skip_dead:
+  // no dead tail (dead slots return at once) and no zeroing, so dead rows stay unwritten.
+  const bool dead_tail = p.capacity == p.tile_rows && !p.skip_dead;
+  if (!dead_tail && !p.skip_dead) {
     const int64_t bytes = p.batch * p.rows * p.cols * DTypeBytes(p.dtype);
     cudaError_t e = cudaMemsetAsync(p.y, 0, static_cast<size_t>(bytes), stream);
     if (e != cudaSuccess) return e;

@@ -181,10 +181,10 @@ cudaError_t LaunchRowGatherMatmul(const MatmulParams& p, const TileList& rows, c
   if (p.trans_a || p.trans_c || !Common(p, rows, &g)) return cudaErrorInvalidValue;
   const int64_t positions = rows.capacity * rows.tile_h;  // rows of all slots, concatenated
   if (!Fits(positions)) return cudaErrorInvalidValue;
-  // Rows outside the listed blocks are zero (the dead row with an epilogue): fill C, then
-  // write the live rows.
+  // Rows outside the listed blocks are zero (the dead row with an epilogue; unwritten with
+  // skip_dead): fill C, then write the live rows.
   g.epi = EpilogueDev::From(p.epi, p.dtype, p.N);
-  cudaError_t err = FillC(p, stream);
+  cudaError_t err = p.epi.skip_dead ? cudaSuccess : FillC(p, stream);
   if (err != cudaSuccess || p.batch == 0 || p.M == 0 || p.N == 0) return err;
   g.mode = gemm::kRowGather;
   g.tile = static_cast<int>(rows.tile_h);

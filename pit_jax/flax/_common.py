@@ -58,10 +58,12 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     return jnp.reshape(y, (*lead, kernel.shape[-1]))
 
 
-def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=None, epsilon, dtype, param_dtype):
+def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=None, epsilon, dtype, param_dtype,
+                        dead_rows="zeros"):
     """`pit_jax.layer_norm` of x [..., H] with the Flax LayerNorm's dtype rule (the result
     in `dtype`, else in x's dtype promoted with the parameters'); scale / offset None =
-    ones / zeros. Without an index every row is normalized (leading dims folded into rows)."""
+    ones / zeros. Without an index every row is normalized (leading dims folded into rows).
+    `dead_rows` as in pit_jax.layer_norm."""
     x = jnp.asarray(x)
     out = jnp.dtype(dtype) if dtype is not None else jnp.result_type(x.dtype, param_dtype)
     features = x.shape[-1]
@@ -70,7 +72,8 @@ def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=Non
     x = x.astype(out)
     residual = None if residual is None else jnp.asarray(residual).astype(out)
     if index is not None:
-        return pit_jax.layer_norm(x, scale, offset, index, residual=residual, bias=bias, epsilon=epsilon)
+        return pit_jax.layer_norm(x, scale, offset, index, residual=residual, bias=bias, epsilon=epsilon,
+                                  dead_rows=dead_rows)
     flat = lambda a: None if a is None else jnp.reshape(a, (-1, features))
     y = pit_jax.layer_norm(flat(x), scale, offset, residual=flat(residual), bias=bias, epsilon=epsilon)
     return jnp.reshape(y, x.shape)

@@ -35,9 +35,9 @@ class SparseDense(nn.Module):
         rest folded into rows (default 0: one index over all rows, which keeps 128-row
         tiles full for short sequences). `jit` over several devices splits a batch dim
         (docs/transformations.md); folded rows run on whole operands there.
-      dead_rows: axis "m": "dense" (padding rows hold act(bias), as nn.Dense gives) or
-        "zeros" (they hold zeros; the bias's gradient then reads the live rows only), as
-        in `pit_jax.sparse_dense`.
+      dead_rows: axis "m": "dense" (padding rows hold act(bias), as nn.Dense gives),
+        "zeros" (they hold zeros; the bias's gradient then reads the live rows only) or
+        "unspecified" (left unwritten: inference only), as in `pit_jax.sparse_dense`.
     """
 
     features: int
@@ -86,7 +86,8 @@ class LayerNorm(nn.Module):
     `LayerNorm()(x, index, residual=r, bias=b)` is `nn.LayerNorm()(x + r + b)` on the
     live rows: a padded model's residual add, the preceding product's bias and the norm
     run in one pass over the valid tokens (XLA would run them over every row).
-    `index=None` normalizes every row.
+    `index=None` normalizes every row. `dead_rows="unspecified"` leaves the other rows
+    unwritten (inference only), as in `pit_jax.layer_norm`.
     """
 
     epsilon: float = 1e-6
@@ -96,6 +97,7 @@ class LayerNorm(nn.Module):
     use_scale: bool = True
     bias_init: Any = nn.initializers.zeros_init()
     scale_init: Any = nn.initializers.ones_init()
+    dead_rows: str = "zeros"
 
     @nn.compact
     def __call__(self, x, index=None, *, residual=None, bias=None):
@@ -103,4 +105,4 @@ class LayerNorm(nn.Module):
         scale = self.param("scale", self.scale_init, (features,), self.param_dtype) if self.use_scale else None
         offset = self.param("bias", self.bias_init, (features,), self.param_dtype) if self.use_bias else None
         return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
-                                   dtype=self.dtype, param_dtype=self.param_dtype)
+                                   dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows)

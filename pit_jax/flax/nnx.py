@@ -24,8 +24,8 @@ class SparseDense(nnx.Module):
     the bias; on the M axis a named activation runs with the bias in the product's
     epilogue, on live rows only (`pit_jax.sparse_dense`). `batch_dims`: leading dims of
     the inputs kept as a batch (one index per entry; `jit` over several devices splits
-    it), and `dead_rows` ("dense" or "zeros": the padding rows' value), as in the linen
-    layer."""
+    it), and `dead_rows` ("dense", "zeros" or "unspecified": the padding rows' value),
+    as in the linen layer."""
 
     def __init__(
         self,
@@ -84,7 +84,8 @@ class LayerNorm(nnx.Module):
     """A drop-in for `flax.nnx.LayerNorm` over the last axis (parameters `scale` and
     `bias`) that normalizes only the rows an M-axis index lists (`pit_jax.layer_norm`;
     zeros elsewhere): `LayerNorm(n, rngs=r)(x, index, residual=res, bias=b)` is
-    `nnx.LayerNorm(n)(x + res + b)` on the live rows. `index=None`: every row."""
+    `nnx.LayerNorm(n)(x + res + b)` on the live rows. `index=None`: every row.
+    `dead_rows="unspecified"`: the other rows are left unwritten (inference only)."""
 
     def __init__(
         self,
@@ -97,12 +98,14 @@ class LayerNorm(nnx.Module):
         use_scale: bool = True,
         bias_init: Any = initializers.zeros_init(),
         scale_init: Any = initializers.ones_init(),
+        dead_rows: str = "zeros",
         rngs: nnx.Rngs,
     ):
         self.num_features = num_features
         self.epsilon = epsilon
         self.dtype = dtype
         self.param_dtype = param_dtype
+        self.dead_rows = dead_rows
         self.scale = nnx.Param(scale_init(rngs.params(), (num_features,), param_dtype)) if use_scale else None
         self.bias = nnx.Param(bias_init(rngs.params(), (num_features,), param_dtype)) if use_bias else None
 
@@ -110,7 +113,7 @@ class LayerNorm(nnx.Module):
         scale = self.scale[...] if self.scale is not None else None
         offset = self.bias[...] if self.bias is not None else None
         return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
-                                   dtype=self.dtype, param_dtype=self.param_dtype)
+                                   dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows)
 
 
 SparseLinear = SparseDense

@@ -9,7 +9,8 @@ between them (XLA would run those over every row). `index=None` normalizes every
 Statistics in float32 with Flax's default variance (E[h^2] - E[h]^2), one rounding to
 x's dtype; `flax.linen.LayerNorm(epsilon=...)` gives the same value on live rows.
 Differentiable (the gradient runs `pit_row_layer_norm_bwd` on the same rows; forward mode
-and second order the jnp expression over all rows) and vmap-able.
+and second order the jnp expression over all rows) and vmap-able. For inference,
+`dead_rows="unspecified"` leaves the other rows unwritten (not differentiable).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pit_jax.pit_index import PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_layer_norm import reference as _reference
 from pit_jax.primitives.row_layer_norm import row_layer_norm as _row_layer_norm
+
+LAYER_NORM_DEAD_ROWS = ("zeros", "unspecified")  # layer_norm(dead_rows=...)
 
 
 def _vector(v, h, name):
@@ -45,6 +48,7 @@ def layer_norm(
     residual: Optional[jax.Array] = None,
     bias: Optional[jax.Array] = None,
     epsilon: float = 1e-6,
+    dead_rows: str = "zeros",
 ) -> jax.Array:
     """Layer norm of `x + residual + bias` over the last axis, on the index's live rows.
 
@@ -56,10 +60,18 @@ def layer_norm(
       residual: None or x's shape (cast to x's dtype).
       bias: None or [H], added before the statistics (e.g. the preceding product's bias).
       epsilon: added to the variance.
+      dead_rows: what the rows the index does not list hold: "zeros" (the default) or
+        "unspecified": left unwritten, for inference where nothing reads them (the GPU
+        kernel then skips their writes; the CPU and the jnp reference write NaN there).
+        Not differentiable: autodiff raises; use "zeros" to train.
 
     Returns:
-      [..., M, H] in x's dtype: normalized live rows, zeros on the other rows.
+      [..., M, H] in x's dtype: normalized live rows, zeros (or unspecified values) on the
+      other rows.
     """
+    if dead_rows not in LAYER_NORM_DEAD_ROWS:
+        raise ValueError(f"layer_norm: dead_rows must be one of {LAYER_NORM_DEAD_ROWS}, got {dead_rows!r}")
+    skip_dead = dead_rows == "unspecified"
     x = jnp.asarray(x)
     if x.dtype not in _products.FLOATS:
         raise TypeError(f"layer_norm: x must be float32, bfloat16 or float16, got {x.dtype}")
@@ -91,5 +103,5 @@ def layer_norm(
     args = (x, residual if residual is not None else jnp.zeros((0,), x.dtype),
             bias if bias is not None else jnp.zeros((0,), jnp.float32), scale, offset, tiles, count)
     if config.reference_enabled("layer_norm"):
-        return _reference(*args, tile_h=tile_h, epsilon=epsilon)
-    return _row_layer_norm(*args, tile_h=tile_h, epsilon=epsilon)
+        return _reference(*args, tile_h=tile_h, epsilon=epsilon, skip_dead=skip_dead)
+    return _row_layer_norm(*args, tile_h=tile_h, epsilon=epsilon, skip_dead=skip_dead)

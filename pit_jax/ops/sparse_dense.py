@@ -52,12 +52,12 @@ from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_linear import ACTIVATIONS as FUSED_ACTIVATIONS
 from pit_jax.primitives.row_linear import row_linear
-from pit_jax.primitives.row_layer_norm import listed_rows_only
+from pit_jax.primitives.row_layer_norm import inference_only, listed_rows_only
 from pit_jax.primitives.row_linear_parts import row_linear_parts
 from pit_jax.primitives.stile_matmul import stile_matmul
 
 AXES = ("m", "k", "w")
-DEAD_ROWS = ("dense", "zeros")  # sparse_dense(dead_rows=...)
+DEAD_ROWS = ("dense", "zeros", "unspecified")  # sparse_dense(dead_rows=...)
 DEFAULT_MICRO_TILES = {"m": (1, None), "k": (32, 1), "w": (32, 64)}
 
 _EXACT = {"highest", "float32"}
@@ -217,6 +217,10 @@ def sparse_dense(
         "zeros": zeros, the bias and activation on the live rows only, for a model that
         never reads its padding rows' values: the bias's gradient then sums the
         cotangent over the live rows only (`pit_row_sum`), not over every row.
+        "unspecified": inference where nothing reads the padding rows: they are left
+        unwritten (the GPU kernels skip their stores; the CPU and the jnp reference write
+        NaN there, so that a reader of them shows), the bias and activation on the live
+        rows. Not differentiable: autodiff raises; use "zeros" to train.
 
     Returns:
       [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation. A tuple with out_parts.
@@ -226,7 +230,8 @@ def sparse_dense(
     out_parts = int(out_parts)
     if dead_rows not in DEAD_ROWS:
         raise ValueError(f"sparse_dense: dead_rows must be one of {DEAD_ROWS}, got {dead_rows!r}")
-    zero_dead = dead_rows == "zeros"
+    skip_dead = dead_rows == "unspecified"
+    zero_dead = dead_rows == "zeros" or skip_dead  # the bias on the live rows only
     if axis is not None and axis not in AXES:
         raise ValueError(f"sparse_dense: axis must be one of {AXES}, got {axis!r}")
     auto = isinstance(micro_tile, str) and micro_tile == "auto"
@@ -280,7 +285,7 @@ def sparse_dense(
         _check_plan(plan, axis, micro_tile, x, w)
         if plan.is_dense:
             if zero_dead:
-                raise ValueError("sparse_dense: dead_rows='zeros' needs the M axis, and the plan is dense")
+                raise ValueError(f"sparse_dense: dead_rows={dead_rows!r} needs the M axis, and the plan is dense")
             if index is not None:
                 raise ValueError("sparse_dense: the plan is dense, so there is no index to pass")
             return result(epilogue(dense_product(x, w, precision)))
@@ -288,7 +293,7 @@ def sparse_dense(
         micro_tile = _plan_tile(plan, (w if axis == "w" else x).shape[-2:])
     axis = axis or "m"
     if zero_dead and axis != "m":
-        raise ValueError(f"sparse_dense: dead_rows='zeros' needs the M axis (token rows), got axis={axis!r}")
+        raise ValueError(f"sparse_dense: dead_rows={dead_rows!r} needs the M axis (token rows), got axis={axis!r}")
 
     # The masked operand and the index must cover the full batch; the other operand may be
     # shared (no batch dims) or carry the full batch (jnp.matmul broadcasting otherwise).
@@ -324,24 +329,27 @@ def sparse_dense(
     named = isinstance(activation, str) and activation in FUSED_ACTIVATIONS
     # With dead_rows="zeros" a bias alone goes to the epilogue too: its gradient is then
     # a sum over the live rows (row_linear), where XLA's add has a column sum over all.
-    fused = m_epilogue and (named or (zero_dead and bias is not None and activation is None))
+    # With "unspecified" every M-axis product goes there: only that kernel skips the stores.
+    fused = m_epilogue and (named or (zero_dead and bias is not None and activation is None) or
+                            (skip_dead and activation is None))
     parts_fused = m_epilogue and out_parts > 1 and (activation is None or named)
 
-    def live_only(y):  # the unfused paths' dead rows: zeros with dead_rows="zeros"
+    def live_only(y):  # the unfused paths' dead rows: zeros with dead_rows="zeros", NaN if unspecified
         if not zero_dead:
             return y
-        return listed_rows_only(y, index.arrays[0], index.arrays[1], x.shape[-2], tile[0],
-                                native=not config.reference_enabled("sparse_dense"))
+        y = listed_rows_only(y, index.arrays[0], index.arrays[1], x.shape[-2], tile[0],
+                             native=not config.reference_enabled("sparse_dense"), fill=jnp.nan if skip_dead else 0.0)
+        return inference_only(y, "sparse_dense") if skip_dead else y
 
     if config.reference_enabled("sparse_dense"):
         y = live_only(epilogue(reference.stile_matmul(x, w, *index.arrays, **params)))
     elif parts_fused:
         ys = row_linear_parts(x, w, kernel_bias, index.arrays, tile_h=tile[0], parts=out_parts, activation=activation,
-                              allow_tf32=tf32, zero_dead=zero_dead)
+                              allow_tf32=tf32, zero_dead=zero_dead, skip_dead=skip_dead)
         return tuple(map(unvector, ys))
     elif fused:
         y = row_linear(x, w, kernel_bias, index.arrays, tile_h=tile[0], activation=activation, allow_tf32=tf32,
-                       zero_dead=zero_dead)
+                       zero_dead=zero_dead, skip_dead=skip_dead)
     else:
         y = live_only(epilogue(stile_matmul(x, w, index.arrays, **params)))
     return result(y)

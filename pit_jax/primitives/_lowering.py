@@ -114,21 +114,22 @@ def dead_row_value(bias, activation, dtype):
 
 
 def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None, parts=1,
-                    zero_dead=False, pre=False):
+                    zero_dead=False, skip_dead=False, pre=False):
     """pit_row_gather_matmul: C = act(A @ op(B) + bias) on the listed row blocks of A,
     act(bias) elsewhere (zeros without a bias or with `zero_dead`). `bias` [N] in A's dtype
     or float32 (the kernel rounds it to A's dtype); the dead rows' value act(bias) is
     computed here once (float32, rounded) and copied there.
     parts=3: pit_row_gather_matmul3, C written as three column parts, each of shape `out`
     (a list of three results). pre (with an activation): pit_row_gather_matmul_pre, [C, Z]
-    with Z = A @ op(B) + bias, rounded, on the listed rows (its other rows unwritten)."""
+    with Z = A @ op(B) + bias, rounded, on the listed rows (its other rows unwritten).
+    skip_dead: C's unlisted rows are left unwritten too (the caller never reads them)."""
     if parts not in (1, 3):
         raise ValueError(f"row_gather_call: parts must be 1 or 3 (the targets), got {parts}")
     empty = jnp.zeros((0,), a.dtype)
     dead = empty
     if bias is None:
         bias = empty
-    elif not zero_dead:
+    elif not (zero_dead or skip_dead):
         dead = dead_row_value(bias, activation, a.dtype)
     if pre and (parts != 1 or activation is None):
         raise ValueError("row_gather_call: pre needs one part and an activation")
@@ -137,5 +138,5 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
         target, outs = "pit_row_gather_matmul_pre", (out, out)
     return jax.ffi.ffi_call(target, outs)(
         a, b, tiles, count, bias, dead, tile_h=np.int64(tile_h), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32),
-        activation=np.int64(ACTIVATION_CODES[activation]),
+        activation=np.int64(ACTIVATION_CODES[activation]), skip_dead=bool(skip_dead),
     )

@@ -72,15 +72,16 @@ def check_row_index(where, shape, tiles, count, tile_h, owner):
                          f"must be {owner} {batch}")
 
 
-def _abstract_eval(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon):
+def _abstract_eval(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False):
     _check(x, residual, bias, scale, offset, tiles, count, tile_h=tile_h)
     return ShapedArray(x.shape, x.dtype)
 
 
-def _native(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon):
+def _native(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False):
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
     return jax.ffi.ffi_call("pit_row_layer_norm", out)(
-        x, residual, bias, scale, offset, tiles, count, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon)
+        x, residual, bias, scale, offset, tiles, count, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon),
+        skip_dead=bool(skip_dead),
     )
 
 
@@ -97,33 +98,58 @@ def _rows(tiles, count, m, tile_h, native):
     return _ref.element_mask(blocks, (tile_h, 1), (m, 1))[..., 0]
 
 
-def listed_rows_only(y, tiles, count, m, tile_h, native=True):
-    """y (broadcast to [..., M, N]) on the listed rows, zeros on the others."""
-    return jnp.where(_rows(tiles, count, m, tile_h, native)[..., None], y, jnp.zeros((), y.dtype))
+def listed_rows_only(y, tiles, count, m, tile_h, native=True, fill=0.0):
+    """y (broadcast to [..., M, N]) on the listed rows, `fill` on the others (NaN: the
+    jnp paths' value for rows left unspecified, so that a reader of them shows)."""
+    return jnp.where(_rows(tiles, count, m, tile_h, native)[..., None], y, jnp.asarray(fill, y.dtype))
 
 
-def reference(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, native_mask=False):
-    """The same value in jnp, over every row (what autodiff differentiates)."""
+def unspecified_error(where):
+    """The error of differentiating an op whose unlisted rows are left unwritten."""
+    return ValueError(f"{where}: dead_rows='unspecified' leaves the unlisted rows unwritten, for inference only; "
+                      f"to differentiate, use dead_rows='zeros'")
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def inference_only(y, where):
+    """y, refusing autodiff as the kernels' dead_rows='unspecified' does: the jnp paths
+    (reference, unfused) of such an op raise the same error."""
+    return y
+
+
+@inference_only.defjvp
+def _inference_only_jvp(where, primals, tangents):
+    raise unspecified_error(where)
+
+
+def reference(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False,
+              native_mask=False):
+    """The same value in jnp, over every row (what autodiff differentiates); with
+    skip_dead, NaN on the unlisted rows."""
     rows = _rows(tiles, count, x.shape[-2], tile_h, native_mask)
-    return _ref.layer_norm_rows(x, scale, offset, rows, residual=residual if residual.size else None,
-                                bias=bias if bias.size else None, epsilon=epsilon)
+    y = _ref.layer_norm_rows(x, scale, offset, rows, residual=residual if residual.size else None,
+                             bias=bias if bias.size else None, epsilon=epsilon)
+    return inference_only(jnp.where(rows[..., None], y, jnp.nan), "layer_norm") if skip_dead else y
 
 
-def row_layer_norm(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon):
-    """x [..., M, H]; residual / bias None or arrays; scale, offset [H]; the flat index list."""
+def row_layer_norm(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False):
+    """x [..., M, H]; residual / bias None or arrays; scale, offset [H]; the flat index list.
+    skip_dead: the unlisted rows are left unwritten (inference only: not differentiable)."""
     if residual is None:
         residual = jnp.zeros((0,), x.dtype)
     if bias is None:
         bias = jnp.zeros((0,), jnp.float32)
     return row_layer_norm_p.bind(x, residual, bias, scale, offset, tiles, count, tile_h=int(tile_h),
-                                 epsilon=float(epsilon))
+                                 epsilon=float(epsilon), skip_dead=bool(skip_dead))
 
 
 def _jvp(primals, tangents, **params):
-    out = row_layer_norm_p.bind(*primals, **params)
     live = tuple(i for i, t in enumerate(tangents[:5]) if type(t) is not ad.Zero)
+    out = row_layer_norm_p.bind(*primals, **params)
     if not live:
         return out, zero_tangent(out)
+    if params.pop("skip_dead"):
+        raise unspecified_error("layer_norm")
     x, residual, bias, scale, _, tiles, count = primals
     t_out = row_layer_norm_lin_p.bind(x, residual, bias, scale, tiles, count, *(tangents[i] for i in live),
                                       live=live, **params)

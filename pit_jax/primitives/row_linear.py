@@ -34,7 +34,7 @@ from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_activation import row_activation, row_activation_lin_p
-from pit_jax.primitives.row_layer_norm import listed_rows_only
+from pit_jax.primitives.row_layer_norm import inference_only, listed_rows_only, unspecified_error
 from pit_jax.primitives.row_sum import row_bcast
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
@@ -67,23 +67,24 @@ def _check(x, w, bias, idx, *, tile_h, activation):
         raise ValueError("row_linear: the index must have x's batch dims and tile whole rows of x")
 
 
-def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
+def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, skip_dead=False):
     _check(x, w, bias, idx, tile_h=tile_h, activation=activation)
     return ShapedArray((*x.shape[:-1], w.shape[-1]), x.dtype)
 
 
-def _native(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, cuda=False, pre=False):
+def _native(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, skip_dead=False, cuda=False, pre=False):
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1]), x.dtype)
     trans_b = False
     if cuda:
         w, trans_b = _lowering.tf32_k_major(w, trans_b, dtype=x.dtype, allow_tf32=allow_tf32)
     return _lowering.row_gather_call(
         x, w, idx[0], idx[1], out, tile_h=tile_h, trans_b=trans_b, allow_tf32=allow_tf32,
-        bias=bias if bias.shape[0] else None, activation=activation, zero_dead=zero_dead, pre=pre,
+        bias=bias if bias.shape[0] else None, activation=activation, zero_dead=zero_dead, skip_dead=skip_dead,
+        pre=pre,
     )
 
 
-def _pre_abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
+def _pre_abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, skip_dead=False):
     if activation is None:
         raise ValueError("row_linear_pre: needs an activation (without one, z is the result: row_linear)")
     y = _abstract_eval(x, w, bias, *idx, tile_h=tile_h, activation=activation, allow_tf32=allow_tf32,
@@ -91,22 +92,27 @@ def _pre_abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_de
     return [y, y]
 
 
-def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead):
-    """The same value through stile_matmul, then the bias and the activation in XLA."""
+def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, skip_dead=False):
+    """The same value through stile_matmul, then the bias and the activation in XLA
+    (skip_dead: NaN on the unlisted rows, the jnp paths' unspecified value)."""
     y = stile_matmul(x, w, idx, sparse="a", tile=_tile(x, tile_h), allow_tf32=allow_tf32, out_batch=x.ndim - 2)
     if bias.shape[-1]:
         y = y + bias.astype(y.dtype)
     y = _activations.ACTIVATIONS[activation](y) if activation is not None else y
+    if skip_dead:
+        return inference_only(listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h, fill=jnp.nan), "sparse_dense")
     return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h) if zero_dead else y
 
 
-def row_linear(x, w, bias, idx, *, tile_h, activation=None, allow_tf32=False, zero_dead=False):
+def row_linear(x, w, bias, idx, *, tile_h, activation=None, allow_tf32=False, zero_dead=False, skip_dead=False):
     """x [..., M, K], w [K, N] or [..., K, N], bias [N] or None; idx: the six index arrays.
-    zero_dead: the rows the index does not list are zeros (not act(bias))."""
+    zero_dead: the rows the index does not list are zeros (not act(bias)); skip_dead: they
+    are left unwritten, and the bias is on the listed rows only (inference: autodiff raises)."""
     if bias is None:
         bias = jnp.zeros((0,), x.dtype)
     return row_linear_p.bind(x, w, bias, *idx, tile_h=int(tile_h), activation=activation,
-                             allow_tf32=bool(allow_tf32), zero_dead=bool(zero_dead))
+                             allow_tf32=bool(allow_tf32), zero_dead=bool(zero_dead or skip_dead),
+                             skip_dead=bool(skip_dead))
 
 
 def _split(v, parts):
@@ -189,6 +195,8 @@ def fused_jvp(primals, tangents, params, bind, parts=1):
     if z_dots is None:  # no tangent, or only a bias tangent and no bias
         outs = bind(*primals, **params)
         return outs, [zero_tangent(o) for o in outs]
+    if params["skip_dead"]:
+        raise unspecified_error("sparse_dense")
     if act is not None and parts == 1:
         y, z = row_linear_pre_p.bind(*primals, **params)
         y_dot = _activation_tangent(z, z_dots[0], bias, tangents[2], idx, activation=act, tile_h=params["tile_h"],

@@ -41,7 +41,7 @@ def _check_parts(x, w, bias, idx, *, tile_h, activation, parts):
         raise ValueError(f"row_linear_parts: parts must divide N = {n}, got {parts}")
 
 
-def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, parts):
+def _abstract_eval(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, parts, skip_dead=False):
     _check_parts(x, w, bias, idx, tile_h=tile_h, activation=activation, parts=parts)
     n = w.shape[-1] // parts
     return [ShapedArray((*x.shape[:-1], n), x.dtype) for _ in range(parts)]
@@ -59,26 +59,28 @@ def kernel_writes_parts(x, w, tiles, tile_h, parts) -> bool:
     )
 
 
-def _native_parts(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, parts, cuda=False):
+def _native_parts(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, parts, skip_dead=False, cuda=False):
     if not (cuda and kernel_writes_parts(x, w, idx[0], tile_h, parts)):
         y = _native(x, w, bias, *idx, tile_h=tile_h, activation=activation, allow_tf32=allow_tf32,
-                    zero_dead=zero_dead, cuda=cuda)
+                    zero_dead=zero_dead, skip_dead=skip_dead, cuda=cuda)
         return _split(y, parts)
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-1] // parts), x.dtype)
     return list(_lowering.row_gather_call(
         x, w, idx[0], idx[1], out, tile_h=tile_h, trans_b=False, allow_tf32=allow_tf32,
         bias=bias if bias.shape[0] else None, activation=activation, parts=parts, zero_dead=zero_dead,
+        skip_dead=skip_dead,
     ))
 
 
-def row_linear_parts(x, w, bias, idx, *, tile_h, parts, activation=None, allow_tf32=False, zero_dead=False):
+def row_linear_parts(x, w, bias, idx, *, tile_h, parts, activation=None, allow_tf32=False, zero_dead=False,
+                     skip_dead=False):
     """x [..., M, K], w [K, N] or [..., K, N], bias [N] or None; idx: the six index arrays.
-    Returns `parts` arrays [..., M, N / parts]; zero_dead as row_linear's."""
+    Returns `parts` arrays [..., M, N / parts]; zero_dead and skip_dead as row_linear's."""
     if bias is None:
         bias = jnp.zeros((0,), x.dtype)
     return tuple(row_linear_parts_p.bind(x, w, bias, *idx, tile_h=int(tile_h), activation=activation,
-                                         allow_tf32=bool(allow_tf32), zero_dead=bool(zero_dead),
-                                         parts=int(parts)))
+                                         allow_tf32=bool(allow_tf32), zero_dead=bool(zero_dead or skip_dead),
+                                         parts=int(parts), skip_dead=bool(skip_dead)))
 
 
 def _jvp(primals, tangents, *, parts, **params):

@@ -255,6 +255,11 @@ inline void Zero(void* data, int64_t bytes) {
   if (bytes > 0) std::memset(data, 0, static_cast<size_t>(bytes));
 }
 
+// NaN in every float dtype (all-one bytes): rows left unspecified (skip_dead) on the CPU.
+inline void FillNaN(void* data, int64_t bytes) {
+  if (bytes > 0) std::memset(data, 0xff, static_cast<size_t>(bytes));
+}
+
 // Debug poisoning (docs/kernels.md): NaN bytes everywhere before computing.
 inline void Poison(void* data, size_t bytes) {
   if (PoisonOutputs() && data != nullptr && bytes > 0) std::memset(data, 0xff, bytes);

@@ -33,7 +33,9 @@ void RowGather(const MatmulParams& p, const TileList& t) {
   }
   for (int64_t b = 0; b < p.batch; ++b) {
     char* cb = static_cast<char*>(p.c) + b * p.M * p.N * es;
-    if (p.epi.dead) {
+    if (p.epi.skip_dead) {
+      cpu::FillNaN(cb, p.M * p.N * es);  // unspecified: NaN here, so that a reader of them shows
+    } else if (p.epi.dead) {
       for (int64_t r = 0; r < p.M; ++r) std::memcpy(cb + r * p.N * es, p.epi.dead, static_cast<size_t>(p.N * es));
     } else {
       cpu::Zero(cb, p.M * p.N * es);  // all-zero bytes are +0 in every dtype
@@ -70,9 +72,10 @@ void RowGather(const MatmulParams& p, const TileList& t) {
 
 ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
                               ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b,
-                              bool allow_tf32, int64_t activation) {
+                              bool allow_tf32, int64_t activation, bool skip_dead) {
   auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
+  args->mm.epi.skip_dead = skip_dead;
   cpu::Poison(c->untyped_data(), c->size_bytes());
   if (args->mm.batch > 0) RowGather(args->mm, args->index);
   return ffi::Error::Success();
@@ -83,10 +86,11 @@ ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tile
 ffi::Error RowGatherMatmulPreCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
                                  ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c,
                                  ffi::Result<ffi::AnyBuffer> z, int64_t tile_h, bool trans_b, bool allow_tf32,
-                                 int64_t activation) {
+                                 int64_t activation, bool skip_dead) {
   auto args =
       DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
+  args->mm.epi.skip_dead = skip_dead;
   cpu::Poison(c->untyped_data(), c->size_bytes());
   cpu::Poison(z->untyped_data(), z->size_bytes());
   if (args->mm.batch > 0) RowGather(args->mm, args->index);
@@ -98,11 +102,12 @@ ffi::Error RowGatherMatmulPreCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer t
 ffi::Error RowGatherMatmul3Cpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
                                ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c0,
                                ffi::Result<ffi::AnyBuffer> c1, ffi::Result<ffi::AnyBuffer> c2, int64_t tile_h,
-                               bool trans_b, bool allow_tf32, int64_t activation) {
+                               bool trans_b, bool allow_tf32, int64_t activation, bool skip_dead) {
   ffi::Result<ffi::AnyBuffer> parts[3] = {c0, c1, c2};
   auto args =
       DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
+  args->mm.epi.skip_dead = skip_dead;
   MatmulParams p = args->mm;
   const int64_t es = DTypeBytes(p.dtype), part_bytes = p.N / 3 * es;
   std::vector<char> full(static_cast<size_t>(p.batch * p.M * p.N * es));

@@ -33,7 +33,11 @@ Stats LoadRowSum(const RowLayerNormParams& p, int64_t off, std::vector<float>& h
 }
 
 void RowLayerNorm(const RowLayerNormParams& p) {
-  cpu::Zero(p.y, p.batch * p.rows * p.cols * DTypeBytes(p.dtype));  // dead rows
+  const int64_t bytes = p.batch * p.rows * p.cols * DTypeBytes(p.dtype);
+  if (p.skip_dead)
+    cpu::FillNaN(p.y, bytes);  // unspecified dead rows: NaN, so that a reader of them shows
+  else
+    cpu::Zero(p.y, bytes);  // dead rows
   std::vector<float> h(p.cols), t(p.cols);
   cpu::ForListedRows(p, [&](int64_t, int64_t off) {
     const Stats st = LoadRowSum(p, off, h, t);
@@ -75,9 +79,10 @@ void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
 
 ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
                            ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> y,
-                           int64_t tile_h, float epsilon) {
+                           int64_t tile_h, float epsilon, bool skip_dead) {
   auto p = DecodeRowLayerNorm(x, residual, bias, scale, offset, tiles, count, y, tile_h, epsilon);
   if (p.has_error()) return p.error();
+  p->skip_dead = skip_dead;
   cpu::Poison(y->untyped_data(), y->size_bytes());
   RowLayerNorm(*p);
   return ffi::Error::Success();

@@ -17,10 +17,11 @@ constexpr char kTarget[] = "pit_row_gather_matmul";
 
 ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h,
-                               bool trans_b, bool allow_tf32, int64_t activation) {
+                               bool trans_b, bool allow_tf32, int64_t activation, bool skip_dead) {
   ++HandlerCalls();
   auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
+  args->mm.epi.skip_dead = skip_dead;
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
   return gpu::LaunchStatus(kTarget, status);
@@ -29,11 +30,12 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
 ffi::Error RowGatherMatmulPreCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                   S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                   ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> z, int64_t tile_h,
-                                  bool trans_b, bool allow_tf32, int64_t activation) {
+                                  bool trans_b, bool allow_tf32, int64_t activation, bool skip_dead) {
   ++HandlerCalls();
   auto args =
       DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
+  args->mm.epi.skip_dead = skip_dead;
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
   if (status == cudaSuccess) status = gpu::Poison(z->untyped_data(), z->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
@@ -44,12 +46,13 @@ ffi::Error RowGatherMatmul3Cuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
                                 S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                 ffi::Result<ffi::AnyBuffer> c0, ffi::Result<ffi::AnyBuffer> c1,
                                 ffi::Result<ffi::AnyBuffer> c2, int64_t tile_h, bool trans_b, bool allow_tf32,
-                                int64_t activation) {
+                                int64_t activation, bool skip_dead) {
   ++HandlerCalls();
   ffi::Result<ffi::AnyBuffer> parts[3] = {c0, c1, c2};
   auto args =
       DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation);
   if (args.has_error()) return args.error();
+  args->mm.epi.skip_dead = skip_dead;
   cudaError_t status = cudaSuccess;
   for (auto& c : parts)
     if (status == cudaSuccess) status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);

@@ -549,7 +549,7 @@ struct ZeroFill {
       if (b >= 0) offset = (offset + units % G) % G;  // 32-bit: no 64-bit modulo call
       if (++b >= g.batch) return false;
       count = LiveSlots(g, b / g.idx_div);
-      units = (g.capacity - count) * g.tile_h;
+      units = g.epi.skip_dead ? 0 : (g.capacity - count) * g.tile_h;  // skip_dead: none to write
       u = worker - offset;
       if (u < 0) u += G;
     }
