@@ -29,6 +29,9 @@ Variants (`impl`):
                 per batch (+ K-axis fc2 for opt; W-axis linears for prune); bert: residual
                 adds and layer norms on the valid rows (their gradient too:
                 pit_row_layer_norm_bwd)
+  pit_unspecified  (bert, inference) the PIT model with dead_rows="unspecified": the
+                products after the attention and the live-row layer norms leave the
+                padding rows unwritten (q, k, v keep their zeros for the attention)
   pit_xla_norm  (bert, training) the PIT model with XLA's residual adds and layer norms
                 over every row (live_norm=False)
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
@@ -304,7 +307,9 @@ def bert_case(suite, workload, small):
     density = float(np.asarray(lengths).sum()) / (batch * seq)
     attn = mcommon.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
     models = {"dense": bert.BertClassifier(cfg, "dense", "xla"), "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
-              "pit": bert.BertClassifier(cfg, "pit", attn)}
+              "pit": bert.BertClassifier(cfg, "pit", attn),
+              # inference only: the padding rows of every op after the attention left unwritten
+              "pit_unspecified": bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified")}
     params = jax.jit(models["dense"].init)(jax.random.PRNGKey(0), tokens, lengths)
     tx = optax.adamw(1e-4)
     opt_state = jax.jit(tx.init)(params)
@@ -320,7 +325,7 @@ def bert_case(suite, workload, small):
         store, check = _reference_check(lambda ref: _check_rows(tol, ref, valid))
         suite.run_interleaved(dict(base, mode=mode), [
             (impl, lambda p, t, ln, m=models[impl]: m.apply(p, t, ln)[1], (p_in, tokens, lengths),
-             store if impl == "dense" else check) for impl in ("dense", "dense_cudnn", "pit")])
+             store if impl == "dense" else check) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified")])
     # Training: "pit" is the inference model (live-row norms, whose gradient runs the
     # backward target on the valid rows); "pit_xla_norm" keeps XLA's residual adds and
     # layer norms over every row, for comparison.

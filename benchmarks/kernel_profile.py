@@ -69,8 +69,10 @@ def _bert(small, bf16w=False, bf16_all=False, cast_kernels=False):
     if bf16_all:  # every parameter in bf16, biases and norm parameters too
         params = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)
     out = {}
-    for name, mode, attention in (("dense", "dense", "xla"), ("dense_cudnn", "dense", attn), ("pit", "pit", attn)):
-        m = bert.BertClassifier(cfg, mode, attention)
+    for name, mode, attention, kw in (("dense", "dense", "xla", {}), ("dense_cudnn", "dense", attn, {}),
+                                      ("pit", "pit", attn, {}),
+                                      ("pit_unspecified", "pit", attn, {"dead_rows": "unspecified"})):
+        m = bert.BertClassifier(cfg, mode, attention, **kw)
         pre = _cast_kernels if cast_kernels else (lambda p: p)
         out[name] = (jax.jit(lambda p, t, ln, m=m, pre=pre: m.apply(pre(p), t, ln)[1]), (params, tokens, lengths))
     return out

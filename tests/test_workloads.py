@@ -82,6 +82,25 @@ def test_bert_padding_does_not_leak(bert_setup):
     assert not np.asarray(a[1])[~np.asarray(valid).reshape(-1)].any()
 
 
+@pytest.mark.usefixtures("poison_outputs")
+def test_bert_inference_with_unspecified_padding_rows(bert_setup):
+    """dead_rows="unspecified" (inference): the products after attention and the live-row
+    layer norms leave the padding rows unwritten (NaN: the CPU's fill, on a GPU the poison)
+    and no op reads them: the valid rows and the logits equal the dense model's. Training
+    it is refused."""
+    cfg, params, (tokens, lengths, labels) = bert_setup
+    pit = bert.BertClassifier(cfg, "pit", dead_rows="unspecified")
+    lp, hp = jax.jit(pit.apply)(params, tokens, lengths)
+    ld, hd = jax.jit(bert.BertClassifier(cfg, "dense").apply)(params, tokens, lengths)
+    valid = np.asarray(common.right_padding_mask(lengths, tokens.shape[1])).reshape(-1)
+    assert np.isnan(np.asarray(hp)[~valid]).all()
+    assert np.isfinite(np.asarray(hp)[valid]).all() and np.isfinite(np.asarray(lp)).all()
+    assert _rel(hp, hd, valid) < F32_TOL
+    assert _rel(lp, ld) < F32_TOL
+    with pytest.raises(ValueError, match="dead_rows='unspecified' .* for inference only"):
+        jax.grad(functools.partial(bert.loss_fn, pit))(params, tokens, lengths, labels)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_bert_16bit_matches_dense(dtype):
     cfg = bert.BertConfig.tiny(layers=1, dtype=dtype)

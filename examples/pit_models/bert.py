@@ -92,6 +92,7 @@ class Product(nn.Module):
 
     features: int
     dtype: Any = jnp.float32
+    dead_rows: str = "dense"  # M axis: "unspecified" leaves the padding rows unwritten (inference)
 
     @nn.compact
     def __call__(self, x, rows, weight_index=None):
@@ -100,7 +101,8 @@ class Product(nn.Module):
         x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
         if weight_index is not None and weight_index is not DENSE_ROUTE:
             return pit_jax.sparse_dense(x, kernel, weight_index, axis="w"), bias
-        return pit_jax.sparse_dense(x, kernel, rows, axis="m"), bias
+        dead = "unspecified" if self.dead_rows == "unspecified" else "dense"  # no bias here: zeros
+        return pit_jax.sparse_dense(x, kernel, rows, axis="m", dead_rows=dead), bias
 
 
 class FusedQKV(nn.Module):
@@ -127,28 +129,36 @@ class EncoderLayer(nn.Module):
     mode: str = "pit"
     attention: str = "xla"
     live_norm: bool = True  # pit with a row index: residual adds and layer norms on valid rows only
-    dead_rows: str = "zeros"  # pit M-axis linears with a bias: the padding rows' value (sparse_dense)
+    # pit M-axis linears: the padding rows' value (sparse_dense); "unspecified" (inference)
+    # also leaves the live-row layer norms' padding rows unwritten.
+    dead_rows: str = "zeros"
 
     @nn.compact
     def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
         cfg, wi = self.cfg, weight_index or {}
-        lin = lambda f, n, h, act=None: linear(f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows,
-                                               weight_index=wi.get(n), activation=act, dead_rows=self.dead_rows)
+        unspecified = self.dead_rows == "unspecified"
+        # The attention reads k's and v's padding rows (masked scores times v: NaN * 0 is
+        # NaN), so q, k and v keep zeros there.
+        qkv_dead = "zeros" if unspecified else self.dead_rows
+        lin = lambda f, n, h, act=None, dead=self.dead_rows: linear(  # noqa: E731
+            f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows, weight_index=wi.get(n), activation=act,
+            dead_rows=dead)
         heads = lambda t: t.reshape(batch, seq, cfg.heads, cfg.head_dim)  # noqa: E731
         if self.mode == "pit" and rows is not None and self.live_norm and "qkv" not in wi:
-            q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, self.dead_rows, name="qkv")(x, rows))
+            q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, qkv_dead, name="qkv")(x, rows))
         else:
-            qkv = lin(3 * cfg.hidden, "qkv", x).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
+            qkv = lin(3 * cfg.hidden, "qkv", x, dead=qkv_dead).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         att = common.attention(q, k, v, lengths=lengths, implementation=self.attention)
         att = att.reshape(batch * seq, cfg.hidden)
         if self.mode == "pit" and rows is not None and self.live_norm:
             # Residual add, output bias and layer norm in one pass over the valid rows.
-            norm = lambda n: LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name=n)
-            att, b = Product(cfg.hidden, cfg.dtype, name="attn_out")(att, rows, wi.get("attn_out"))
+            norm_dead = "unspecified" if unspecified else "zeros"
+            norm = lambda n: LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=norm_dead, name=n)  # noqa: E731
+            att, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="attn_out")(att, rows, wi.get("attn_out"))
             x = norm("ln_attn")(x, rows, residual=att, bias=b)
             h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
-            h, b = Product(cfg.hidden, cfg.dtype, name="ffn_out")(h, rows, wi.get("ffn_out"))
+            h, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="ffn_out")(h, rows, wi.get("ffn_out"))
             return norm("ln_ffn")(x, rows, residual=h, bias=b)
         att = lin(cfg.hidden, "attn_out", att)
         x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x + att)
@@ -172,7 +182,9 @@ class BertClassifier(nn.Module):
     attention: str = "xla"  # "xla", "cudnn" or "auto" (cuDNN where it works for the shapes)
     skip_padding: bool = True  # pit mode: False = no row index (for sparse training on full batches)
     live_norm: bool = True  # pit mode with skip_padding: residual adds and layer norms on valid rows only
-    dead_rows: str = "zeros"  # pit mode: padding rows of the biased M-axis linears ("dense": act(bias))
+    # pit mode: padding rows of the biased M-axis linears ("dense": act(bias)); "unspecified"
+    # (inference only) leaves them and the live-row layer norms' padding rows unwritten.
+    dead_rows: str = "zeros"
 
     @nn.compact
     def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
@@ -189,7 +201,8 @@ class BertClassifier(nn.Module):
         emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
         emb = emb.reshape(batch * seq, cfg.hidden)
         if rows is not None and self.live_norm:
-            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb, rows)
+            dead = "unspecified" if self.dead_rows == "unspecified" else "zeros"
+            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=dead, name="ln_emb")(emb, rows)
         else:
             x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb)
         wi = weight_index or {}
