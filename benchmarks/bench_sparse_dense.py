@@ -21,6 +21,8 @@ Implementations (docs/benchmarks.md says more):
   pit_jax          sparse_dense with the index built inside the timed jit.
   pit_jax_pre      sparse_dense with a precomputed index passed in.
   pit_jax_mask     (m) sparse_dense with the index built from the row mask inside the jit.
+  pit_jax_unspecified  (m) pit_jax with dead_rows="unspecified": the dead rows left
+                   unwritten, for a consumer of the live rows only (checked on those).
   index/index_mask pit_jax.index alone (from x / from the row mask).
 
 Prints one line per case as it goes, then a table and the issue-4 targets; writes
@@ -90,6 +92,7 @@ IMPL_TEXT = {
     "pit_jax": "pit_jax.sparse_dense with the index built inside the same jit",
     "pit_jax_pre": "pit_jax.sparse_dense with a precomputed index passed in",
     "pit_jax_mask": "pit_jax.sparse_dense with the index built inside the jit from the bool row mask [M, 1]",
+    "pit_jax_unspecified": "pit_jax (index inside the jit) with dead_rows='unspecified': the dead rows left unwritten",
     "index": "pit_jax.index alone (from x, or from w for weight blocks)",
     "index_mask": "pit_jax.index(mask[:, None], 'row') alone, from a bool [M, 1] row mask",
 }
@@ -382,7 +385,8 @@ class Suite:
                 print(f"plot failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def measure(self, case, impl, fn, sets, *, ref=None, tol=None, slow=False, skip=None, count=None, note=None,
-                device=False):
+                device=False, rows=None):
+        """rows: check the output against ref on these rows only (the others unspecified)."""
         row = {**case, "impl": impl}
         if note:
             row["note"] = note
@@ -403,6 +407,8 @@ class Suite:
             out = t.pop("output")
             row.update(t)
             if ref is not None:
+                if rows is not None:
+                    out, ref = out[rows], ref[rows]
                 err = float(rel_err(out, ref))
                 row["max_rel_err"] = err
                 row["ok"] = bool(err <= tol)
@@ -454,7 +460,7 @@ class Suite:
         def ms(name):
             v = (by.get(name) or {}).get("median_ms")
             return "-" if v is None else f"{v:.4g}"
-        line = f"[{self.elapsed():6.1f}s] {label}: dense {ms('dense')}  oracle {ms('oracle')}  pit {ms('pit_jax')}  pit_pre {ms('pit_jax_pre')}  index {ms('index')} ms"
+        line = f"[{self.elapsed():6.1f}s] {label}: dense {ms('dense')}  oracle {ms('oracle')}  pit {ms('pit_jax')}  pit_pre {ms('pit_jax_pre')}  pit_unspec {ms('pit_jax_unspecified')}  index {ms('index')} ms"
         bad = [f"{r['impl']} ({'count ' + str(r['count']) if 'count' in r else 'rel err %.2g' % r.get('max_rel_err', float('nan'))})" for r in case_rows if r.get("ok") is False]
         if bad:
             line += f"  CHECK FAILED: {', '.join(bad)}"
@@ -505,8 +511,14 @@ class Suite:
             mask_call, mask_note = self.pit.mask_call(call, xw[0], sets[0]["mask"])
             self.measure(case, "pit_jax_mask", mask_call, [(s["x"], s["w"], s["mask"]) for s in sets], ref=ref, tol=tol, note=mask_note)
             del idx
+            if self.pit.standin:
+                self.measure(case, "pit_jax_unspecified", None, None, skip="the stand-in has no dead_rows")
+            else:
+                self.measure(case, "pit_jax_unspecified",
+                             lambda x, w: self.pit.fn(x, w, axis="m", precision=prec, dead_rows="unspecified"), xw,
+                             ref=ref, tol=tol, rows=sets[0]["rows"])
         else:
-            for impl in ("pit_jax", "pit_jax_pre", "pit_jax_mask"):
+            for impl in ("pit_jax", "pit_jax_pre", "pit_jax_mask", "pit_jax_unspecified"):
                 self.measure(case, impl, None, None, skip=skip)
         self.measure(case, "index", lambda x: pit_jax.index(x, "row").arrays, [(s["x"],) for s in sets], count=n_live, device=True)
         self.measure(case, "index_mask", lambda mk: pit_jax.index(mk[:, None], "row").arrays, [(s["mask"],) for s in sets],
@@ -765,6 +777,9 @@ def targets(rows, meta) -> list:
                     e["basis"] = "device" if "pct_of_product_device" in by[variant] else "wall"
                 if measured_pre is not None:
                     e["measured_precomputed_index"] = measured_pre
+                unspec = by.get("pit_jax_unspecified", {}).get("ratio_to_oracle")
+                if tid in ("m_bf16_f16", "m_f32_tf32") and unspec is not None:
+                    e["measured_dead_rows_unspecified"] = unspec  # reported beside; `met` is pit_jax's
                     if pit.get("median_ms") is not None and pre.get("median_ms") is not None:
                         e["index_ms_inside_jit"] = pit["median_ms"] - pre["median_ms"]
                 if measured is None:
