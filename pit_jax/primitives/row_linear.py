@@ -10,7 +10,9 @@ the activation before the one rounding to x's dtype; dead rows are written act(b
 (zeros without a bias), or zeros with `zero_dead`, and cost no product. This is what
 keeps a padded model's bias and activation off its padding rows: XLA would run them over
 every row. With `zero_dead` the bias is on the live rows only, so its gradient sums the
-cotangent over the live rows (`row_sum`) instead of every row.
+cotangent over the live rows (`row_sum`) instead of every row. With `skip_dead`
+(inference, `dead_rows="unspecified"`) the dead rows are not written at all (NaN on the
+CPU and in the jnp paths), and autodiff raises.
 
 Autodiff: the primal comes from the fused kernel; with an activation it is
 `row_linear_pre`, which also returns z = x @ w + bias on the live rows (the activation's
