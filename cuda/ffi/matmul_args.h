@@ -171,11 +171,12 @@ inline ffi::ErrorOr<Epilogue> DecodeEpilogue(const std::string& target, ffi::Any
   return e;
 }
 
-// What both row-gather targets check after the product's shapes: c has a's leading dims
-// (no batch reduction, a is never the shared operand), the flat list, the epilogue.
+// What the row-gather targets check after the product's shapes: c has a's leading dims
+// (no batch reduction, a is never the shared operand), the flat list, the epilogue
+// (skip_dead: the unlisted rows left unwritten).
 inline ffi::ErrorOr<ProductArgs> DecodeRowGatherRest(const std::string& target, MatmulParams p, S32Buffer tiles,
                                                      S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
-                                                     int64_t tile_h, int64_t activation) {
+                                                     int64_t tile_h, int64_t activation, bool skip_dead) {
   if (p.a.batch != p.batch || p.c_batch != p.batch)
     return InvalidArg(target + ": the result must have a's leading dims, and b's batch count must divide a's");
   auto t = DecodeFlatList(target, tiles, count, tile_h, 1);
@@ -185,18 +186,19 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherRest(const std::string& target, 
   auto epi = DecodeEpilogue(target, bias, dead_row, activation, p);
   if (epi.has_error()) return ffi::Unexpected<ffi::Error>(epi.error());
   p.epi = *epi;
+  p.epi.skip_dead = skip_dead;
   return ProductArgs{p, *t, {}};
 }
 
 inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                                      S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                                      ffi::Result<ffi::AnyBuffer>& c, int64_t tile_h, bool trans_b,
-                                                     bool allow_tf32, int64_t activation,
+                                                     bool allow_tf32, int64_t activation, bool skip_dead,
                                                      const std::string& target = "pit_row_gather_matmul") {
   auto p = DecodeMatmul(target, a, b, c->dimensions(), c->element_type(), c->untyped_data(), false, trans_b, false,
                         allow_tf32);
   if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
-  return DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation);
+  return DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation, skip_dead);
 }
 
 // pit_row_gather_matmul_pre: as pit_row_gather_matmul (with an activation), plus z, the
@@ -205,10 +207,10 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPreArgs(ffi::AnyBuffer a, ffi::A
                                                         S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                                         ffi::Result<ffi::AnyBuffer>& c, ffi::Result<ffi::AnyBuffer>& z,
                                                         int64_t tile_h, bool trans_b, bool allow_tf32,
-                                                        int64_t activation) {
+                                                        int64_t activation, bool skip_dead) {
   const std::string target = "pit_row_gather_matmul_pre";
-  auto args =
-      DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation, target);
+  auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation,
+                                  skip_dead, target);
   if (args.has_error()) return args;
   if (args->mm.epi.act == Activation::kNone)
     return InvalidArg(target + ": needs an activation (without one z is c: use pit_row_gather_matmul)");
@@ -225,7 +227,7 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPartsArgs(ffi::AnyBuffer a, ffi:
                                                           S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                                           ffi::Result<ffi::AnyBuffer>* parts, int n_parts,
                                                           int64_t tile_h, bool trans_b, bool allow_tf32,
-                                                          int64_t activation) {
+                                                          int64_t activation, bool skip_dead) {
   const std::string target = "pit_row_gather_matmul3";
   auto dims0 = parts[0]->dimensions();
   if (dims0.size() < 2) return InvalidArg(target + ": every result must be at least 2-D");
@@ -240,7 +242,7 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPartsArgs(ffi::AnyBuffer a, ffi:
   auto p = DecodeMatmul(target, a, b, ffi::Span<const int64_t>(full.data(), full.size()), parts[0]->element_type(),
                         parts[0]->untyped_data(), false, trans_b, false, allow_tf32);
   if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
-  auto args = DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation);
+  auto args = DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation, skip_dead);
   if (args.has_error()) return args;
   args->mm.c = nullptr;
   args->mm.c_parts = n_parts;

@@ -60,7 +60,7 @@ inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNorm(ffi::AnyBuffer x, ffi
                                                            ffi::AnyBuffer bias, ffi::AnyBuffer scale,
                                                            ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count,
                                                            ffi::Result<ffi::AnyBuffer>& y, int64_t tile_h,
-                                                           float epsilon) {
+                                                           float epsilon, bool skip_dead) {
   const std::string target = "pit_row_layer_norm";
   auto p = DecodeRowLayerNormOperands(target, x, residual, bias, scale, tiles, count, tile_h, epsilon);
   if (p.has_error()) return p;
@@ -70,6 +70,7 @@ inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNorm(ffi::AnyBuffer x, ffi
   if (o.has_error()) return ffi::Unexpected<ffi::Error>(o.error());
   p->offset = *o;
   p->y = y->untyped_data();
+  p->skip_dead = skip_dead;
   return p;
 }
 

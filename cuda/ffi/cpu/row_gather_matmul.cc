@@ -73,9 +73,9 @@ void RowGather(const MatmulParams& p, const TileList& t) {
 ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
                               ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b,
                               bool allow_tf32, int64_t activation, bool skip_dead) {
-  auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
+  auto args =
+      DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation, skip_dead);
   if (args.has_error()) return args.error();
-  args->mm.epi.skip_dead = skip_dead;
   cpu::Poison(c->untyped_data(), c->size_bytes());
   if (args->mm.batch > 0) RowGather(args->mm, args->index);
   return ffi::Error::Success();
@@ -88,9 +88,9 @@ ffi::Error RowGatherMatmulPreCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer t
                                  ffi::Result<ffi::AnyBuffer> z, int64_t tile_h, bool trans_b, bool allow_tf32,
                                  int64_t activation, bool skip_dead) {
   auto args =
-      DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation);
+      DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation,
+                             skip_dead);
   if (args.has_error()) return args.error();
-  args->mm.epi.skip_dead = skip_dead;
   cpu::Poison(c->untyped_data(), c->size_bytes());
   cpu::Poison(z->untyped_data(), z->size_bytes());
   if (args->mm.batch > 0) RowGather(args->mm, args->index);
@@ -105,9 +105,9 @@ ffi::Error RowGatherMatmul3Cpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer til
                                bool trans_b, bool allow_tf32, int64_t activation, bool skip_dead) {
   ffi::Result<ffi::AnyBuffer> parts[3] = {c0, c1, c2};
   auto args =
-      DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation);
+      DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation,
+                               skip_dead);
   if (args.has_error()) return args.error();
-  args->mm.epi.skip_dead = skip_dead;
   MatmulParams p = args->mm;
   const int64_t es = DTypeBytes(p.dtype), part_bytes = p.N / 3 * es;
   std::vector<char> full(static_cast<size_t>(p.batch * p.M * p.N * es));

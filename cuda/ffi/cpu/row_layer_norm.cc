@@ -80,9 +80,8 @@ void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
 ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
                            ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count, ffi::Result<ffi::AnyBuffer> y,
                            int64_t tile_h, float epsilon, bool skip_dead) {
-  auto p = DecodeRowLayerNorm(x, residual, bias, scale, offset, tiles, count, y, tile_h, epsilon);
+  auto p = DecodeRowLayerNorm(x, residual, bias, scale, offset, tiles, count, y, tile_h, epsilon, skip_dead);
   if (p.has_error()) return p.error();
-  p->skip_dead = skip_dead;
   cpu::Poison(y->untyped_data(), y->size_bytes());
   RowLayerNorm(*p);
   return ffi::Error::Success();

@@ -19,9 +19,9 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
                                S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer> c, int64_t tile_h,
                                bool trans_b, bool allow_tf32, int64_t activation, bool skip_dead) {
   ++HandlerCalls();
-  auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation);
+  auto args =
+      DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation, skip_dead);
   if (args.has_error()) return args.error();
-  args->mm.epi.skip_dead = skip_dead;
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
   return gpu::LaunchStatus(kTarget, status);
@@ -33,9 +33,9 @@ ffi::Error RowGatherMatmulPreCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::An
                                   bool trans_b, bool allow_tf32, int64_t activation, bool skip_dead) {
   ++HandlerCalls();
   auto args =
-      DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation);
+      DecodeRowGatherPreArgs(a, b, tiles, count, bias, dead_row, c, z, tile_h, trans_b, allow_tf32, activation,
+                             skip_dead);
   if (args.has_error()) return args.error();
-  args->mm.epi.skip_dead = skip_dead;
   cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
   if (status == cudaSuccess) status = gpu::Poison(z->untyped_data(), z->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
@@ -50,9 +50,9 @@ ffi::Error RowGatherMatmul3Cuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
   ++HandlerCalls();
   ffi::Result<ffi::AnyBuffer> parts[3] = {c0, c1, c2};
   auto args =
-      DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation);
+      DecodeRowGatherPartsArgs(a, b, tiles, count, bias, dead_row, parts, 3, tile_h, trans_b, allow_tf32, activation,
+                               skip_dead);
   if (args.has_error()) return args.error();
-  args->mm.epi.skip_dead = skip_dead;
   cudaError_t status = cudaSuccess;
   for (auto& c : parts)
     if (status == cudaSuccess) status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);

@@ -15,9 +15,8 @@ ffi::Error RowLayerNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
                             ffi::AnyBuffer scale, ffi::AnyBuffer offset, S32Buffer tiles, S32Buffer count,
                             ffi::Result<ffi::AnyBuffer> y, int64_t tile_h, float epsilon, bool skip_dead) {
   ++HandlerCalls();
-  auto p = DecodeRowLayerNorm(x, residual, bias, scale, offset, tiles, count, y, tile_h, epsilon);
+  auto p = DecodeRowLayerNorm(x, residual, bias, scale, offset, tiles, count, y, tile_h, epsilon, skip_dead);
   if (p.has_error()) return p.error();
-  p->skip_dead = skip_dead;
   cudaError_t status = gpu::Poison(y->untyped_data(), y->size_bytes(), stream);
   if (status == cudaSuccess) status = LaunchRowLayerNorm(*p, stream);
   return gpu::LaunchStatus("pit_row_layer_norm", status);
