@@ -240,19 +240,31 @@ cudaError_t Launch(const RowLayerNormParams& p, bool dead_tail, cudaStream_t str
 // order (no atomics).
 
 constexpr int kBwdWarps = 8;
+// Rows of up to 2 vectors per lane load the scale with the row; at 3 that spilled under the
+// 128 registers of two blocks an SM.
+template <int kChunks>
+constexpr bool kBwdParamsFirst = kChunks > 0 && kChunks <= 2;
 
-// The row held in registers (LoadRowInRegisters), dy's loads issued first.
+// The row held in registers (LoadRowInRegisters), dy's loads and the scale's issued
+// first; the row's terms of the column sums are added to the warp's slice `sums` [3, n] in
+// shared memory (each lane its own columns: no race, the same order on every run).
 template <typename T, int V, int kChunks>
-__device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, int lane,
-                                  float (&acc)[3][kChunks][V]) {
+__device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, int lane, float* sums) {
   const RowLayerNormParams& p = q.fwd;
   const int64_t n = p.cols;
   const T* dy = static_cast<const T*>(q.dy) + row * n;
   float h[kChunks][V], g[kChunks][V];
+  float4 sc[kChunks][V / 4];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
-    if (c < n) LoadF<T, V>(dy + c, g[j]);
+    if (c < n) {
+      LoadF<T, V>(dy + c, g[j]);
+      if constexpr (kBwdParamsFirst<kChunks>) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4) sc[j][i / 4] = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
+      }
+    }
   }
   const RowStats st = LoadRowInRegisters<T, V, kChunks>(p, row, lane, h);
   float a1 = 0.f, a2 = 0.f;
@@ -262,18 +274,24 @@ __device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, i
     if (c < n) {
 #pragma unroll
       for (int i = 0; i < V; i += 4) {
-        const float4 sc = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
-        const float scv[4] = {sc.x, sc.y, sc.z, sc.w};
+        if constexpr (!kBwdParamsFirst<kChunks>) sc[j][i / 4] = __ldg(reinterpret_cast<const float4*>(p.scale + c + i));
+        const float scv[4] = {sc[j][i / 4].x, sc[j][i / 4].y, sc[j][i / 4].z, sc[j][i / 4].w};
+        float4* s0 = reinterpret_cast<float4*>(sums + c + i);
+        float4* s1 = reinterpret_cast<float4*>(sums + n + c + i);
+        float4 v0 = *s0, v1 = *s1;
+        float* w0 = &v0.x;
+        float* w1 = &v1.x;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float xhat = (h[j][i + e] - st.mean) * st.rstd;
-          acc[0][j][i + e] += g[j][i + e] * xhat;
-          acc[1][j][i + e] += g[j][i + e];
+          w0[e] += g[j][i + e] * xhat;
+          w1[e] += g[j][i + e];
           const float gs = g[j][i + e] * scv[e];
           h[j][i + e] = xhat;
           g[j][i + e] = gs;
           a1 += gs, a2 += gs * xhat;
         }
+        *s0 = v0, *s1 = v1;
       }
     }
   }
@@ -285,9 +303,16 @@ __device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, i
     const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
     if (c < n) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        h[j][i] = st.rstd * (g[j][i] - a1 - h[j][i] * a2);
-        acc[2][j][i] += h[j][i];
+      for (int i = 0; i < V; i += 4) {
+        float4* s2 = reinterpret_cast<float4*>(sums + 2 * n + c + i);
+        float4 v2 = *s2;
+        float* w2 = &v2.x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          h[j][i + e] = st.rstd * (g[j][i + e] - a1 - h[j][i + e] * a2);
+          w2[e] += h[j][i + e];
+        }
+        *s2 = v2;
       }
       StoreF<T, V>(dh + c, h[j]);
     }
@@ -343,68 +368,32 @@ __device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, fl
   }
 }
 
-// A warp's column sums acc[3][chunks][V] (lane's columns c = (j * 32 + lane) * V) stored to /
-// added from [3, n] (shared or global memory) with 16-byte accesses (a lane's V floats are
-// contiguous).
-template <int V, int kC>
-__device__ __forceinline__ void StoreSums(const float (&acc)[3][kC][V], float* dst, int64_t n, int lane) {
-#pragma unroll
-  for (int k = 0; k < 3; ++k)
-#pragma unroll
-    for (int j = 0; j < kC; ++j) {
-      const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
-      if (c < n) {
-#pragma unroll
-        for (int i = 0; i < V; i += 4)
-          *reinterpret_cast<float4*>(dst + k * n + c + i) =
-              make_float4(acc[k][j][i], acc[k][j][i + 1], acc[k][j][i + 2], acc[k][j][i + 3]);
-      }
-    }
-}
-
-template <int V, int kC>
-__device__ __forceinline__ void AddSums(float (&acc)[3][kC][V], const float* src, int64_t n, int lane) {
-#pragma unroll
-  for (int k = 0; k < 3; ++k)
-#pragma unroll
-    for (int j = 0; j < kC; ++j) {
-      const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * V;
-      if (c < n) {
-#pragma unroll
-        for (int i = 0; i < V; i += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(src + k * n + c + i);
-          acc[k][j][i] += v.x, acc[k][j][i + 1] += v.y, acc[k][j][i + 2] += v.z, acc[k][j][i + 3] += v.w;
-        }
-      }
-    }
-}
-
 // grid (ceil(warps / kBwdWarps), batch entries): warp w of entry b takes the list slots
 // w, w + warps, ...: live ones, and with a dead tail the dead ones too (it writes their
-// zeros; without one, dh was zeroed before). Rows held in
-// registers (kChunks > 0): each warp keeps its column sums in registers, the block adds
-// them up in a fixed tree, and block x writes slice x of work. Otherwise each warp adds
-// into its own slice of work as it goes.
+// zeros; without one, dh was zeroed before). Rows held in registers (kChunks > 0): each
+// warp adds its rows' terms of the column sums to its own slice of shared memory, then
+// the block adds the 8 slices in warp order and writes slice x of work. Otherwise each
+// warp adds into its own slice of work as it goes. (The sums in shared memory rather than
+// registers: 72 fewer registers a thread, two blocks an SM instead of one, so twice the
+// warps run at once and, at BERT's densities, none holds more than one live row; rows of 4
+// vectors a lane keep one block an SM, which spilled at two.)
 template <typename T, int V, int kChunks>
-__global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const RowLayerNormBwdParams q,
-                                                                         bool dead_tail) {
+__global__ void __launch_bounds__(kBwdWarps * 32, kChunks > 0 && kChunks <= 3 ? 2 : 1)
+    RowLayerNormBwdKernel(const RowLayerNormBwdParams q, bool dead_tail) {
   const RowLayerNormParams& p = q.fwd;
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kBwdWarps + wib;
   const bool active = warp < q.warps;  // every thread stays for the block's barriers
   const int64_t n = p.cols;
-  constexpr int kC = kChunks > 0 ? kChunks : 1;
-  extern __shared__ float red[];  // [kBwdWarps / 2, 3, n] (kChunks > 0)
+  extern __shared__ float4 red4[];  // [kBwdWarps, 3, n] (kChunks > 0)
+  float* red = reinterpret_cast<float*>(red4);
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-    float acc[3][kC][V];
     float* sums = nullptr;
     if constexpr (kChunks > 0) {
-#pragma unroll
-      for (int k = 0; k < 3; ++k)
-#pragma unroll
-        for (int j = 0; j < kC; ++j)
-#pragma unroll
-          for (int i = 0; i < V; ++i) acc[k][j][i] = 0.f;
+      sums = red + wib * 3 * n;
+      for (int64_t c = static_cast<int64_t>(lane) * 4; c < 3 * n; c += 128)
+        *reinterpret_cast<float4*>(sums + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+      __syncwarp();
     } else if (active) {
       sums = q.work + (b * q.warps + warp) * 3 * n;
       for (int64_t c = lane; c < 3 * n; c += 32) sums[c] = 0.f;
@@ -429,30 +418,34 @@ __global__ void __launch_bounds__(kBwdWarps * 32) RowLayerNormBwdKernel(const Ro
         if (slot >= live)
           ZeroRow<T, V>(q.dh, b * p.rows + r, p.cols, lane);
         else if constexpr (kChunks > 0)
-          BwdRowInRegisters<T, V, kChunks>(q, b * p.rows + r, lane, acc);
+          BwdRowInRegisters<T, V, kChunks>(q, b * p.rows + r, lane, sums);
         else
           BwdRow<T, V>(q, b * p.rows + r, lane, sums);
       }
     }
     if constexpr (kChunks > 0) {
-      // A fixed tree over the block's warps (the upper half hands its sums to the lower
-      // half through shared memory), then warp 0 writes the block's slice: the same
-      // sums on every run.
-      for (int half = kBwdWarps / 2; half > 0; half /= 2) {
-        if (wib >= half && wib < 2 * half) StoreSums<V, kC>(acc, red + (wib - half) * 3 * n, n, lane);
-        __syncthreads();
-        if (wib < half) AddSums<V, kC>(acc, red + wib * 3 * n, n, lane);
-        __syncthreads();
+      // The block's slice: the warps' slices added in warp order (the same sums on every run).
+      __syncthreads();
+      float* dst = q.work + (b * q.warps + blockIdx.x) * 3 * n;
+      for (int64_t e = static_cast<int64_t>(threadIdx.x) * 4; e < 3 * n; e += kBwdWarps * 32 * 4) {
+        float4 s = *reinterpret_cast<const float4*>(red + e);
+#pragma unroll
+        for (int w = 1; w < kBwdWarps; ++w) {
+          const float4 v = *reinterpret_cast<const float4*>(red + w * 3 * n + e);
+          s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+        }
+        *reinterpret_cast<float4*>(dst + e) = s;
       }
-      if (wib == 0) StoreSums<V, kC>(acc, q.work + (b * q.warps + blockIdx.x) * 3 * n, n, lane);
+      __syncthreads();  // the slices are read before the next entry clears them
     }
   }
 }
 
 // dvec[b, i] = sum over w of work[b, w, i], in the same order on every run: a block of
-// 32 columns x 8 threads, thread y summing the slices y, y + 8, ..., then the 8 partial
-// sums in order.
-constexpr int kSumSplit = 8;
+// 32 columns x 32 threads, thread y summing the slices y, y + 32, ... (up to 8 loads in
+// flight), then the 32 partial sums in order. (8 threads a column took 3.2 us for the 256
+// slices of BERT's 2048 warps, one dependent add chain of 32 loads a thread.)
+constexpr int kSumSplit = 32;
 
 __global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* work, int64_t slices,
                                                                   int64_t stride, int64_t n, int64_t batch,
@@ -463,7 +456,7 @@ __global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* w
     const float* w = work + b * stride * n;
     float s = 0.f;
     if (i < n) {
-#pragma unroll 4
+#pragma unroll 8
       for (int64_t k = threadIdx.y; k < slices; k += kSumSplit) s += w[k * n + i];
     }
     part[threadIdx.y][threadIdx.x] = s;
@@ -478,6 +471,29 @@ __global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* w
   }
 }
 
+// Launches the backward kernel with `smem` bytes of shared memory, raising the kernel's
+// limit past the default 48 KB once per device (the attribute is per function and device;
+// setting it twice is harmless, so racing threads need no lock).
+template <typename T, int V, int kChunks>
+cudaError_t LaunchBwdKernel(const RowLayerNormBwdParams& q, bool dead_tail, dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream) {
+  auto kernel = RowLayerNormBwdKernel<T, V, kChunks>;
+  if (smem > 48 * 1024) {
+    constexpr int kMaxDevices = 64;
+    static size_t allowed[kMaxDevices] = {};
+    int dev = 0;
+    const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices;
+    if (!known || allowed[dev] < smem) {
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+      if (known) allowed[dev] = smem;
+    }
+  }
+  kernel<<<grid, block, smem, stream>>>(q, dead_tail);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, bool dead_tail, cudaStream_t stream) {
   const RowLayerNormParams& p = q.fwd;
@@ -485,26 +501,26 @@ cudaError_t LaunchBwd(const RowLayerNormBwdParams& q, bool dead_tail, cudaStream
   const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x, 16) &&
                    Aligned(p.residual, 16) && Aligned(q.dy, 16) && Aligned(q.dh, 16);
   const int64_t chunks = (p.cols + 32 * kVec - 1) / (32 * kVec);
-  // Rows of up to 4 vectors per lane in registers (their sums too); otherwise three passes.
+  // Rows of up to 4 vectors per lane in registers; otherwise three passes.
   const bool regs = vec && chunks <= 4 && Aligned(p.bias, 16) && Aligned(p.scale, 16) && Aligned(q.work, 16);
   const unsigned ys = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
   const int64_t blocks = (q.warps + kBwdWarps - 1) / kBwdWarps;
   const dim3 grid(static_cast<unsigned>(blocks), ys), block(kBwdWarps * 32);
-  // kBwdWarps / 2 warps' sums in shared memory: <= 48 KB on the register path (H <= 1024)
-  const size_t red = static_cast<size_t>(kBwdWarps / 2 * 3 * p.cols) * sizeof(float);
+  // The warps' column sums in shared memory on the register path: <= 96 KB (H <= 1024).
+  const size_t red = static_cast<size_t>(kBwdWarps * 3 * p.cols) * sizeof(float);
+  cudaError_t e;
   if (regs && chunks <= 1)
-    RowLayerNormBwdKernel<T, kVec, 1><<<grid, block, red, stream>>>(q, dead_tail);
+    e = LaunchBwdKernel<T, kVec, 1>(q, dead_tail, grid, block, red, stream);
   else if (regs && chunks == 2)
-    RowLayerNormBwdKernel<T, kVec, 2><<<grid, block, red, stream>>>(q, dead_tail);
+    e = LaunchBwdKernel<T, kVec, 2>(q, dead_tail, grid, block, red, stream);
   else if (regs && chunks == 3)
-    RowLayerNormBwdKernel<T, kVec, 3><<<grid, block, red, stream>>>(q, dead_tail);
+    e = LaunchBwdKernel<T, kVec, 3>(q, dead_tail, grid, block, red, stream);
   else if (regs)
-    RowLayerNormBwdKernel<T, kVec, 4><<<grid, block, red, stream>>>(q, dead_tail);
+    e = LaunchBwdKernel<T, kVec, 4>(q, dead_tail, grid, block, red, stream);
   else if (vec)
-    RowLayerNormBwdKernel<T, kVec, 0><<<grid, block, 0, stream>>>(q, dead_tail);
+    e = LaunchBwdKernel<T, kVec, 0>(q, dead_tail, grid, block, 0, stream);
   else
-    RowLayerNormBwdKernel<T, 1, 0><<<grid, block, 0, stream>>>(q, dead_tail);
-  cudaError_t e = cudaGetLastError();
+    e = LaunchBwdKernel<T, 1, 0>(q, dead_tail, grid, block, 0, stream);
   if (e != cudaSuccess) return e;
   const int64_t n = 3 * p.cols;
   const int64_t slices = regs ? blocks : q.warps;  // a block's slice, or a warp's

@@ -200,14 +200,21 @@ def _lin_core(*, live, **_):
 # -- the backward target -------------------------------------------------------------------
 
 # Warps per batch entry of the backward kernel (blocks of 8): a few list slots each, so a
-# warp's rows are few; at most 1024, so the column sums' slices (one [3, H] per block,
-# or per warp for long rows) stay small.
-_ROWS_PER_WARP, _MAX_WARPS, _BLOCK = 4, 1024, 8
+# warp's rows are few; the column sums' slices (one [3, H] per block, or per warp for long
+# rows) stay small. Rows of up to 3 16-byte vectors a lane (H * itemsize <= 1536 bytes: 768
+# 16-bit elements) run two blocks an SM (cuda/kernels/row_layer_norm.cu), so 2048 warps fill
+# one wave of an H100 with 2 slots each: at BERT's densities no warp holds two live rows
+# (H100, BERT b32: 4 slots a warp 12.3 us a norm; 2 and 1 slot at one block an SM were
+# slower, 14.8 / 17.7 us, as were 8 / 16 / 32 slots, 15.2 / 21.2 / 33.7 us).
+_BLOCK = 8
+_TWO_BLOCKS_MAX_ROW_BYTES = 3 * 32 * 16
 
 
-def bwd_warps(capacity, tile_h):
-    """The backward kernel's warps per batch entry, from the index's capacity (static)."""
-    w = max(1, min(_MAX_WARPS, -(-capacity * tile_h // _ROWS_PER_WARP)))
+def bwd_warps(capacity, tile_h, h, itemsize):
+    """The backward kernel's warps per batch entry, from the index's capacity and the row
+    (static)."""
+    rows_per_warp, max_warps = (2, 2048) if h * itemsize <= _TWO_BLOCKS_MAX_ROW_BYTES else (4, 1024)
+    w = max(1, min(max_warps, -(-capacity * tile_h // rows_per_warp)))
     return int(-(-w // _BLOCK) * _BLOCK)
 
 
@@ -217,7 +224,7 @@ def row_layer_norm_bwd(x, residual, bias, scale, tiles, count, dy, *, tile_h, ep
     d offset and d bias."""
     dh, dvec, _ = row_layer_norm_bwd_p.bind(x, residual, bias, scale, tiles, count, dy.astype(x.dtype),
                                             tile_h=int(tile_h), epsilon=float(epsilon),
-                                            warps=bwd_warps(tiles.shape[-1], tile_h))
+                                            warps=bwd_warps(tiles.shape[-1], tile_h, x.shape[-1], x.dtype.itemsize))
     return dh, dvec
 
 
