@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("poison_outputs")
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 # (M, N, tile_h): N a multiple of 8 (16-byte vectors) or not, M not a multiple of tile_h,
 # and a list long enough to be summed in several slices (1000 x 3072).
-# (5000, 136, 1): more live rows than two rounds of list entries read ahead (row_sum.cuh).
+# (5000, 136, 1): several rounds of list reads a thread (row_sum.cuh: kUnroll slots a round).
 SHAPES = [(1, 8, 1), (37, 100, 1), (50, 96, 4), (33, 64, 32), (1000, 3072, 1), (5000, 136, 1)]
 
 
