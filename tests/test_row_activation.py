@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("poison_outputs")
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 NAMES = ["relu", "gelu", "gelu_exact", "silu"]
 # (M, N, tile_h): N a multiple of 8 (16-byte vectors) or not, M not a multiple of tile_h.
-SHAPES = [(1, 8, 1), (37, 96, 1), (50, 100, 4), (130, 3072, 1), (33, 64, 32)]
+# (9, 1288, 2): 16-byte vectors, two segments of a 16-bit row on the GPU, the second partial.
+SHAPES = [(1, 8, 1), (37, 96, 1), (50, 100, 4), (130, 3072, 1), (33, 64, 32), (9, 1288, 2)]
 
 
 def grad64(v, name):
