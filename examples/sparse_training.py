@@ -4,7 +4,8 @@ whose mask is recomputed every step, inside the jitted step.
 Every encoder linear (qkv, attention output, FFN in/out) keeps only the `density`
 fraction of its weight blocks with the largest L1 norm; the mask becomes a W-axis
 PitIndex and `sparse_dense` computes x @ (w * mask) on the live blocks only, forward
-and backward (the weight gradient is computed for live blocks only). Compares, in one run:
+and dx (the weight gradient is zero off the live blocks; on CUDA it is the masked dense
+product, which measured faster than kernels over the live blocks). Compares, in one run:
   pit          SparseDense on the W axis with the recomputed index (or, where the
                optimizer expects it faster, the dense product on the masked kernel);
                the mask by pit_jax.block_topk (block norms and a radix select on the
