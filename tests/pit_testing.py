@@ -194,3 +194,11 @@ def activation64(v, name):
     if name in ("silu", "swish"):
         return v / (1.0 + np.exp(-v))
     return v
+
+
+def unfused_z64(x, w, b64, dtype) -> np.ndarray:
+    """x @ w + b in float64 as sparse_dense's unfused path (a callable activation) forms
+    it: the product rounded to dtype, then its sum with the bias (b64, a value of dtype)
+    rounded again. With cancellation that differs from the exact sum by more than the
+    16-bit tolerances, so references of that path round the same way."""
+    return f64(jnp.asarray(f64(jnp.asarray(f64(x) @ f64(w)).astype(dtype)) + b64).astype(dtype))

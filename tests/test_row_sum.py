@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, put, randn
+from pit_testing import (PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, put, randn,
+                          unfused_z64)
 
 import pit_jax
 from pit_jax.ops.sread_swrite import flat_index
@@ -204,11 +205,8 @@ def test_sparse_dense_zero_dead_rows(platform, dtype, activation, use_bias, part
     act = (lambda v: v) if activation is None else (
         (lambda v: np.tanh(v)) if callable(activation) else (lambda v: activation64(v, activation)))
     z = f64(x) @ f64(w) + (f64(bias) if use_bias else 0.0)
-    if callable(activation):
-        # the unfused path rounds the product, then the sum, to dtype before the activation:
-        # with cancellation that is more than the tolerance, so the reference rounds too
-        b64 = f64(bias) if use_bias else 0.0
-        z = f64(jnp.asarray(f64(jnp.asarray(f64(x) @ f64(w)).astype(dtype)) + b64).astype(dtype))
+    if callable(activation):  # the unfused path rounds the product, then the sum
+        z = unfused_z64(x, w, f64(bias) if use_bias else 0.0, dtype)
     check_close(y, np.where(live[:, None], act(z), 0.0), dtype, f"seed={seed} y")
     assert not f64(y)[~live].any(), f"seed={seed}: dead rows must be zeros"
 
