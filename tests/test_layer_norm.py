@@ -175,6 +175,80 @@ def test_backward_matches_reference(platform, dtype, density, m, h, tile_h):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("density", [0.4, 1.0])
+@pytest.mark.parametrize("m,h,tile_h", SHAPES)
+def test_copies_add_their_cotangents_in_the_backward(platform, dtype, density, m, h, tile_h):
+    """copies=2: y twice (the same values); each copy's cotangent reaches the one backward
+    target (its dy2 operand), with no add of the two over every row before it, and the
+    gradient is that of y with the summed cotangent."""
+    rng, seed = fresh_rng()
+    lead = (2,)
+    x, res, scale, offset, bias = operands(rng, lead, m, h, dtype)
+    live = row_mask(rng, lead, m, tile_h, density)
+    dy, dy2 = randn(rng, x.shape, dtype), randn(rng, x.shape, dtype)
+
+    def f(x, res, bias, scale, offset, mask, dy, dy2):
+        idx = pit_jax.index(mask[..., None], (tile_h, 1))
+        ys, vjp = jax.vjp(lambda *a: pit_jax.layer_norm(a[0], a[3], a[4], idx, residual=a[1], bias=a[2], copies=2),
+                          x, res, bias, scale, offset)
+        return ys, pit_jax.layer_norm(x, scale, offset, idx, residual=res, bias=bias), vjp((dy, dy2))
+
+    args = put(platform, x, res, bias, scale, offset, live, dy, dy2)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert jaxpr.count("pit_row_layer_norm_bwd[") == 1 and "add_any" not in jaxpr
+    (y1, y2), y, (dx, dres, dbias, dscale, doffset) = jax.jit(f)(*args)
+    np.testing.assert_array_equal(f64(y1), f64(y), err_msg=f"seed={seed}: copy 1 is y")
+    np.testing.assert_array_equal(f64(y2), f64(y), err_msg=f"seed={seed}: copy 2 is y")
+    g = f64(np.asarray(jnp.asarray(dy))) + f64(np.asarray(jnp.asarray(dy2)))
+    want_h, want_s, want_o, want_b = ln64_bwd(x, scale, live, g, res, bias)
+    check_close(dx, want_h, dtype, f"seed={seed} dx")
+    np.testing.assert_array_equal(f64(dres), f64(dx), err_msg=f"seed={seed}: d residual is d x")
+    assert not f64(dx)[~live].any(), f"seed={seed}: dead rows get no gradient"
+    for got, want, name in ((dscale, want_s, "scale"), (doffset, want_o, "offset"), (dbias, want_b, "bias")):
+        check_close(got, want, jnp.float32 if dtype == jnp.float32 else dtype, f"seed={seed} d{name}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_copies_under_transforms(platform):
+    """copies: one copy used (the other's cotangent a symbolic zero), three copies (the
+    third cotangent added by XLA), jit of grad, vmap, vmap(grad) and jvp, against the
+    one-copy op with the consumers' uses written out."""
+    rng, seed = fresh_rng()
+    b, m, h = 3, 20, 16
+    x, res, scale, offset, bias = operands(rng, (b,), m, h, jnp.float32)
+    live = row_mask(rng, (b,), m, 1, 0.5)
+    x, res, scale, offset, bias, mask = put(platform, x, res, scale, offset, bias, live)
+    idx = pit_jax.index(mask[..., None], "row")
+    uses = (jnp.sin, lambda v: v * v, jnp.cos)
+
+    def loss(n, used):
+        def fn(a, r, s, o, c, i=idx):
+            ys = pit_jax.layer_norm(a, s, o, i, residual=r, bias=c, copies=n) if n > 1 else None
+            one = pit_jax.layer_norm(a, s, o, i, residual=r, bias=c)
+            return sum(jnp.sum(uses[k]((ys[k] if ys else one))) for k in range(used))
+        return fn
+
+    args = (x, res, scale, offset, bias)
+    for n, used in ((2, 1), (2, 2), (3, 3)):
+        got = jax.jit(jax.grad(loss(n, used), argnums=range(5)))(*args)
+        want = jax.grad(loss(1, used), argnums=range(5))(*args)
+        for i, (u, v) in enumerate(zip(got, want)):
+            np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5,
+                                       err_msg=f"seed={seed} copies={n} used={used} arg {i}")
+    vg = jax.vmap(jax.grad(lambda a, r, i: loss(2, 2)(a, r, scale, offset, bias, i)))(x, res, idx)
+    vg_ref = jax.vmap(jax.grad(lambda a, r, i: loss(1, 2)(a, r, scale, offset, bias, i)))(x, res, idx)
+    np.testing.assert_allclose(np.asarray(vg), np.asarray(vg_ref), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed} vmap")
+    tangents = put(platform, *(randn(rng, a.shape, jnp.float32) for a in args))
+    f2 = lambda *a: pit_jax.layer_norm(a[0], a[2], a[3], idx, residual=a[1], bias=a[4], copies=2)  # noqa: E731
+    f1 = lambda *a: pit_jax.layer_norm(a[0], a[2], a[3], idx, residual=a[1], bias=a[4])  # noqa: E731
+    (y1, y2), (t1, t2) = jax.jvp(f2, args, tangents)
+    _, t = jax.jvp(f1, args, tangents)
+    for u in (t1, t2):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(t), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed} jvp")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("capacity", [7, 16])
 def test_backward_capacity_below_the_row_blocks(platform, capacity):
     """A list too short for every block: rows past the capacity get no gradient."""
@@ -286,6 +360,9 @@ def test_errors():
         pit_jax.layer_norm(x, s, s, idx, epsilon=-1.0)
     with pytest.raises(ValueError, match=r"layer_norm: x must be \[\.\.\., M, H\]"):
         pit_jax.layer_norm(jnp.ones((8,)), s, s)
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"layer_norm: copies must be an int >= 1, got " + repr(bad)):
+            pit_jax.layer_norm(x, s, s, idx, copies=bad)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -327,6 +404,13 @@ def test_flax_layers_are_drop_ins(platform):
     got = pit_nnx(x, idx, residual=res)
     want = np.asarray(ref_nnx(x + res), np.float32)
     np.testing.assert_allclose(np.asarray(got)[live], want[live], rtol=2e-2, atol=2e-2, err_msg=f"seed={seed}")
+    # copies=2: the same result twice, with or without an index
+    for two, one in ((pit_nnx(x, idx, residual=res, copies=2), got),
+                     (pit_mod.apply(params, x[None], residual=res[None], copies=2),
+                      pit_mod.apply(params, x[None], residual=res[None]))):
+        assert isinstance(two, tuple) and len(two) == 2
+        for c in two:
+            np.testing.assert_array_equal(np.asarray(c), np.asarray(one))
 
 
 def _raw(shape, dtype, *args, tile_h=1, epsilon=1e-6):
@@ -365,15 +449,18 @@ def test_raw_target_refuses_bad_input(platform, case):
             jax.block_until_ready(jax.jit(RAW_BAD[case])())
 
 
-def _raw_bwd(x, dy, *, dvec=(3, 8), work=(2, 3, 8), scale=8, dtype=jnp.float32):
+def _raw_bwd(x, dy, *, dy2=None, dvec=(3, 8), work=(2, 3, 8), scale=8, dtype=jnp.float32):
     outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(dvec, dtype),
             jax.ShapeDtypeStruct(work, jnp.float32))
     call = jax.ffi.ffi_call("pit_row_layer_norm_bwd", outs)
-    return call(x, _F(0), _F(0), _F(scale), _I(4), _I(), dy, tile_h=np.int64(1), epsilon=np.float32(1e-6))
+    dy2 = _F(0) if dy2 is None else dy2
+    return call(x, _F(0), _F(0), _F(scale), _I(4), _I(), dy, dy2, tile_h=np.int64(1), epsilon=np.float32(1e-6))
 
 
 RAW_BAD_BWD = {
     "dy must have x's shape and dtype": lambda: _raw_bwd(_F(4, 8), jnp.ones((4, 8), jnp.bfloat16)),
+    "dy2 must have x's shape and dtype \\(or be \\[0\\] for none\\)": lambda: _raw_bwd(_F(4, 8), _F(4, 8),
+                                                                                  dy2=_F(4, 4)),
     "dvec must be float32 \\[\\.\\.\\., 3, H\\]": lambda: _raw_bwd(_F(4, 8), _F(4, 8), dvec=(2, 8)),
     "dvec must be float32": lambda: _raw_bwd(_F(4, 8), _F(4, 8), dtype=jnp.bfloat16),
     "work must be float32 \\[\\.\\.\\., warps, 3, H\\]": lambda: _raw_bwd(_F(4, 8), _F(4, 8), work=(3, 8)),

@@ -269,6 +269,17 @@ def test_jit_index_and_layer_norm_per_entry(mesh):
     for u, v in zip(got, want):
         np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
     assert "all-gather" not in _compiled(g, *args, _put(mesh, scale, P()), _put(mesh, offset, P()))
+    # copies=2 (two results, the backward's second cotangent dy2): the same gradient
+    def loss2(x, res, s, o):
+        a, b = pit_jax.layer_norm(x, s, o, pit_jax.index(x, "row"), residual=res, copies=2)
+        return jnp.sum(jnp.sin(a)) + jnp.sum(b * b)
+
+    g2 = jax.jit(jax.grad(loss2, argnums=(0, 1, 2, 3)))
+    got = g2(*args, _put(mesh, scale, P()), _put(mesh, offset, P()))
+    want = jax.grad(loss2, argnums=(0, 1, 2, 3))(jnp.asarray(x), jnp.asarray(res), scale, offset)
+    for u, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+    assert "all-gather" not in _compiled(g2, *args, _put(mesh, scale, P()), _put(mesh, offset, P()))
 
 
 def test_jit_sread_swrite_and_parts_per_entry(mesh):

@@ -28,6 +28,9 @@ struct RowLayerNormParams : RowBlocks {
 struct RowLayerNormBwdParams {
   RowLayerNormParams fwd;
   const void* dy = nullptr;  // [batch, rows, cols], x's dtype: the forward's cotangent
+  // [batch, rows, cols] or null: a second cotangent of y (a second consumer's), added to dy
+  // in float32 on the listed rows (XLA would add the two over every row first).
+  const void* dy2 = nullptr;
   void* dh = nullptr;        // [batch, rows, cols], x's dtype: d(x + residual + bias), 0 on dead rows
   float* dvec = nullptr;     // [batch, 3, cols]: sums over the entry's live rows of d scale, d offset, d bias
   float* work = nullptr;     // [batch, warps, 3, cols]: each warp's partial sums (summed in a fixed order)

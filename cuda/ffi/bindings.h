@@ -133,6 +133,7 @@ auto RowLayerNormBwd(B b) {
       .template Arg<S32>()  // tiles
       .template Arg<S32>()  // count
       .template Arg<AnyBuffer>()  // dy
+      .template Arg<AnyBuffer>()  // dy2 (or [0])
       .template Ret<AnyBuffer>()  // dh
       .template Ret<AnyBuffer>()  // dvec [..., 3, H]: d scale, d offset, d bias
       .template Ret<AnyBuffer>()  // work [..., warps, 3, H]

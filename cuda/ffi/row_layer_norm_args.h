@@ -74,17 +74,21 @@ inline ffi::ErrorOr<RowLayerNormParams> DecodeRowLayerNorm(ffi::AnyBuffer x, ffi
   return p;
 }
 
-// pit_row_layer_norm_bwd: the shared operands, dy (x's shape and dtype); results dh (x's
-// shape and dtype), dvec float32 [..., 3, H], work float32 [..., warps, 3, H].
+// pit_row_layer_norm_bwd: the shared operands, dy and dy2 (x's shape and dtype; dy2 may be
+// [0]); results dh (x's shape and dtype), dvec float32 [..., 3, H], work float32
+// [..., warps, 3, H].
 inline ffi::ErrorOr<RowLayerNormBwdParams> DecodeRowLayerNormBwd(
     ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale, S32Buffer tiles,
-    S32Buffer count, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer>& dh, ffi::Result<ffi::AnyBuffer>& dvec,
-    ffi::Result<ffi::AnyBuffer>& work, int64_t tile_h, float epsilon) {
+    S32Buffer count, ffi::AnyBuffer dy, ffi::AnyBuffer dy2, ffi::Result<ffi::AnyBuffer>& dh,
+    ffi::Result<ffi::AnyBuffer>& dvec, ffi::Result<ffi::AnyBuffer>& work, int64_t tile_h, float epsilon) {
   const std::string target = "pit_row_layer_norm_bwd";
   auto p = DecodeRowLayerNormOperands(target, x, residual, bias, scale, tiles, count, tile_h, epsilon);
   if (p.has_error()) return ffi::Unexpected<ffi::Error>(p.error());
   if (dy.element_type() != x.element_type() || !SameDims(dy.dimensions(), x.dimensions()))
     return InvalidArg(target + ": dy must have x's shape and dtype");
+  if (dy2.element_count() != 0 &&
+      (dy2.element_type() != x.element_type() || !SameDims(dy2.dimensions(), x.dimensions())))
+    return InvalidArg(target + ": dy2 must have x's shape and dtype (or be [0] for none)");
   if (dh->element_type() != x.element_type() || dh->element_count() != x.element_count())
     return InvalidArg(target + ": dh must have x's shape and dtype");
   const int64_t vec = 3 * p->cols;
@@ -97,6 +101,7 @@ inline ffi::ErrorOr<RowLayerNormBwdParams> DecodeRowLayerNormBwd(
   RowLayerNormBwdParams q;
   q.fwd = *p;
   q.dy = dy.untyped_data();
+  q.dy2 = dy2.element_count() != 0 ? dy2.untyped_data() : nullptr;
   q.dh = dh->untyped_data();
   q.dvec = static_cast<float*>(dvec->untyped_data());
   q.work = static_cast<float*>(work->untyped_data());

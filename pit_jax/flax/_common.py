@@ -59,11 +59,11 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
 
 
 def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=None, epsilon, dtype, param_dtype,
-                        dead_rows="zeros"):
+                        dead_rows="zeros", copies=1):
     """`pit_jax.layer_norm` of x [..., H] with the Flax LayerNorm's dtype rule (the result
     in `dtype`, else in x's dtype promoted with the parameters'); scale / offset None =
     ones / zeros. Without an index every row is normalized (leading dims folded into rows).
-    `dead_rows` as in pit_jax.layer_norm."""
+    `dead_rows` and `copies` as in pit_jax.layer_norm."""
     x = jnp.asarray(x)
     out = jnp.dtype(dtype) if dtype is not None else jnp.result_type(x.dtype, param_dtype)
     features = x.shape[-1]
@@ -73,10 +73,11 @@ def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=Non
     residual = None if residual is None else jnp.asarray(residual).astype(out)
     if index is not None:
         return pit_jax.layer_norm(x, scale, offset, index, residual=residual, bias=bias, epsilon=epsilon,
-                                  dead_rows=dead_rows)
+                                  dead_rows=dead_rows, copies=copies)
     flat = lambda a: None if a is None else jnp.reshape(a, (-1, features))
-    y = pit_jax.layer_norm(flat(x), scale, offset, residual=flat(residual), bias=bias, epsilon=epsilon)
-    return jnp.reshape(y, x.shape)
+    y = pit_jax.layer_norm(flat(x), scale, offset, residual=flat(residual), bias=bias, epsilon=epsilon,
+                           copies=copies)
+    return jnp.reshape(y, x.shape) if copies == 1 else tuple(jnp.reshape(c, x.shape) for c in y)
 
 
 def _fit(micro_tile, axis, shape):

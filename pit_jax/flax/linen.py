@@ -87,7 +87,9 @@ class LayerNorm(nn.Module):
     live rows: a padded model's residual add, the preceding product's bias and the norm
     run in one pass over the valid tokens (XLA would run them over every row).
     `index=None` normalizes every row. `dead_rows="unspecified"` leaves the other rows
-    unwritten (inference only), as in `pit_jax.layer_norm`.
+    unwritten (inference only), as in `pit_jax.layer_norm`. `copies=2` returns the result
+    twice, one per consumer (a residual stream's next product and next norm): the
+    backward then adds their cotangents on the live rows only (`pit_jax.layer_norm`).
     """
 
     epsilon: float = 1e-6
@@ -100,9 +102,10 @@ class LayerNorm(nn.Module):
     dead_rows: str = "zeros"
 
     @nn.compact
-    def __call__(self, x, index=None, *, residual=None, bias=None):
+    def __call__(self, x, index=None, *, residual=None, bias=None, copies=1):
         features = jnp.shape(x)[-1]
         scale = self.param("scale", self.scale_init, (features,), self.param_dtype) if self.use_scale else None
         offset = self.param("bias", self.bias_init, (features,), self.param_dtype) if self.use_bias else None
         return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
-                                   dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows)
+                                   dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows,
+                                   copies=copies)

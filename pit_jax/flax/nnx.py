@@ -85,7 +85,9 @@ class LayerNorm(nnx.Module):
     `bias`) that normalizes only the rows an M-axis index lists (`pit_jax.layer_norm`;
     zeros elsewhere): `LayerNorm(n, rngs=r)(x, index, residual=res, bias=b)` is
     `nnx.LayerNorm(n)(x + res + b)` on the live rows. `index=None`: every row.
-    `dead_rows="unspecified"`: the other rows are left unwritten (inference only)."""
+    `dead_rows="unspecified"`: the other rows are left unwritten (inference only).
+    `copies=2`: the result twice, one per consumer, so the backward adds their
+    cotangents on the live rows only (`pit_jax.layer_norm`)."""
 
     def __init__(
         self,
@@ -109,11 +111,12 @@ class LayerNorm(nnx.Module):
         self.scale = nnx.Param(scale_init(rngs.params(), (num_features,), param_dtype)) if use_scale else None
         self.bias = nnx.Param(bias_init(rngs.params(), (num_features,), param_dtype)) if use_bias else None
 
-    def __call__(self, x, index=None, *, residual=None, bias=None):
+    def __call__(self, x, index=None, *, residual=None, bias=None, copies=1):
         scale = self.scale[...] if self.scale is not None else None
         offset = self.bias[...] if self.bias is not None else None
         return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
-                                   dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows)
+                                   dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows,
+                                   copies=copies)
 
 
 SparseLinear = SparseDense

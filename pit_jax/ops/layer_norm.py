@@ -11,6 +11,11 @@ x's dtype; `flax.linen.LayerNorm(epsilon=...)` gives the same value on live rows
 Differentiable (the gradient runs `pit_row_layer_norm_bwd` on the same rows; forward mode
 and second order the jnp expression over all rows) and vmap-able. For inference,
 `dead_rows="unspecified"` leaves the other rows unwritten (not differentiable).
+
+A result with two consumers (a residual stream's: the next product reads it, and so does
+the next norm as its residual) can be taken as `copies=2`, one reference per consumer:
+the backward kernel then adds the two cotangents on the live rows, where JAX would add
+them over every row before it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pit_jax import config
 from pit_jax.ops.sread_swrite import flat_index
@@ -49,7 +55,8 @@ def layer_norm(
     bias: Optional[jax.Array] = None,
     epsilon: float = 1e-6,
     dead_rows: str = "zeros",
-) -> jax.Array:
+    copies: int = 1,
+) -> jax.Array | tuple[jax.Array, ...]:
     """Layer norm of `x + residual + bias` over the last axis, on the index's live rows.
 
     Args:
@@ -64,14 +71,20 @@ def layer_norm(
         "unspecified": left unwritten, for inference where nothing reads them (the GPU
         kernel then skips their writes; the CPU and the jnp reference write NaN there).
         Not differentiable: autodiff raises; use "zeros" to train.
+      copies: 1 returns the array; n > 1 a tuple of n references to it (the same buffer),
+        one for each consumer, so that the backward adds their cotangents on the live rows
+        inside its kernel (the first two; a third and more are added by XLA).
 
     Returns:
       [..., M, H] in x's dtype: normalized live rows, zeros (or unspecified values) on the
-      other rows.
+      other rows; with copies > 1, a tuple of that many.
     """
     if dead_rows not in LAYER_NORM_DEAD_ROWS:
         raise ValueError(f"layer_norm: dead_rows must be one of {LAYER_NORM_DEAD_ROWS}, got {dead_rows!r}")
     skip_dead = dead_rows == "unspecified"
+    if isinstance(copies, bool) or not isinstance(copies, (int, np.integer)) or copies < 1:
+        raise ValueError(f"layer_norm: copies must be an int >= 1, got {copies!r}")
+    copies = int(copies)
     x = jnp.asarray(x)
     if x.dtype not in _products.FLOATS:
         raise TypeError(f"layer_norm: x must be float32, bfloat16 or float16, got {x.dtype}")
@@ -103,5 +116,6 @@ def layer_norm(
     args = (x, residual if residual is not None else jnp.zeros((0,), x.dtype),
             bias if bias is not None else jnp.zeros((0,), jnp.float32), scale, offset, tiles, count)
     if config.reference_enabled("layer_norm"):
-        return _reference(*args, tile_h=tile_h, epsilon=epsilon, skip_dead=skip_dead)
-    return _row_layer_norm(*args, tile_h=tile_h, epsilon=epsilon, skip_dead=skip_dead)
+        y = _reference(*args, tile_h=tile_h, epsilon=epsilon, skip_dead=skip_dead)
+        return y if copies == 1 else (y,) * copies
+    return _row_layer_norm(*args, tile_h=tile_h, epsilon=epsilon, skip_dead=skip_dead, copies=copies)

@@ -16,6 +16,11 @@ only, with the column sums for scale, offset and bias added in a fixed order. Se
 order differentiates the backward's jnp expression. vmap moves the mapped axis into
 the batch dims (x, residual and the index); a mapped bias, scale or offset falls back to
 the jnp expression.
+
+`copies` = n returns y n times (the same buffer): a y with two consumers (a residual
+stream: the next product and the next norm's residual) gets each consumer's cotangent
+apart, and the backward kernel adds the two on the listed rows (its `dy2`), where JAX
+would add them over every row before the transpose.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
 from pit_jax.primitives.swrite import swrite
 
 row_layer_norm_p = Primitive("pit_row_layer_norm")
+row_layer_norm_p.multiple_results = True  # `copies` outputs
 row_layer_norm_lin_p = Primitive("pit_row_layer_norm_lin")
+row_layer_norm_lin_p.multiple_results = True
 row_layer_norm_bwd_p = Primitive("pit_row_layer_norm_bwd")
 row_layer_norm_bwd_p.multiple_results = True
 
@@ -72,17 +79,18 @@ def check_row_index(where, shape, tiles, count, tile_h, owner):
                          f"must be {owner} {batch}")
 
 
-def _abstract_eval(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False):
+def _abstract_eval(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead, copies):
     _check(x, residual, bias, scale, offset, tiles, count, tile_h=tile_h)
-    return ShapedArray(x.shape, x.dtype)
+    return [ShapedArray(x.shape, x.dtype)] * copies
 
 
-def _native(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False):
+def _native(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead, copies):
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    return jax.ffi.ffi_call("pit_row_layer_norm", out)(
+    y = jax.ffi.ffi_call("pit_row_layer_norm", out)(
         x, residual, bias, scale, offset, tiles, count, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon),
         skip_dead=bool(skip_dead),
     )
+    return [y] * copies
 
 
 def _rows(tiles, count, m, tile_h, native):
@@ -132,36 +140,38 @@ def reference(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon
     return inference_only(jnp.where(rows[..., None], y, jnp.nan), "layer_norm") if skip_dead else y
 
 
-def row_layer_norm(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False):
+def row_layer_norm(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False, copies=1):
     """x [..., M, H]; residual / bias None or arrays; scale, offset [H]; the flat index list.
-    skip_dead: the unlisted rows are left unwritten (inference only: not differentiable)."""
+    skip_dead: the unlisted rows are left unwritten (inference only: not differentiable).
+    copies > 1: a tuple of that many references to y, one per consumer (module docstring)."""
     if residual is None:
         residual = jnp.zeros((0,), x.dtype)
     if bias is None:
         bias = jnp.zeros((0,), jnp.float32)
-    return row_layer_norm_p.bind(x, residual, bias, scale, offset, tiles, count, tile_h=int(tile_h),
-                                 epsilon=float(epsilon), skip_dead=bool(skip_dead))
+    outs = row_layer_norm_p.bind(x, residual, bias, scale, offset, tiles, count, tile_h=int(tile_h),
+                                 epsilon=float(epsilon), skip_dead=bool(skip_dead), copies=int(copies))
+    return outs[0] if copies == 1 else tuple(outs)
 
 
 def _jvp(primals, tangents, **params):
     live = tuple(i for i, t in enumerate(tangents[:5]) if type(t) is not ad.Zero)
-    out = row_layer_norm_p.bind(*primals, **params)
+    outs = row_layer_norm_p.bind(*primals, **params)
     if not live:
-        return out, zero_tangent(out)
+        return outs, [zero_tangent(o) for o in outs]
     if params.pop("skip_dead"):
         raise unspecified_error("layer_norm")
     x, residual, bias, scale, _, tiles, count = primals
-    t_out = row_layer_norm_lin_p.bind(x, residual, bias, scale, tiles, count, *(tangents[i] for i in live),
-                                      live=live, **params)
-    return out, t_out
+    t_outs = row_layer_norm_lin_p.bind(x, residual, bias, scale, tiles, count, *(tangents[i] for i in live),
+                                       live=live, **params)
+    return outs, t_outs
 
 
 # -- the tangent map and its transpose -----------------------------------------------------
 
 
-def _tangent_map(x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon):
+def _tangent_map(x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon, copies):
     """jnp: the forward's tangent for the tangents of the operands `live` names (indices
-    into TANGENTS), over every row."""
+    into TANGENTS), over every row, once per copy."""
     primals = [x, residual, bias, scale, jnp.zeros_like(scale)]
 
     def f(*vals):
@@ -170,31 +180,37 @@ def _tangent_map(x, residual, bias, scale, tiles, count, *tans, live, tile_h, ep
             args[i] = v
         return reference(*args, tiles, count, tile_h=tile_h, epsilon=epsilon, native_mask=True)
 
-    return jax.jvp(f, [primals[i] for i in live], list(tans))[1]
+    return [jax.jvp(f, [primals[i] for i in live], list(tans))[1]] * copies
 
 
-def _lin_abstract_eval(x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon):
+def _lin_abstract_eval(x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon, copies):
     _check(x, residual, bias, scale, scale, tiles, count, tile_h=tile_h)
-    return ShapedArray(x.shape, x.dtype)
+    return [ShapedArray(x.shape, x.dtype)] * copies
 
 
-def _lin_transpose(ct, x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon):
+def _lin_transpose(cts, x, residual, bias, scale, tiles, count, *tans, live, tile_h, epsilon, copies):
     none = [None] * 6
-    if type(ct) is ad.Zero:
+    cts = [ct for ct in cts if type(ct) is not ad.Zero]
+    if not cts:
         return none + [None if not ad.is_undefined_primal(t) else ad.Zero(t.aval) for t in tans]
-    dh, dvec = row_layer_norm_bwd(x, residual, bias, scale, tiles, count, ct, tile_h=tile_h, epsilon=epsilon)
+    # The kernel adds a second consumer's cotangent on the listed rows; more than two
+    # consumers (not a pattern the models have) add the rest first, over every row.
+    dy2 = functools.reduce(jnp.add, cts[2:], cts[1]) if len(cts) > 1 else None
+    dh, dvec = row_layer_norm_bwd(x, residual, bias, scale, tiles, count, cts[0], tile_h=tile_h, epsilon=epsilon,
+                                  dy2=dy2)
     dvec = jnp.sum(dvec, axis=tuple(range(dvec.ndim - 2)))  # a shared vector's: over the batch dims too
     by_name = {"x": dh, "residual": dh, "bias": dvec[2], "scale": dvec[0], "offset": dvec[1]}
     return none + [by_name[TANGENTS[i]].astype(t.aval.dtype) if ad.is_undefined_primal(t) else None
                    for i, t in zip(live, tans)]
 
 
-def _lin_batch(args, dims, *, live, **params):
-    return jax.vmap(functools.partial(_tangent_map, live=live, **params), in_axes=tuple(dims))(*args), 0
+def _lin_batch(args, dims, *, live, copies, **params):
+    outs = jax.vmap(functools.partial(_tangent_map, live=live, copies=copies, **params), in_axes=tuple(dims))(*args)
+    return outs, [0] * copies
 
 
-def _lin_core(*, live, **_):
-    return (2, 2, 1, 1, 1, 0, *(_TANGENT_RANKS[i] for i in live)), (2,)
+def _lin_core(*, live, copies, **_):
+    return (2, 2, 1, 1, 1, 0, *(_TANGENT_RANKS[i] for i in live)), (2,) * copies
 
 
 # -- the backward target -------------------------------------------------------------------
@@ -218,19 +234,24 @@ def bwd_warps(capacity, tile_h, h, itemsize):
     return int(-(-w // _BLOCK) * _BLOCK)
 
 
-def row_layer_norm_bwd(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon):
+def row_layer_norm_bwd(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, dy2=None):
     """(dh, dvec): dh = d(x + residual + bias) [..., M, H] in x's dtype (0 on unlisted
-    rows); dvec [..., 3, H] float32: per batch entry, the sums over its rows of d scale,
-    d offset and d bias."""
-    dh, dvec, _ = row_layer_norm_bwd_p.bind(x, residual, bias, scale, tiles, count, dy.astype(x.dtype),
+    rows) for the cotangent dy (+ dy2: a second consumer's, added in float32 on the
+    listed rows); dvec [..., 3, H] float32: per batch entry, the sums over its rows of
+    d scale, d offset and d bias."""
+    dy2 = jnp.zeros((0,), x.dtype) if dy2 is None else dy2.astype(x.dtype)
+    dh, dvec, _ = row_layer_norm_bwd_p.bind(x, residual, bias, scale, tiles, count, dy.astype(x.dtype), dy2,
                                             tile_h=int(tile_h), epsilon=float(epsilon),
                                             warps=bwd_warps(tiles.shape[-1], tile_h, x.shape[-1], x.dtype.itemsize))
     return dh, dvec
 
 
-def bwd_reference(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, warps=1):
+def bwd_reference(x, residual, bias, scale, tiles, count, dy, dy2, *, tile_h, epsilon, warps=1):
     """The backward in jnp over every row: (dh, dvec, work) as the target returns them
-    (work, the kernel's scratch, as zeros)."""
+    (work, the kernel's scratch, as zeros). dy2 [0]: none; else added to dy in float32,
+    rounded to x's dtype."""
+    if dy2.size:
+        dy = (dy.astype(jnp.float32) + dy2.astype(jnp.float32)).astype(x.dtype)
     batch, h = tuple(x.shape[:-2]), x.shape[-1]
     n = int(np.prod(batch)) if batch else 1
     flat = lambda a: a.reshape((n, *a.shape[len(batch):]))  # noqa: E731
@@ -253,11 +274,12 @@ def bwd_reference(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon
     return [dh.reshape(x.shape), dvec.reshape((*batch, 3, h)), jnp.zeros((*batch, warps, 3, h), jnp.float32)]
 
 
-def _bwd_abstract_eval(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, warps):
+def _bwd_abstract_eval(x, residual, bias, scale, tiles, count, dy, dy2, *, tile_h, epsilon, warps):
     _check(x, residual, bias, scale, scale, tiles, count, tile_h=tile_h)
-    if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
-        raise ValueError(f"row_layer_norm_bwd: dy must be x's shape {tuple(x.shape)} and dtype {x.dtype}, "
-                         f"got {tuple(dy.shape)} {dy.dtype}")
+    for name, v, optional in (("dy", dy, False), ("dy2", dy2, True)):
+        if (tuple(v.shape) != tuple(x.shape) and not (optional and v.size == 0)) or v.dtype != x.dtype:
+            raise ValueError(f"row_layer_norm_bwd: {name} must be x's shape {tuple(x.shape)}"
+                             f"{' (or [0])' if optional else ''} and dtype {x.dtype}, got {tuple(v.shape)} {v.dtype}")
     if warps < 1:
         raise ValueError(f"row_layer_norm_bwd: warps must be >= 1, got {warps}")
     batch, h = tuple(x.shape[:-2]), x.shape[-1]
@@ -265,12 +287,12 @@ def _bwd_abstract_eval(x, residual, bias, scale, tiles, count, dy, *, tile_h, ep
             ShapedArray((*batch, warps, 3, h), jnp.float32)]
 
 
-def _bwd_native(x, residual, bias, scale, tiles, count, dy, *, tile_h, epsilon, warps):
+def _bwd_native(x, residual, bias, scale, tiles, count, dy, dy2, *, tile_h, epsilon, warps):
     batch, h = tuple(x.shape[:-2]), x.shape[-1]
     outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((*batch, 3, h), jnp.float32),
             jax.ShapeDtypeStruct((*batch, warps, 3, h), jnp.float32))
     return jax.ffi.ffi_call("pit_row_layer_norm_bwd", outs)(
-        x, residual, bias, scale, tiles, count, dy, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon))
+        x, residual, bias, scale, tiles, count, dy, dy2, tile_h=np.int64(tile_h), epsilon=np.float32(epsilon))
 
 
 def _bwd_jvp(primals, tangents, **params):
@@ -293,7 +315,8 @@ def _bwd_jvp(primals, tangents, **params):
 def _bwd_batch(args, dims, **params):
     if any(d is not None for d in dims[2:4]):  # a mapped bias or scale: the jnp expression
         return jax.vmap(functools.partial(bwd_reference, **params), in_axes=tuple(dims))(*args), [0, 0, 0]
-    args = _mapped_to_front(args, dims, batched=(0, 1, 4, 5, 6), optional=(1,))  # x, residual, tiles, count, dy
+    # x, residual, tiles, count, dy, dy2
+    args = _mapped_to_front(args, dims, batched=(0, 1, 4, 5, 6, 7), optional=(1, 7))
     return row_layer_norm_bwd_p.bind(*args, **params), [0, 0, 0]
 
 
@@ -311,18 +334,20 @@ def _mapped_to_front(args, dims, *, batched, optional=()):
     return [front(i, a, d) for i, (a, d) in enumerate(zip(args, dims))]
 
 
-def _batch(args, dims, **params):
+def _batch(args, dims, *, copies, **params):
     if any(d is not None for d in dims[2:5]):  # a mapped bias, scale or offset: the jnp expression
-        return jax.vmap(functools.partial(reference, **params), in_axes=tuple(dims))(*args), 0
+        y = jax.vmap(functools.partial(reference, **params), in_axes=tuple(dims))(*args)
+        return [y] * copies, [0] * copies
     args = _mapped_to_front(args, dims, batched=(0, 1, 5, 6), optional=(1,))  # x, residual, tiles, count
-    return row_layer_norm_p.bind(*args, **params), 0
+    return row_layer_norm_p.bind(*args, copies=copies, **params), [0] * copies
 
 
 row_layer_norm_p.def_impl(lambda *args, **params: xla.apply_primitive(row_layer_norm_p, *args, **params))
 row_layer_norm_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[row_layer_norm_p] = _jvp
 batching.primitive_batchers[row_layer_norm_p] = _batch
-_lowering.register_traced_lowering(row_layer_norm_p, _native, ("pit_row_layer_norm",), core=((2, 2, 1, 1, 1, 1, 0), (2,)))
+_lowering.register_traced_lowering(row_layer_norm_p, _native, ("pit_row_layer_norm",), core=(
+    (2, 2, 1, 1, 1, 1, 0), lambda *, copies, **_: (2,) * copies))
 
 row_layer_norm_lin_p.def_impl(lambda *args, **params: xla.apply_primitive(row_layer_norm_lin_p, *args, **params))
 row_layer_norm_lin_p.def_abstract_eval(_lin_abstract_eval)
@@ -336,4 +361,4 @@ row_layer_norm_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[row_layer_norm_bwd_p] = _bwd_jvp
 batching.primitive_batchers[row_layer_norm_bwd_p] = _bwd_batch
 _lowering.register_traced_lowering(row_layer_norm_bwd_p, _bwd_native, ("pit_row_layer_norm_bwd",),
-                                   core=((2, 2, 1, 1, 1, 0, 2), (2, 2, 3)))
+                                   core=((2, 2, 1, 1, 1, 0, 2, 2), (2, 2, 3)))

@@ -47,7 +47,7 @@ void RowLayerNorm(const RowLayerNormParams& p) {
 }
 
 // The cotangents of RowLayerNorm on its live rows (float32 math): with h = x + residual +
-// bias, xhat = (h - mean) * rstd and g = dy, dh = rstd * (g scale - mean(g scale) - xhat
+// bias, xhat = (h - mean) * rstd and g = dy (+ dy2), dh = rstd * (g scale - mean(g scale) - xhat
 // mean(g scale xhat)); d scale, d offset, d bias sum g xhat, g and dh over the entry's rows.
 void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
   const RowLayerNormParams& p = q.fwd;
@@ -60,6 +60,10 @@ void RowLayerNormBwd(const RowLayerNormBwdParams& q) {
     float* dvec = q.dvec + b * 3 * n;
     const Stats st = LoadRowSum(p, off, h, t);
     cpu::LoadRow(p.dtype, q.dy, off, n, g.data());
+    if (q.dy2) {
+      cpu::LoadRow(p.dtype, q.dy2, off, n, t.data());
+      for (int64_t c = 0; c < n; ++c) g[c] += t[c];
+    }
     float a1 = 0.f, a2 = 0.f;
     for (int64_t c = 0; c < n; ++c) {
       h[c] = (h[c] - st.mean) * st.rstd;  // xhat
@@ -88,10 +92,10 @@ ffi::Error RowLayerNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBu
 }
 
 ffi::Error RowLayerNormBwdCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
-                              S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dh,
-                              ffi::Result<ffi::AnyBuffer> dvec, ffi::Result<ffi::AnyBuffer> work, int64_t tile_h,
-                              float epsilon) {
-  auto q = DecodeRowLayerNormBwd(x, residual, bias, scale, tiles, count, dy, dh, dvec, work, tile_h, epsilon);
+                              S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy, ffi::AnyBuffer dy2,
+                              ffi::Result<ffi::AnyBuffer> dh, ffi::Result<ffi::AnyBuffer> dvec,
+                              ffi::Result<ffi::AnyBuffer> work, int64_t tile_h, float epsilon) {
+  auto q = DecodeRowLayerNormBwd(x, residual, bias, scale, tiles, count, dy, dy2, dh, dvec, work, tile_h, epsilon);
   if (q.has_error()) return q.error();
   cpu::Poison(dh->untyped_data(), dh->size_bytes());
   cpu::Poison(dvec->untyped_data(), dvec->size_bytes());

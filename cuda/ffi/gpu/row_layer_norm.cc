@@ -24,10 +24,10 @@ ffi::Error RowLayerNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
 
 ffi::Error RowLayerNormBwdCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer bias,
                                ffi::AnyBuffer scale, S32Buffer tiles, S32Buffer count, ffi::AnyBuffer dy,
-                               ffi::Result<ffi::AnyBuffer> dh, ffi::Result<ffi::AnyBuffer> dvec,
+                               ffi::AnyBuffer dy2, ffi::Result<ffi::AnyBuffer> dh, ffi::Result<ffi::AnyBuffer> dvec,
                                ffi::Result<ffi::AnyBuffer> work, int64_t tile_h, float epsilon) {
   ++HandlerCalls();
-  auto q = DecodeRowLayerNormBwd(x, residual, bias, scale, tiles, count, dy, dh, dvec, work, tile_h, epsilon);
+  auto q = DecodeRowLayerNormBwd(x, residual, bias, scale, tiles, count, dy, dy2, dh, dvec, work, tile_h, epsilon);
   if (q.has_error()) return q.error();
   cudaError_t status = gpu::Poison(dh->untyped_data(), dh->size_bytes(), stream);
   if (status == cudaSuccess) status = gpu::Poison(dvec->untyped_data(), dvec->size_bytes(), stream);
