@@ -135,7 +135,10 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
+        """x [B*S, H], or a pair of references to it (the previous norm's `copies=2`): the
+        first for the q / k / v product, the second for the residual."""
         cfg, wi = self.cfg, weight_index or {}
+        x, x_res = x if isinstance(x, tuple) else (x, x)
         unspecified = self.dead_rows == "unspecified"
         # The attention reads k's and v's padding rows (masked scores times v: NaN * 0 is
         # NaN), so q, k and v keep zeros there.
@@ -152,16 +155,18 @@ class EncoderLayer(nn.Module):
         att = common.attention(q, k, v, lengths=lengths, implementation=self.attention)
         att = att.reshape(batch * seq, cfg.hidden)
         if self.mode == "pit" and rows is not None and self.live_norm:
-            # Residual add, output bias and layer norm in one pass over the valid rows.
+            # Residual add, output bias and layer norm in one pass over the valid rows. Each
+            # norm's result feeds a product and the next norm's residual: one reference
+            # each (copies=2), so the backward adds the two cotangents on the valid rows.
             norm_dead = "unspecified" if unspecified else "zeros"
             norm = lambda n: LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=norm_dead, name=n)  # noqa: E731
             att, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="attn_out")(att, rows, wi.get("attn_out"))
-            x = norm("ln_attn")(x, rows, residual=att, bias=b)
+            x, x_res = norm("ln_attn")(x_res, rows, residual=att, bias=b, copies=2)
             h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
             h, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="ffn_out")(h, rows, wi.get("ffn_out"))
-            return norm("ln_ffn")(x, rows, residual=h, bias=b)
+            return norm("ln_ffn")(x_res, rows, residual=h, bias=b, copies=2)
         att = lin(cfg.hidden, "attn_out", att)
-        x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x + att)
+        x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x_res + att)
         h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
         h = lin(cfg.hidden, "ffn_out", h)
         return nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_ffn")(x + h)
@@ -202,7 +207,7 @@ class BertClassifier(nn.Module):
         emb = emb.reshape(batch * seq, cfg.hidden)
         if rows is not None and self.live_norm:
             dead = "unspecified" if self.dead_rows == "unspecified" else "zeros"
-            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=dead, name="ln_emb")(emb, rows)
+            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=dead, name="ln_emb")(emb, rows, copies=2)
         else:
             x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb)
         wi = weight_index or {}
@@ -214,6 +219,7 @@ class BertClassifier(nn.Module):
                                  f"of {name} ({LINEARS}), got {sorted(layer_wi)}")
             x = EncoderLayer(cfg, self.mode, impl, self.live_norm, self.dead_rows, name=name)(
                 x, lengths, batch, seq, rows, layer_wi)
+        x = x[0] if isinstance(x, tuple) else x
         cls = x.reshape(batch, seq, cfg.hidden)[:, 0]
         pooled = jnp.tanh(nn.Dense(cfg.hidden, dtype=cfg.dtype, name="pooler")(cls))
         logits = nn.Dense(cfg.num_labels, dtype=cfg.dtype, name="classifier")(pooled)
