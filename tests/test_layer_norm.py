@@ -164,14 +164,21 @@ def test_backward_matches_reference(platform, dtype, density, m, h, tile_h):
     args = put(platform, x, res, bias, scale, offset, live, dy)
     jaxpr = str(jax.make_jaxpr(f)(*args))
     assert "pit_row_layer_norm_bwd[" in jaxpr and "pit_row_layer_norm_lin[" not in jaxpr
-    dx, dres, dbias, dscale, doffset = jax.jit(f)(*args)
-    want_h, want_s, want_o, want_b = ln64_bwd(x, scale, live, f64(np.asarray(jnp.asarray(dy))), res, bias)
+    grads = jax.jit(f)(*args)
+    check_backward(grads, ln64_bwd(x, scale, live, f64(np.asarray(jnp.asarray(dy))), res, bias), live, dtype, seed)
+
+
+def check_backward(grads, want, live, dtype, seed):
+    """The vjp of layer_norm(x, scale, offset, residual=res, bias=bias), grads (dx, dres,
+    dbias, dscale, doffset), against ln64_bwd's (dh, d scale, d offset, d bias)."""
+    dx, dres, dbias, dscale, doffset = grads
+    want_h, want_s, want_o, want_b = want
     check_close(dx, want_h, dtype, f"seed={seed} dx")
     np.testing.assert_array_equal(f64(dres), f64(dx), err_msg=f"seed={seed}: d residual is d x")
     assert not f64(dx)[~live].any(), f"seed={seed}: dead rows get no gradient"
     # The sums add up to M rounded terms: float32 accumulation of float32 terms.
-    for got, want, name in ((dscale, want_s, "scale"), (doffset, want_o, "offset"), (dbias, want_b, "bias")):
-        check_close(got, want, jnp.float32 if dtype == jnp.float32 else dtype, f"seed={seed} d{name}")
+    for got, w, name in ((dscale, want_s, "scale"), (doffset, want_o, "offset"), (dbias, want_b, "bias")):
+        check_close(got, w, jnp.float32 if dtype == jnp.float32 else dtype, f"seed={seed} d{name}")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -197,16 +204,11 @@ def test_copies_add_their_cotangents_in_the_backward(platform, dtype, density, m
     args = put(platform, x, res, bias, scale, offset, live, dy, dy2)
     jaxpr = str(jax.make_jaxpr(f)(*args))
     assert jaxpr.count("pit_row_layer_norm_bwd[") == 1 and "add_any" not in jaxpr
-    (y1, y2), y, (dx, dres, dbias, dscale, doffset) = jax.jit(f)(*args)
+    (y1, y2), y, grads = jax.jit(f)(*args)
     np.testing.assert_array_equal(f64(y1), f64(y), err_msg=f"seed={seed}: copy 1 is y")
     np.testing.assert_array_equal(f64(y2), f64(y), err_msg=f"seed={seed}: copy 2 is y")
     g = f64(np.asarray(jnp.asarray(dy))) + f64(np.asarray(jnp.asarray(dy2)))
-    want_h, want_s, want_o, want_b = ln64_bwd(x, scale, live, g, res, bias)
-    check_close(dx, want_h, dtype, f"seed={seed} dx")
-    np.testing.assert_array_equal(f64(dres), f64(dx), err_msg=f"seed={seed}: d residual is d x")
-    assert not f64(dx)[~live].any(), f"seed={seed}: dead rows get no gradient"
-    for got, want, name in ((dscale, want_s, "scale"), (doffset, want_o, "offset"), (dbias, want_b, "bias")):
-        check_close(got, want, jnp.float32 if dtype == jnp.float32 else dtype, f"seed={seed} d{name}")
+    check_backward(grads, ln64_bwd(x, scale, live, g, res, bias), live, dtype, seed)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -261,25 +261,22 @@ def test_jit_index_and_layer_norm_per_entry(mesh):
     np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-5)
     assert "all-gather" not in _compiled(f, *args)
     # The backward target (pit_row_layer_norm_bwd): per-entry sums of the shared scale's
-    # and offset's cotangents, summed over the batch outside it.
-    loss = lambda x, res, s, o: jnp.sum(jnp.sin(pit_jax.layer_norm(x, s, o, pit_jax.index(x, "row"), residual=res)))
-    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
-    got = g(*args, _put(mesh, scale, P()), _put(mesh, offset, P()))
-    want = jax.grad(loss, argnums=(0, 1, 2, 3))(jnp.asarray(x), jnp.asarray(res), scale, offset)
-    for u, v in zip(got, want):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
-    assert "all-gather" not in _compiled(g, *args, _put(mesh, scale, P()), _put(mesh, offset, P()))
-    # copies=2 (two results, the backward's second cotangent dy2): the same gradient
-    def loss2(x, res, s, o):
-        a, b = pit_jax.layer_norm(x, s, o, pit_jax.index(x, "row"), residual=res, copies=2)
-        return jnp.sum(jnp.sin(a)) + jnp.sum(b * b)
+    # and offset's cotangents, summed over the batch outside it; with copies=2 (two
+    # results, the second cotangent as its dy2) against the unsharded single result.
+    def norm(x, res, s, o, n=1):
+        return pit_jax.layer_norm(x, s, o, pit_jax.index(x, "row"), residual=res, copies=n)
 
-    g2 = jax.jit(jax.grad(loss2, argnums=(0, 1, 2, 3)))
-    got = g2(*args, _put(mesh, scale, P()), _put(mesh, offset, P()))
-    want = jax.grad(loss2, argnums=(0, 1, 2, 3))(jnp.asarray(x), jnp.asarray(res), scale, offset)
-    for u, v in zip(got, want):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
-    assert "all-gather" not in _compiled(g2, *args, _put(mesh, scale, P()), _put(mesh, offset, P()))
+    one = lambda *a: jnp.sum(jnp.sin(norm(*a)))  # noqa: E731
+    uses = lambda a, b: jnp.sum(jnp.sin(a)) + jnp.sum(b * b)  # noqa: E731
+    two = lambda *a: uses(*norm(*a, n=2))  # noqa: E731
+    two_ref = lambda *a: uses(norm(*a), norm(*a))  # noqa: E731
+    for loss, ref in ((one, one), (two, two_ref)):
+        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+        got = g(*args, _put(mesh, scale, P()), _put(mesh, offset, P()))
+        want = jax.grad(ref, argnums=(0, 1, 2, 3))(jnp.asarray(x), jnp.asarray(res), scale, offset)
+        for u, v in zip(got, want):
+            np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+        assert "all-gather" not in _compiled(g, *args, _put(mesh, scale, P()), _put(mesh, offset, P()))
 
 
 def test_jit_sread_swrite_and_parts_per_entry(mesh):
