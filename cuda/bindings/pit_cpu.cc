@@ -15,6 +15,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_row_activation"] = pit::HandlerCapsule(PitRowActivationCpu);
     targets["pit_row_activation_bwd"] = pit::HandlerCapsule(PitRowActivationBwdCpu);
     targets["pit_row_sum"] = pit::HandlerCapsule(PitRowSumCpu);
+    targets["pit_row_concat_sum"] = pit::HandlerCapsule(PitRowConcatSumCpu);
     targets["pit_block_topk"] = pit::HandlerCapsule(PitBlockTopkCpu);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);

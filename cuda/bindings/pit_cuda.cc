@@ -19,6 +19,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_row_activation"] = pit::HandlerCapsule(PitRowActivationCuda);
     targets["pit_row_activation_bwd"] = pit::HandlerCapsule(PitRowActivationBwdCuda);
     targets["pit_row_sum"] = pit::HandlerCapsule(PitRowSumCuda);
+    targets["pit_row_concat_sum"] = pit::HandlerCapsule(PitRowConcatSumCuda);
     targets["pit_block_topk"] = pit::HandlerCapsule(PitBlockTopkCuda);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCuda);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);

@@ -174,6 +174,19 @@ auto RowSum(B b) {
 }
 
 template <class B>
+auto RowConcatSum(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x0 [..., M, Np]
+      .template Arg<AnyBuffer>()  // x1
+      .template Arg<AnyBuffer>()  // x2
+      .template Arg<S32>()  // tiles
+      .template Arg<S32>()  // count
+      .template Ret<AnyBuffer>()  // cat [..., M, 3 Np]: the listed rows
+      .template Ret<AnyBuffer>()  // sums [..., 3 Np]
+      .template Ret<AnyBuffer>()  // work [..., slices, 3 Np] float32 (or [0])
+      .template Attr<int64_t>("tile_h");
+}
+
+template <class B>
 auto RowActivationBwd(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // z
       .template Arg<S32>()  // tiles

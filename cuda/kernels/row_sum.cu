@@ -26,7 +26,7 @@ constexpr int kFinishThreads = 256;  // columns per block of the slice sum
 // Slice s = blockIdx.y of the list of entry b: the slots s * kSplit + y, stepping by
 // slices * kSplit. With one slice the block writes the sums (one rounding), otherwise
 // its float32 partial sums to work[b, s].
-template <typename T, int V>
+template <typename T, int V, bool kConcat>
 __global__ void __launch_bounds__(32 * kSplit) RowSumKernel(const RowSumParams p) {
   __shared__ float part[kSplit][32 * V + 1];
   const int x = threadIdx.x, y = threadIdx.y;
@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(32 * kSplit) RowSumKernel(const RowSumParams p
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
     if (c < n)
-      row_sum::AddListedRows<T, V>(p, b, c, static_cast<int64_t>(blockIdx.y) * kSplit + y,
-                                   static_cast<int64_t>(p.slices) * kSplit, acc);
+      row_sum::AddListedRows<T, V, kConcat>(p, b, c, static_cast<int64_t>(blockIdx.y) * kSplit + y,
+                                            static_cast<int64_t>(p.slices) * kSplit, acc);
 #pragma unroll
     for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];
     __syncthreads();
@@ -75,23 +75,25 @@ __global__ void __launch_bounds__(kFinishThreads) RowSumFinishKernel(const RowSu
   }
 }
 
-bool Aligned(const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) % 16) == 0; }
-
 unsigned GridDim(int64_t v) { return static_cast<unsigned>(v < 65535 ? v : 65535); }
 
 template <typename T>
 cudaError_t Launch(const RowSumParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
-  const bool vec = (p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 == 0 && Aligned(p.x) &&
-                   Aligned(p.sums);
+  const bool vec = row_sum::Vectorizable(p, sizeof(typename Elem<T>::Word));
   const int v = vec ? kVec : 1;
   const dim3 grid(static_cast<unsigned>((p.cols + 32 * v - 1) / (32 * v)), static_cast<unsigned>(p.slices),
                   GridDim(p.batch));
   const dim3 block(32, kSplit);
-  if (vec)
-    RowSumKernel<T, kVec><<<grid, block, 0, stream>>>(p);
+  const bool concat = p.part_cols > 0;
+  if (vec && concat)
+    RowSumKernel<T, kVec, true><<<grid, block, 0, stream>>>(p);
+  else if (vec)
+    RowSumKernel<T, kVec, false><<<grid, block, 0, stream>>>(p);
+  else if (concat)
+    RowSumKernel<T, 1, true><<<grid, block, 0, stream>>>(p);
   else
-    RowSumKernel<T, 1><<<grid, block, 0, stream>>>(p);
+    RowSumKernel<T, 1, false><<<grid, block, 0, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p.slices == 1) return e;
   const dim3 fgrid(static_cast<unsigned>((p.cols + kFinishThreads - 1) / kFinishThreads), GridDim(p.batch));

@@ -12,6 +12,8 @@ namespace pit {
 
 // sums[b, :] = the sum of x[b, r, :] over the rows r of the listed row blocks (float32
 // accumulation in a fixed order, one rounding): the rows past the count are never read.
+// With column parts (p.part_cols > 0, pit_row_concat_sum) x is read from its parts and the
+// listed rows are also written to p.cat (its other rows are left unwritten).
 cudaError_t LaunchRowSum(const RowSumParams& p, cudaStream_t stream);
 
 }  // namespace pit

@@ -37,6 +37,7 @@ from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_activation import row_activation, row_activation_lin_p
 from pit_jax.primitives.row_layer_norm import inference_only, listed_rows_only, unspecified_error
+from pit_jax.primitives.row_split import row_split
 from pit_jax.primitives.row_sum import row_bcast
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
 
@@ -131,7 +132,13 @@ def _linear_tangents(primals, tangents, *, tile_h, allow_tf32, parts, zero_dead)
                            out_batch=x.ndim - 2)
     terms = ([mm(dx, w)] if type(dx) is not ad.Zero else []) + ([mm(x, dw)] if type(dw) is not ad.Zero else [])
     t = functools.reduce(jnp.add, terms) if terms else None
-    if type(db) is not ad.Zero and bias.shape[-1]:
+    has_db = type(db) is not ad.Zero and bias.shape[-1]
+    if parts > 1 and zero_dead and t is not None:
+        # Split with the bias on the listed rows as one linear op, whose transpose
+        # concatenates the parts' cotangents and sums them for the bias in one pass over
+        # the listed rows (row_split), not a concatenation over every row and a row_sum.
+        return row_split(t, db.astype(x.dtype) if has_db else None, idx[0], idx[1], parts=parts, tile_h=tile_h)
+    if has_db:
         if zero_dead:
             # The bias on the listed rows: its gradient is row_sum of the cotangent, a read
             # of the live rows only.

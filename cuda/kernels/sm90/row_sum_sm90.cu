@@ -26,7 +26,7 @@ constexpr int kCluster = 8;  // CTAs per cluster: the list's slices (portable cl
 constexpr int kLanes = 8;    // 16-byte column vectors per CTA (128 contiguous bytes a row)
 constexpr int kRows = 32;    // rows of threads per CTA
 
-template <typename T, int V>
+template <typename T, int V, bool kConcat>
 __global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowSumParams p) {
   constexpr int kCols = kLanes * V;  // columns per cluster
   __shared__ float part[kRows][kCols + 1];
@@ -41,8 +41,8 @@ __global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowS
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
     if (c < n)
-      row_sum::AddListedRows<T, V>(p, b, c, static_cast<int64_t>(rank) * kRows + y,
-                                   static_cast<int64_t>(kCluster) * kRows, acc);
+      row_sum::AddListedRows<T, V, kConcat>(p, b, c, static_cast<int64_t>(rank) * kRows + y,
+                                            static_cast<int64_t>(kCluster) * kRows, acc);
 #pragma unroll
     for (int i = 0; i < V; ++i) part[y][x * V + i] = acc[i];
     __syncthreads();
@@ -62,20 +62,17 @@ __global__ void __launch_bounds__(kLanes * kRows) RowSumClusterKernel(const RowS
   }
 }
 
-bool Aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) % 16) == 0; }
-
 template <typename T>
 cudaError_t Launch(const RowSumParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(typename Elem<T>::Word));
-  if ((p.cols * static_cast<int64_t>(sizeof(typename Elem<T>::Word))) % 16 != 0 || !Aligned16(p.x) ||
-      !Aligned16(p.sums))
-    return cudaErrorNotSupported;
+  if (!row_sum::Vectorizable(p, sizeof(typename Elem<T>::Word))) return cudaErrorNotSupported;
   const int64_t col_blocks = (p.cols + kLanes * kVec - 1) / (kLanes * kVec);
   if (col_blocks * kCluster > 0x7fffffff) return cudaErrorNotSupported;
   sm90::ClusterLaunch launch(kCluster, kLanes * kRows, 0, stream, static_cast<unsigned>(col_blocks * kCluster));
   launch.cfg.blockDim = dim3(kLanes, kRows);
   launch.cfg.gridDim.z = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
-  return cudaLaunchKernelEx(&launch.cfg, RowSumClusterKernel<T, kVec>, p);
+  if (p.part_cols > 0) return cudaLaunchKernelEx(&launch.cfg, RowSumClusterKernel<T, kVec, true>, p);
+  return cudaLaunchKernelEx(&launch.cfg, RowSumClusterKernel<T, kVec, false>, p);
 }
 
 }  // namespace
