@@ -119,6 +119,21 @@ def live_tiles(x: np.ndarray, tile) -> np.ndarray:
     return nz.reshape(*lead, tr, h, tc, w).any(axis=(-3, -1))
 
 
+def live_rows(rng, lead, m, tile_h, density) -> np.ndarray:
+    """bool [*lead, M]: whole row blocks of tile_h rows live with probability `density`."""
+    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
+    return np.repeat(blocks, tile_h, -1)[..., :m]
+
+
+def row_index(live, tile_h, capacity=None):
+    """(the PitIndex of a [..., M] row mask's blocks of tile_h rows, its flat (tiles, count))."""
+    import pit_jax
+    from pit_jax.ops.sread_swrite import flat_index
+
+    idx = pit_jax.index(live[..., None], (tile_h, 1), capacity=capacity)
+    return idx, flat_index(idx, tuple(live.shape[:-1]), "test", "x")
+
+
 def listed_rows(index, rows: int) -> np.ndarray:
     """bool [rows]: the rows a row index (micro-tile (1, ...)) lists within its capacity,
     i.e. its first min(count, capacity) slots (a list too short for every live row drops

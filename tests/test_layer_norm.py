@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, put, randn
+from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn
 
 import pit_jax
 
@@ -36,10 +35,6 @@ def ln64(x, scale, offset, live_rows, residual=None, bias=None, eps=1e-6):
     return np.where(live_rows[..., None], y, 0.0)
 
 
-def row_mask(rng, lead, m, tile_h, density):
-    """bool [*lead, M]: whole row blocks of tile_h rows live with probability `density`."""
-    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
-    return np.repeat(blocks, tile_h, -1)[..., :m]
 
 
 def operands(rng, lead, m, h, dtype):
@@ -59,7 +54,7 @@ def test_matches_reference(platform, dtype, density, m, h, tile_h):
     rng, seed = fresh_rng()
     lead = (2,)
     x, res, scale, offset, bias = operands(rng, lead, m, h, dtype)
-    live = row_mask(rng, lead, m, tile_h, density)
+    live = live_rows(rng, lead, m, tile_h, density)
 
     def f(x, res, mask, scale, offset, bias):
         idx = pit_jax.index(mask[..., None], (tile_h, 1))  # a padding mask's index
@@ -79,7 +74,7 @@ def test_index_of_x_rows_and_batch_dims(platform):
     rng, seed = fresh_rng()
     m, h = 45, 64
     x, res, scale, offset, _ = operands(rng, (2, 3), m, h, jnp.bfloat16)
-    live = row_mask(rng, (2, 3), m, 2, 0.5)
+    live = live_rows(rng, (2, 3), m, 2, 0.5)
     x = np.where(live[..., None], x, np.zeros_like(x))  # dead rows all zero: the index finds them
     idx = pit_jax.index(put(platform, x), (2, h))
     y = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, idx, residual=r))(*put(platform, x, res))
@@ -96,7 +91,7 @@ def test_capacity_below_the_row_blocks(platform, capacity):
     rng, seed = fresh_rng()
     m, h = 40, 32
     x, res, scale, offset, _ = operands(rng, (), m, h, jnp.float32)
-    live = row_mask(rng, (), m, 1, 0.5)
+    live = live_rows(rng, (), m, 1, 0.5)
     idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
     y = jax.jit(lambda a, r: pit_jax.layer_norm(a, scale, offset, idx, residual=r))(*put(platform, x, res))
     listed = listed_rows(idx, m)
@@ -109,7 +104,7 @@ def test_matches_flax_layer_norm_and_index_none(platform):
     rng, seed = fresh_rng()
     m, h = 24, 48
     x, res, scale, offset, _ = operands(rng, (), m, h, jnp.float32)
-    live = row_mask(rng, (), m, 1, 0.6)
+    live = live_rows(rng, (), m, 1, 0.6)
     ln = nn.LayerNorm(epsilon=1e-12)
     params = {"params": {"scale": jnp.asarray(scale), "bias": jnp.asarray(offset)}}
     want = np.asarray(ln.apply(params, jnp.asarray(x) + jnp.asarray(res)))
@@ -152,7 +147,7 @@ def test_backward_matches_reference(platform, dtype, density, m, h, tile_h):
     rng, seed = fresh_rng()
     lead = (2,)
     x, res, scale, offset, bias = operands(rng, lead, m, h, dtype)
-    live = row_mask(rng, lead, m, tile_h, density)
+    live = live_rows(rng, lead, m, tile_h, density)
     dy = randn(rng, x.shape, dtype)
 
     def f(x, res, bias, scale, offset, mask, dy):
@@ -192,7 +187,7 @@ def test_copies_add_their_cotangents_in_the_backward(platform, dtype, density, m
     rng, seed = fresh_rng()
     lead = (2,)
     x, res, scale, offset, bias = operands(rng, lead, m, h, dtype)
-    live = row_mask(rng, lead, m, tile_h, density)
+    live = live_rows(rng, lead, m, tile_h, density)
     dy, dy2 = randn(rng, x.shape, dtype), randn(rng, x.shape, dtype)
 
     def f(x, res, bias, scale, offset, mask, dy, dy2):
@@ -219,7 +214,7 @@ def test_copies_under_transforms(platform):
     rng, seed = fresh_rng()
     b, m, h = 3, 20, 16
     x, res, scale, offset, bias = operands(rng, (b,), m, h, jnp.float32)
-    live = row_mask(rng, (b,), m, 1, 0.5)
+    live = live_rows(rng, (b,), m, 1, 0.5)
     x, res, scale, offset, bias, mask = put(platform, x, res, scale, offset, bias, live)
     idx = pit_jax.index(mask[..., None], "row")
     uses = (jnp.sin, lambda v: v * v, jnp.cos)
@@ -257,7 +252,7 @@ def test_backward_capacity_below_the_row_blocks(platform, capacity):
     rng, seed = fresh_rng()
     m, h = 40, 32
     x, res, scale, offset, _ = operands(rng, (), m, h, jnp.float32)
-    live = row_mask(rng, (), m, 1, 0.5)
+    live = live_rows(rng, (), m, 1, 0.5)
     dy = randn(rng, x.shape, jnp.float32)
     idx = pit_jax.index(put(platform, live[:, None]), "row", capacity=capacity)
     f = jax.jit(lambda a, s, o: jax.vjp(lambda a, s, o: pit_jax.layer_norm(a, s, o, idx, residual=res), a, s, o)[1](dy))
@@ -275,7 +270,7 @@ def test_backward_is_deterministic(platform):
     rng, _ = fresh_rng()
     m, h = 3000, 768
     x, res, scale, offset, bias = operands(rng, (), m, h, jnp.bfloat16)
-    live = row_mask(rng, (), m, 1, 0.3)
+    live = live_rows(rng, (), m, 1, 0.3)
     idx = pit_jax.index(put(platform, live[:, None]), "row")
     loss = lambda a, r, s, o, b: jnp.sum(jnp.sin(pit_jax.layer_norm(a, s, o, idx, residual=r, bias=b)))  # noqa: E731
     g = jax.jit(jax.grad(loss, argnums=range(5)))
@@ -291,7 +286,7 @@ def test_transforms(platform):
     rng, seed = fresh_rng()
     b, m, h = 3, 20, 16
     x, res, scale, offset, bias = operands(rng, (b,), m, h, jnp.float32)
-    live = row_mask(rng, (b,), m, 1, 0.5)
+    live = live_rows(rng, (b,), m, 1, 0.5)
     live[0, 0] = True
     x, res, scale, offset, bias, mask = put(platform, x, res, scale, offset, bias, live)
     idx = pit_jax.index(mask[..., None], "row")
@@ -379,7 +374,7 @@ def test_flax_layers_are_drop_ins(platform):
     rng, seed = fresh_rng()
     m, h = 30, 40
     x, res, _, _, _ = operands(rng, (), m, h, jnp.bfloat16)
-    live = row_mask(rng, (), m, 1, 0.5)
+    live = live_rows(rng, (), m, 1, 0.5)
     x, res, mask = put(platform, x, res, live)
     idx = pit_jax.index(mask[:, None], "row")
     ref_mod = nn.LayerNorm(epsilon=1e-5)

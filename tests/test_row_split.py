@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, put, randn, requires_gpu, tiled_sparse
+from pit_testing import (PLATFORMS, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn, requires_gpu,
+                          row_index, tiled_sparse)
 
 import pit_jax
-from pit_jax.ops.sread_swrite import flat_index
 from pit_jax.primitives.row_split import row_concat_sum, row_split
 
 pytestmark = pytest.mark.usefixtures("poison_outputs")
@@ -27,14 +27,8 @@ SHAPES = [(1, 8, 1), (37, 12, 1), (50, 32, 4), (33, 64, 32), (4096, 768, 1), (10
 SUM_TOL = {"float32": 1e-5, "bfloat16": 4e-3, "float16": 1e-3}
 
 
-def live_rows(rng, lead, m, tile_h, density):
-    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
-    return np.repeat(blocks, tile_h, -1)[..., :m]
 
 
-def index_of(live, tile_h, capacity=None):
-    idx = pit_jax.index(live[..., None], (tile_h, 1), capacity=capacity)
-    return idx, flat_index(idx, tuple(live.shape[:-1]), "test", "x")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -51,7 +45,7 @@ def test_concat_sum_value(platform, dtype, density, m, np_, tile_h, lead):
     xs = [randn(rng, (*lead, m, np_), dtype) for _ in range(3)]
     live = live_rows(rng, lead, m, tile_h, density)
     args = put(platform, *xs, live)
-    _, (tiles, count) = index_of(args[3], tile_h)
+    _, (tiles, count) = row_index(args[3], tile_h)
     cat, sums = jax.jit(lambda a, b, c, t, n: row_concat_sum([a, b, c], t, n, tile_h=tile_h))(*args[:3], tiles, count)
     assert cat.shape == (*lead, m, 3 * np_) and sums.shape == (*lead, 3 * np_) and cat.dtype == jnp.dtype(dtype)
     whole = np.concatenate([f64(x) for x in xs], axis=-1)
@@ -69,7 +63,7 @@ def test_concat_sum_capacity_below_the_row_blocks(platform, capacity):
     rng, seed = fresh_rng()
     xs = [randn(rng, (40, 16), jnp.float32) for _ in range(3)]
     live = live_rows(rng, (), 40, 1, 0.5)
-    idx, (tiles, count) = index_of(put(platform, live), 1, capacity=capacity)
+    idx, (tiles, count) = row_index(put(platform, live), 1, capacity=capacity)
     cat, sums = jax.jit(lambda *a: row_concat_sum(list(a), tiles, count, tile_h=1))(*put(platform, *xs))
     listed = listed_rows(idx, 40)
     whole = np.concatenate([f64(x) for x in xs], axis=-1)
@@ -82,7 +76,7 @@ def test_concat_sum_leaves_other_rows_nan_on_the_cpu():
     shows; two parts or four (no kernel) concatenate in jnp."""
     with jax.default_device(jax.devices("cpu")[0]):
         live = np.array([True, False, True, False, False])
-        _, (tiles, count) = index_of(jnp.asarray(live), 1)
+        _, (tiles, count) = row_index(jnp.asarray(live), 1)
         xs = [jnp.full((5, 8), float(k + 1)) for k in range(3)]
         cat, sums = row_concat_sum(xs, tiles, count, tile_h=1)
         assert np.isnan(np.asarray(cat)[~live]).all() and not np.isnan(np.asarray(cat)[live]).any()
@@ -104,7 +98,7 @@ def test_split_and_concat_sum_are_each_others_transpose(platform):
     t, db = randn(rng, (b, m, n), jnp.float32), randn(rng, (b, n), jnp.float32)
     cts = [randn(rng, (b, m, n // 3), jnp.float32) for _ in range(3)]
     t, db, lv, *cts = put(platform, t, db, live, *cts)
-    _, (tiles, count) = index_of(lv, 1)
+    _, (tiles, count) = row_index(lv, 1)
     split = lambda t, db: row_split(t, db, tiles, count, parts=3, tile_h=1)  # noqa: E731
     parts = jax.jit(split)(t, db)
     want = f64(t) + np.where(live[..., None], f64(db)[:, None], 0.0)

@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import (PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, put, randn,
-                          unfused_z64)
+from pit_testing import (PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn,
+                          row_index, unfused_z64)
 
 import pit_jax
-from pit_jax.ops.sread_swrite import flat_index
 from pit_jax.primitives.row_sum import row_bcast, row_sum, slices
 
 pytestmark = pytest.mark.usefixtures("poison_outputs")
@@ -26,14 +25,8 @@ DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 SHAPES = [(1, 8, 1), (37, 100, 1), (50, 96, 4), (33, 64, 32), (1000, 3072, 1), (5000, 136, 1)]
 
 
-def live_rows(rng, lead, m, tile_h, density):
-    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
-    return np.repeat(blocks, tile_h, -1)[..., :m]
 
 
-def index_of(live, tile_h, capacity=None):
-    idx = pit_jax.index(live[..., None], (tile_h, 1), capacity=capacity)
-    return idx, flat_index(idx, tuple(live.shape[:-1]), "test", "x")
 
 
 def sum_tol(dtype, rows):
@@ -52,7 +45,7 @@ def test_row_sum_value(platform, dtype, density, m, n, tile_h, lead):
     x = randn(rng, (*lead, m, n), dtype)
     live = live_rows(rng, lead, m, tile_h, density)
     xs, lv = put(platform, x, live)
-    _, (tiles, count) = index_of(lv, tile_h)
+    _, (tiles, count) = row_index(lv, tile_h)
     got = jax.jit(lambda x, t, c: row_sum(x, t, c, tile_h=tile_h))(xs, tiles, count)
     assert got.shape == (*lead, n) and got.dtype == jnp.dtype(dtype)
     want = np.where(live[..., None], f64(x), 0.0).sum(-2)
@@ -69,7 +62,7 @@ def test_row_sum_capacity_below_the_row_blocks(platform, capacity):
     rng, seed = fresh_rng()
     x = randn(rng, (40, 24), jnp.float32)
     live = live_rows(rng, (), 40, 1, 0.5)
-    idx, (tiles, count) = index_of(put(platform, live), 1, capacity=capacity)
+    idx, (tiles, count) = row_index(put(platform, live), 1, capacity=capacity)
     got = jax.jit(lambda x: row_sum(x, tiles, count, tile_h=1))(put(platform, x))
     listed = listed_rows(idx, 40)
     check_close(got, np.where(listed[:, None], f64(x), 0.0).sum(0), jnp.float32, f"seed={seed}")
@@ -79,7 +72,7 @@ def test_row_sum_capacity_below_the_row_blocks(platform, capacity):
 def test_row_sum_is_deterministic(platform):
     rng, _ = fresh_rng()
     x, live = put(platform, randn(rng, (2000, 768), jnp.bfloat16), live_rows(rng, (), 2000, 1, 0.6))
-    _, (tiles, count) = index_of(live, 1)
+    _, (tiles, count) = row_index(live, 1)
     f = jax.jit(lambda x: row_sum(x, tiles, count, tile_h=1))
     assert slices(1, 2000, 768, jnp.bfloat16) > 1  # the order of the slices' sum is fixed
     np.testing.assert_array_equal(np.asarray(f(x).astype(jnp.float32)), np.asarray(f(x).astype(jnp.float32)))
@@ -94,7 +87,7 @@ def test_row_sum_and_row_bcast_transforms(platform):
     x = randn(rng, (3, m, n), jnp.float32)
     live = live_rows(rng, (3,), m, 1, 0.5)
     x, lv = put(platform, x, live)
-    _, (tiles, count) = index_of(lv, 1)
+    _, (tiles, count) = row_index(lv, 1)
     mask = jnp.asarray(live[..., None], jnp.float32)
     c = jnp.asarray(rng.standard_normal((3, n)), jnp.float32)
     loss = lambda x: jnp.sum(jnp.sin(row_sum(x, tiles, count, tile_h=1)) * c)  # noqa: E731

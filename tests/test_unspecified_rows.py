@@ -10,13 +10,12 @@ BERT take the mode."""
 from __future__ import annotations
 
 import contextlib
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, put, randn, unfused_z64
+from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, live_rows, put, randn, unfused_z64
 
 import pit_jax
 
@@ -29,9 +28,6 @@ FORMS = [("gelu_exact", True, 1), (None, True, 1), (None, False, 1), ("relu", Tr
          (jnp.tanh, True, 1)]
 
 
-def live_rows(rng, lead, m, tile_h, density):
-    blocks = rng.random((*lead, math.ceil(m / tile_h))) < density
-    return np.repeat(blocks, tile_h, -1)[..., :m]
 
 
 def _act64(activation):
