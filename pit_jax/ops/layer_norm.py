@@ -24,7 +24,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pit_jax import config
 from pit_jax.ops.sread_swrite import flat_index
@@ -82,7 +81,7 @@ def layer_norm(
     if dead_rows not in LAYER_NORM_DEAD_ROWS:
         raise ValueError(f"layer_norm: dead_rows must be one of {LAYER_NORM_DEAD_ROWS}, got {dead_rows!r}")
     skip_dead = dead_rows == "unspecified"
-    if isinstance(copies, bool) or not isinstance(copies, (int, np.integer)) or copies < 1:
+    if not _products.is_count(copies):
         raise ValueError(f"layer_norm: copies must be an int >= 1, got {copies!r}")
     copies = int(copies)
     x = jnp.asarray(x)

@@ -43,7 +43,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pit_jax import _activations, config, reference
 from pit_jax.ops.index import index as build_index
@@ -225,7 +224,7 @@ def sparse_dense(
     Returns:
       [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation. A tuple with out_parts.
     """
-    if not isinstance(out_parts, (int, np.integer)) or isinstance(out_parts, bool) or out_parts < 1:
+    if not _products.is_count(out_parts):
         raise ValueError(f"sparse_dense: out_parts must be a positive int, got {out_parts!r}")
     out_parts = int(out_parts)
     if dead_rows not in DEAD_ROWS:

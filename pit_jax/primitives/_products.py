@@ -21,6 +21,7 @@ from typing import Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import ad
 
 from pit_jax.primitives._vma import zero_tangent
@@ -29,6 +30,12 @@ from pit_jax.primitives._vma import zero_tangent
 NUM_INDEX = 6  # tiles, count, row_tiles, row_count, col_tiles, col_count
 INDEX_CORE = (1, 0, 2, 1, 2, 1)  # their ranks without batch dims
 FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def is_count(value) -> bool:
+    """Whether `value` is a static count: an int (Python or NumPy, not a bool) >= 1 (an op's
+    out_parts, a layer norm's copies)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 def stored_dims(shape: Sequence[int], trans: bool) -> Tuple[int, int]:

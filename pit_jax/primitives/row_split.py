@@ -33,7 +33,7 @@ from jax.interpreters import ad, batching, xla
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, typed_cotangents
 from pit_jax.primitives.row_layer_norm import _mapped_to_front, check_row_index, listed_rows_only
-from pit_jax.primitives.row_sum import row_bcast, row_sum, slices
+from pit_jax.primitives.row_sum import row_bcast, row_sum, slices, vector_cotangent
 
 row_split_p = Primitive("pit_row_split")
 row_split_p.multiple_results = True
@@ -76,15 +76,9 @@ def _split_transpose(cts, t, db, tiles, count, *, parts, tile_h):
     if all(type(c) is ad.Zero for c in cts):
         return [ad.Zero(t.aval) if ad.is_undefined_primal(t) else None,
                 ad.Zero(db.aval) if want_db else None, None, None]
-    cts = [jnp.zeros(c.aval.shape, c.aval.dtype) if type(c) is ad.Zero else c for c in cts]
-    cat, sums = row_concat_sum(cts, tiles, count, tile_h=tile_h)
-    ct_db = None
-    if want_db:
-        lead = sums.ndim - db.aval.ndim  # an unbatched db: its cotangent sums the batch entries too
-        if lead:
-            sums = jnp.sum(sums.astype(jnp.float32), axis=tuple(range(lead)))
-        ct_db = sums.astype(db.aval.dtype)
-    return [cat if ad.is_undefined_primal(t) else None, ct_db, None, None]
+    cat, sums = row_concat_sum([_zeros_for(c, c.aval) for c in cts], tiles, count, tile_h=tile_h)
+    return [cat if ad.is_undefined_primal(t) else None, vector_cotangent(sums, db.aval) if want_db else None,
+            None, None]
 
 
 def _zeros_for(t, like):
@@ -150,12 +144,11 @@ def _concat_transpose(cts, *args, tile_h, parts):
     *xs, tiles, count = args
     ct_cat, ct_sums = cts
     shape, dtype = xs[0].aval.shape, xs[0].aval.dtype
-    n = len(xs) * shape[-1]
-    ct_cat = (jnp.zeros((*shape[:-1], n), dtype) if type(ct_cat) is ad.Zero
+    ct_cat = (jnp.zeros((*shape[:-1], parts * shape[-1]), dtype) if type(ct_cat) is ad.Zero
               else listed_rows_only(ct_cat, tiles, count, shape[-2], tile_h))  # cat's other rows are unspecified
     db = None if type(ct_sums) is ad.Zero else ct_sums
-    parts = row_split(ct_cat, db, tiles, count, parts=len(xs), tile_h=tile_h)
-    return [p if ad.is_undefined_primal(x) else None for p, x in zip(parts, xs)] + [None, None]
+    pieces = row_split(ct_cat, db, tiles, count, parts=parts, tile_h=tile_h)
+    return [p if ad.is_undefined_primal(x) else None for p, x in zip(pieces, xs)] + [None, None]
 
 
 def _concat_batch(args, dims, **params):

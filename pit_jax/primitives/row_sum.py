@@ -120,14 +120,19 @@ def _bcast_jvp(primals, tangents, **params):
     return out, row_bcast_p.bind(tangents[0], *primals[1:], **params)
 
 
+def vector_cotangent(sums, aval):
+    """Per-entry sums [..., N] as the cotangent of a vector `aval` ([N] or [..., N]): an
+    unbatched vector's sums the batch entries too (in float32), in the vector's dtype."""
+    lead = sums.ndim - aval.ndim
+    if lead:
+        sums = jnp.sum(sums.astype(jnp.float32), axis=tuple(range(lead)))
+    return sums.astype(aval.dtype)
+
+
 def _bcast_transpose(ct, v, tiles, count, *, m, tile_h):
     if type(ct) is ad.Zero:
         return [ad.Zero(v.aval), None, None]
-    sums = row_sum(ct.astype(v.aval.dtype), tiles, count, tile_h=tile_h)
-    lead = sums.ndim - v.aval.ndim  # an unbatched v: its gradient sums the batch entries too
-    if lead:
-        sums = jnp.sum(sums.astype(jnp.float32), axis=tuple(range(lead))).astype(v.aval.dtype)
-    return [sums, None, None]
+    return [vector_cotangent(row_sum(ct.astype(v.aval.dtype), tiles, count, tile_h=tile_h), v.aval), None, None]
 
 
 def _bcast_batch(args, dims, **params):

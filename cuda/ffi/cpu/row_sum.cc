@@ -19,7 +19,8 @@ void RowSum(const RowSumParams& p) {
   cpu::ForListedRows(p, [&](int64_t b, int64_t off) {
     if (np > 0) {
       const int64_t row = off / n;  // b * rows + r
-      for (int k = 0; k < RowSumParams::kMaxParts; ++k) cpu::LoadRow(p.dtype, p.parts[k], row * np, np, v.data() + k * np);
+      for (int k = 0; k < RowSumParams::kMaxParts; ++k)
+        cpu::LoadRow(p.dtype, p.parts[k], row * np, np, v.data() + k * np);
       cpu::StoreRow(p.dtype, v.data(), n, p.cat, off);
     } else {
       cpu::LoadRow(p.dtype, p.x, off, n, v.data());
