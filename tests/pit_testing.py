@@ -134,6 +134,16 @@ def row_index(live, tile_h, capacity=None):
     return idx, flat_index(idx, tuple(live.shape[:-1]), "test", "x")
 
 
+def check_sums(got, want, dtype, rows, msg):
+    """Column sums over `rows` rows (float32 accumulation, rounded once to `dtype`) against
+    float64: max error relative to the largest sum (at least 1) within the rounding (2^-9
+    / 2^-12 for bf16 / f16) plus float32's accumulation error."""
+    tol = {"float32": 1e-6 * max(1.0, math.sqrt(rows)), "bfloat16": 4e-3, "float16": 1e-3}[dname(dtype)]
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    err = np.abs(f64(got) - want).max(initial=0.0) / scale
+    assert err <= tol, f"{msg}: max error {err} relative to max |sum| = {scale}"
+
+
 def listed_rows(index, rows: int) -> np.ndarray:
     """bool [rows]: the rows a row index (micro-tile (1, ...)) lists within its capacity,
     i.e. its first min(count, capacity) slots (a list too short for every live row drops

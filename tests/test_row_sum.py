@@ -4,14 +4,12 @@ only and whose bias gradient reads only those rows. Against float64."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import (PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn,
-                          row_index, unfused_z64)
+from pit_testing import (PLATFORMS, activation64, check_close, check_sums, f64, fresh_rng, listed_rows, live_rows, put,
+                          randn, row_index, unfused_z64)
 
 import pit_jax
 from pit_jax.primitives.row_sum import row_bcast, row_sum, slices
@@ -23,16 +21,6 @@ DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 # and a list long enough to be summed in several slices (1000 x 3072).
 # (5000, 136, 1): several rounds of list reads a thread (row_sum.cuh: kUnroll slots a round).
 SHAPES = [(1, 8, 1), (37, 100, 1), (50, 96, 4), (33, 64, 32), (1000, 3072, 1), (5000, 136, 1)]
-
-
-
-
-
-
-def sum_tol(dtype, rows):
-    """float32 sums of `rows` terms rounded once, relative to the largest sum: the
-    rounding (2^-9 / 2^-12 for bf16 / f16), plus float32's accumulation error."""
-    return {"float32": 1e-6 * max(1.0, math.sqrt(rows)), "bfloat16": 4e-3, "float16": 1e-3}[jnp.dtype(dtype).name]
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -49,9 +37,7 @@ def test_row_sum_value(platform, dtype, density, m, n, tile_h, lead):
     got = jax.jit(lambda x, t, c: row_sum(x, t, c, tile_h=tile_h))(xs, tiles, count)
     assert got.shape == (*lead, n) and got.dtype == jnp.dtype(dtype)
     want = np.where(live[..., None], f64(x), 0.0).sum(-2)
-    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-    err = np.abs(f64(got) - want).max(initial=0.0) / scale
-    assert err <= sum_tol(dtype, m), f"seed={seed}: max error {err} relative to max |sum| = {scale}"
+    check_sums(got, want, dtype, m, f"seed={seed}")
     assert np.isfinite(f64(got)).all(), f"seed={seed}: unwritten sums (poisoned)"
 
 
