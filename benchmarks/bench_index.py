@@ -39,7 +39,7 @@ def jnp_tile_index(mask, h, grouped):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
     args = ap.parse_args()
     meta = common.device_info()

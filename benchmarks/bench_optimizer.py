@@ -301,7 +301,7 @@ def plot_results(rows, path, meta):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, few patterns (CPU)")
     ap.add_argument("--database", default=None, help="STile database JSON (default: the one pit_jax resolves for this GPU)")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))

@@ -925,7 +925,7 @@ def plot_speedups(rows, path, meta):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
     ap.add_argument("--small", action="store_true", help="dims 256-512 (CPU smoke run)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
     ap.add_argument("--stand-in", action="store_true", help="if pit_jax.sparse_dense is missing, use a pure-JAX stand-in (tests the suite; timings meaningless)")

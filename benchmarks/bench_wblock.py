@@ -35,7 +35,7 @@ def main(argv=None):
     ap.add_argument("--m", type=int, default=4096)
     ap.add_argument("--check", action="store_true", help="compare each product with a float32 reference")
     ap.add_argument("--small", action="store_true", help="tiny shapes, few repeats")
-    ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     shapes, reps = ([(64, 128), (128, 64)], 3) if args.small else (SHAPES, 15)

@@ -535,7 +535,7 @@ def plot(rows, path, meta):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
     ap.add_argument("--only", default=None, help="comma-separated subset of " + ",".join(WORKLOADS))
     ap.add_argument("--small", action="store_true", help="tiny models (CPU smoke run)")
     ap.add_argument("--deadline-s", type=float, default=None,

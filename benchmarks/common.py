@@ -221,12 +221,17 @@ def copy_bandwidth_gbs(nbytes: int = 2**30) -> float:
     return 2 * nbytes / (t["median_ms"] * 1e-3) / 1e9
 
 
-def write_results(suite: str, payload: dict, out_dir: str | None = None) -> str:
-    out_dir = out_dir or os.path.join(os.path.dirname(__file__), "results")
-    os.makedirs(out_dir, exist_ok=True)
-    dev = payload["meta"]["device"].replace(" ", "_")
-    day = payload["meta"]["date"][:10]
-    path = os.path.join(out_dir, f"{suite}_{dev}_{day}.json")
+def write_results(suite: str, payload: dict, out: str | None = None) -> str:
+    """Writes `payload` as `<suite>_<device>_<date>.json` in the folder `out` (default
+    benchmarks/results), or as `out` itself when it names a .json file; returns the path
+    (the suites put their PNG beside it)."""
+    if out is not None and out.endswith(".json"):
+        path = out
+    else:
+        dev = payload["meta"]["device"].replace(" ", "_")
+        day = payload["meta"]["date"][:10]
+        path = os.path.join(out or os.path.join(os.path.dirname(__file__), "results"), f"{suite}_{dev}_{day}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     dump_json(path, payload)
     return path
 

@@ -55,6 +55,16 @@ def test_bench_wblock_smoke(tmp_path):
     assert len(list(tmp_path.glob("wblock_*.json"))) == 1
 
 
+def test_write_results_takes_a_folder_or_a_json_path(tmp_path):
+    """--out is a folder (the file named by suite, device and date) or a .json file path;
+    either folder is created."""
+    payload = {"meta": {"device": "Some GPU", "date": "2026-11-28T10:00:00"}, "rows": []}
+    folder = common.write_results("moe", payload, str(tmp_path / "a"))
+    assert folder == str(tmp_path / "a" / "moe_Some_GPU_2026-11-28.json") and os.path.isfile(folder)
+    named = common.write_results("moe", payload, str(tmp_path / "b" / "fig8.json"))
+    assert named == str(tmp_path / "b" / "fig8.json") and os.path.isfile(named)
+
+
 def test_bf16_weights_casts_matrices_only():
     from benchmarks import bench_workloads
 
