@@ -29,16 +29,23 @@ constexpr int kMinBlocks = 2;
 template <int kChunks>
 constexpr bool kParamsFirst = kChunks > 0 && kChunks <= 3;
 
+// v[0..V) = a (+ b when given) at column c, float32: a row and an optional second row
+// added to it (the residual in the forward, a second consumer's cotangent in the backward).
+template <typename T, int V>
+__device__ __forceinline__ void LoadAdd(const T* a, const T* b, int64_t c, float (&v)[V]) {
+  LoadF<T, V>(a + c, v);
+  if (b) {
+    float t[V];
+    LoadF<T, V>(b + c, t);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] += t[i];
+  }
+}
+
 // h[0..V) = x + residual + bias at column c (float32).
 template <typename T, int V>
 __device__ __forceinline__ void Sum(const RowLayerNormParams& p, const T* x, const T* r, int64_t c, float (&h)[V]) {
-  LoadF<T, V>(x + c, h);
-  if (r) {
-    float t[V];
-    LoadF<T, V>(r + c, t);
-#pragma unroll
-    for (int i = 0; i < V; ++i) h[i] += t[i];
-  }
+  LoadAdd<T, V>(x, r, c, h);
   if (p.bias) {
 #pragma unroll
     for (int i = 0; i < V; ++i) h[i] += __ldg(p.bias + c + i);
@@ -241,18 +248,6 @@ cudaError_t Launch(const RowLayerNormParams& p, bool dead_tail, cudaStream_t str
 
 constexpr int kBwdWarps = 8;
 
-// g[0..V) = dy (+ dy2, a second consumer's cotangent) at column c, float32.
-template <typename T, int V>
-__device__ __forceinline__ void LoadG(const T* dy, const T* dy2, int64_t c, float (&g)[V]) {
-  LoadF<T, V>(dy + c, g);
-  if (dy2) {
-    float t[V];
-    LoadF<T, V>(dy2 + c, t);
-#pragma unroll
-    for (int i = 0; i < V; ++i) g[i] += t[i];
-  }
-}
-
 // Row `row` of the optional second cotangent, or null.
 template <typename T>
 __device__ __forceinline__ const T* Dy2Row(const RowLayerNormBwdParams& q, int64_t row) {
@@ -371,7 +366,7 @@ __device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, fl
   for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
     float h[V], g[V];
     Sum<T, V>(p, x, r, c, h);
-    LoadG<T, V>(dy, dy2, c, g);
+    LoadAdd<T, V>(dy, dy2, c, g);  // dy (+ dy2)
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const float xhat = (h[i] - st.mean) * st.rstd, gs = g[i] * __ldg(p.scale + c + i);
@@ -384,7 +379,7 @@ __device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, fl
   for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
     float h[V], g[V];
     Sum<T, V>(p, x, r, c, h);
-    LoadG<T, V>(dy, dy2, c, g);
+    LoadAdd<T, V>(dy, dy2, c, g);  // dy (+ dy2)
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const float xhat = (h[i] - st.mean) * st.rstd;
