@@ -10,9 +10,9 @@ for some, or use the context manager::
         y = jax.jit(model)(x)
 
 The ops: "index" (also index_from_tiles), "sparse_dense", "layer_norm", "sread",
-"swrite", "moe" (moe_index and the grouped products). The choice is made when a function
-is traced: a function jitted and traced before the switch keeps its compiled form (jit
-caches by arguments, not by this switch).
+"swrite", "moe" (moe_index and the grouped products), "varlen_attention". The choice is
+made when a function is traced: a function jitted and traced before the switch keeps
+its compiled form (jit caches by arguments, not by this switch).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 from typing import FrozenSet, Iterable, Iterator, Optional
 
 ENV_VAR = "PIT_JAX_REFERENCE"
-OPS = ("index", "sparse_dense", "layer_norm", "sread", "swrite", "moe")
+OPS = ("index", "sparse_dense", "layer_norm", "sread", "swrite", "moe", "varlen_attention")
 
 _local = threading.local()
 

@@ -55,6 +55,17 @@ def test_bench_wblock_smoke(tmp_path):
     assert len(list(tmp_path.glob("wblock_*.json"))) == 1
 
 
+def test_bench_attention_smoke(tmp_path):
+    from benchmarks import bench_attention
+
+    rows = bench_attention.main(["--small", "--out", str(tmp_path)])
+    pit = [r for r in rows if r["impl"] == "pit_jax"]
+    assert len(pit) == 4 and all(r["median_ms"] > 0 for r in pit)  # 2 cases x forward, forward + backward
+    xla = [r for r in rows if r["impl"] == "xla" and r["pass"] == "forward+backward"]
+    assert all(r["max_rel_diff_vs_pit"] < 5e-2 for r in xla), xla
+    assert len(list(tmp_path.glob("attention_*.json"))) == 1
+
+
 def test_write_results_takes_a_folder_or_a_json_path(tmp_path):
     """--out is a folder (the file named by suite, device and date) or a .json file path;
     either folder is created."""

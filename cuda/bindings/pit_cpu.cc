@@ -28,6 +28,8 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_grouped_wgrad"] = pit::HandlerCapsule(PitGroupedWgradCpu);
     // Packed rows with identity lists: the same sums through the same loop.
     targets["pit_grouped_wgrad_packed"] = pit::HandlerCapsule(PitGroupedWgradCpu);
+    targets["pit_varlen_attention"] = pit::HandlerCapsule(PitVarlenAttentionCpu);
+    targets["pit_varlen_attention_bwd"] = pit::HandlerCapsule(PitVarlenAttentionBwdCpu);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

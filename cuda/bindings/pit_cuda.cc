@@ -31,6 +31,8 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_grouped_matmul"] = pit::HandlerCapsule(PitGroupedMatmulCuda);
     targets["pit_grouped_wgrad"] = pit::HandlerCapsule(PitGroupedWgradCuda);
     targets["pit_grouped_wgrad_packed"] = pit::HandlerCapsule(PitGroupedWgradPackedCuda);
+    targets["pit_varlen_attention"] = pit::HandlerCapsule(PitVarlenAttentionCuda);
+    targets["pit_varlen_attention_bwd"] = pit::HandlerCapsule(PitVarlenAttentionBwdCuda);
     return targets;
   });
   m.def("set_poison_outputs", [](bool on) { pit::PoisonOutputs() = on; },

@@ -248,5 +248,31 @@ auto Swrite(B b) {
       .template Attr<bool>("accumulate");
 }
 
+template <class B>
+auto VarlenAttention(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // q [batch, seq, heads, head_dim]
+      .template Arg<AnyBuffer>()  // k
+      .template Arg<AnyBuffer>()  // v
+      .template Arg<S32>()  // lengths [batch]
+      .template Ret<AnyBuffer>()  // out (q's shape)
+      .template Ret<AnyBuffer>()  // lse float32 [batch, heads, seq]
+      .template Attr<float>("scale");
+}
+
+template <class B>
+auto VarlenAttentionBwd(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // q
+      .template Arg<AnyBuffer>()  // k
+      .template Arg<AnyBuffer>()  // v
+      .template Arg<AnyBuffer>()  // o (the forward's out)
+      .template Arg<AnyBuffer>()  // lse (the forward's)
+      .template Arg<AnyBuffer>()  // dout
+      .template Arg<S32>()  // lengths
+      .template Ret<AnyBuffer>()  // dq
+      .template Ret<AnyBuffer>()  // dk
+      .template Ret<AnyBuffer>()  // dv
+      .template Attr<float>("scale");
+}
+
 }  // namespace bind
 }  // namespace pit

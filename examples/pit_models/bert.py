@@ -58,6 +58,13 @@ class BertConfig:
         return self.hidden // self.heads
 
 
+def varlen_kernels_apply(batch, seq, cfg: BertConfig) -> bool:
+    """Whether `pit_jax.varlen_attention` runs its kernels for this batch (else XLA)."""
+    from pit_jax.primitives.varlen_attention import kernel_applies
+
+    return kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype)
+
+
 def row_index(mask):
     """The valid-token row index of a [B, S] padding mask, for the [B*S, H] hidden states."""
     return pit_jax.index(jnp.reshape(mask, (-1, 1)), "row")
@@ -190,6 +197,9 @@ class BertClassifier(nn.Module):
     # pit mode: padding rows of the biased M-axis linears ("dense": act(bias)); "unspecified"
     # (inference only) leaves them and the live-row layer norms' padding rows unwritten.
     dead_rows: str = "zeros"
+    # pit mode with skip_padding: attention by `pit_jax.varlen_attention` (valid tokens only)
+    # where its kernels take the shapes (16-bit, head_dim 64, seq <= 128), else `attention`.
+    varlen_attention: bool = True
 
     @nn.compact
     def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
@@ -199,9 +209,12 @@ class BertClassifier(nn.Module):
         batch, seq = tokens.shape
         if seq > cfg.max_len:
             raise ValueError(f"BertClassifier: sequence length {seq} exceeds max_len={cfg.max_len}")
-        impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
         mask = common.right_padding_mask(lengths, seq)
         rows = row_index(mask) if self.mode == "pit" and self.skip_padding else None
+        if rows is not None and self.varlen_attention and varlen_kernels_apply(batch, seq, cfg):
+            impl = "pit"
+        else:
+            impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
         emb = nn.Embed(cfg.vocab, cfg.hidden, name="word_emb")(tokens)
         emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
         emb = emb.reshape(batch * seq, cfg.hidden)

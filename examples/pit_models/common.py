@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ATTENTION_IMPLS = ("auto", "cudnn", "xla")
+import pit_jax
+
+ATTENTION_IMPLS = ("auto", "cudnn", "xla", "pit")
 
 
 # -- attention ---------------------------------------------------------------------------
@@ -25,10 +27,17 @@ def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, implementat
     """Multi-head attention over a padded batch. q, k, v: [B, S, heads, head_dim].
 
     `lengths` [B] int32: right padding (the first lengths[b] tokens are valid); cuDNN
-    then skips the padded work. `key_mask` [B, S] bool: any padding (left padding in
+    then skips the padded work, and "pit" (`pit_jax.varlen_attention`) computes the valid
+    tokens only. `key_mask` [B, S] bool: any padding (left padding in
     the OPT layer), applied as a mask. Rows of padded queries are garbage-free (no NaN)
     but meaningless: callers read valid tokens only.
     """
+    if implementation == "pit":
+        # pit_jax.varlen_attention: right padding by lengths only, on the valid tokens.
+        if lengths is None or key_mask is not None or causal:
+            raise ValueError("attention: implementation='pit' takes right padding by `lengths` only "
+                             "(no key_mask, not causal)")
+        return pit_jax.varlen_attention(q, k, v, lengths)
     mask = None
     if key_mask is not None:
         mask = key_mask[:, None, None, :]

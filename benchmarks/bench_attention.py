@@ -1,0 +1,106 @@
+"""Attention over right-padded short sequences: pit_jax.varlen_attention against what a JAX
+user has (issue 7's BERT shapes).
+
+Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like lengths
+(~27 % valid tokens), and the same batch at full length. Per case, forward alone and
+forward + backward (a vjp with a fixed cotangent), each through:
+  pit_jax     pit_jax.varlen_attention (valid tokens only)
+  cudnn       jax.nn.dot_product_attention(implementation="cudnn") with sequence lengths
+  xla         jax.nn.dot_product_attention(implementation="xla") with sequence lengths
+Inputs rotated so nothing sits in L2; wall time of jitted calls (median of repeats) and
+the device time of their kernels from a profiler trace.
+
+    python -m benchmarks.bench_attention [--out DIR] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pit_jax
+from benchmarks import common
+
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from pit_models import common as mcommon  # noqa: E402
+
+
+def impls():
+    def dpa(implementation):
+        def f(q, k, v, ln):
+            return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=ln, key_value_seq_lengths=ln,
+                                                implementation=implementation)
+        return f
+
+    return {"pit_jax": pit_jax.varlen_attention, "cudnn": dpa("cudnn"), "xla": dpa("xla")}
+
+
+def with_backward(f):
+    def g(q, k, v, ln, dout):
+        out, vjp = jax.vjp(lambda q, k, v: f(q, k, v, ln), q, k, v)
+        return out, vjp(dout)
+
+    return g
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
+    args = ap.parse_args(argv)
+    meta = common.device_info()
+    b, s, h, d = (4, 32, 2, 64) if args.small else (32, 128, 12, 64)
+    rng = np.random.default_rng(0)
+    cases = {"glue": mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s}),
+             "full": np.full((b,), s, np.int32)}
+    n_sets = common.rotations(5 * b * s * h * d * 2)
+    key = jax.random.PRNGKey(0)
+    rows = []
+    for case, lengths in cases.items():
+        ln = jnp.asarray(lengths, jnp.int32)
+        sets = []
+        for i in range(n_sets):
+            ks = jax.random.split(jax.random.fold_in(key, i), 4)
+            q, k, v, dout = (common.random_normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks)
+            sets.append((q, k, v, ln, dout))
+        valid = float(lengths.sum()) / (b * s)
+        ref = None
+        for name, f in impls().items():
+            for pass_, fn in (("forward", lambda q, k, v, ln, do, f=f: f(q, k, v, ln)),
+                              ("forward+backward", lambda *a, f=f: with_backward(f)(*a))):
+                row = {"case": case, "valid": valid, "pass": pass_, "impl": name, "shape": [b, s, h, d],
+                       "dtype": "bfloat16"}
+                try:
+                    t = common.time_op(fn, sets, keep_output=True, device_calls=20)
+                except Exception as e:  # noqa: BLE001 - an impl that does not run here is a row, not a crash
+                    rows.append({**row, "median_ms": None, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                    continue
+                out = jax.tree_util.tree_leaves(t.pop("output"))
+                mask = np.arange(s)[None, :] < lengths[:, None]
+                vals = [np.asarray(o, np.float32)[mask] for o in out]
+                if pass_ == "forward+backward" and name == "pit_jax":
+                    ref = vals
+                elif pass_ == "forward+backward" and ref is not None:
+                    row["max_rel_diff_vs_pit"] = max(float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
+                                                     for a, r in zip(vals, ref))
+                rows.append({**row, **t})
+    base = {(r["case"], r["pass"]): r.get("median_ms") for r in rows if r["impl"] == "pit_jax"}
+    for r in rows:
+        p = base.get((r["case"], r["pass"]))
+        if r.get("median_ms") and p:
+            r["pit_speedup"] = r["median_ms"] / p
+    print(common.table(rows, ["case", "valid", "pass", "impl", "median_ms", "device_ms", "kernels_per_op",
+                              "pit_speedup"]))
+    path = common.write_results("attention", {"meta": meta, "config": {"rotations": n_sets}, "results": rows},
+                                args.out)
+    print("wrote", path)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

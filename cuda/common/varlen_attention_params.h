@@ -1,0 +1,40 @@
+// pit_varlen_attention / pit_varlen_attention_bwd's decoded call (docs/kernels.md): plain
+// data shared by the FFI handlers (cuda/ffi/varlen_attention_args.h) and the kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/matmul_params.h"
+
+namespace pit {
+
+// Right-padded sequences: q, k, v, o and their cotangents are [batch, seq, heads, head_dim]
+// in `dtype`; sequence b's first lengths[b] tokens (clamped to [0, seq]) are valid, the
+// rest are padding that no valid token attends to and whose rows of every result are 0.
+struct VarlenAttentionParams {
+  DType dtype = DType::kBF16;
+  int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  float scale = 1.f;                // on q k^T, before the softmax
+  const int32_t* lengths = nullptr;  // [batch]
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  // Forward results: out, and lse [batch, heads, seq] float32, each valid query's
+  // log-sum-exp of its scaled scores (natural log; 0 on padding rows).
+  void* out = nullptr;
+  float* lse = nullptr;
+  // Backward operands (the forward's out and lse, and out's cotangent) and results.
+  const void* o = nullptr;
+  const float* lse_in = nullptr;
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+};
+
+// What the kernels take: 16-bit dtypes, head_dim 64, at most this many tokens a sequence
+// (one CTA holds a whole sequence's keys).
+constexpr int64_t kVarlenAttentionHeadDim = 64;
+constexpr int64_t kVarlenAttentionMaxSeq = 128;
+
+}  // namespace pit

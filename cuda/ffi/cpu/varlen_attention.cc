@@ -1,0 +1,117 @@
+// pit_varlen_attention(_bwd) on the CPU: the same semantics as the kernels, in float32 per
+// (sequence, head); the kernels also round the probabilities and dS to the inputs' dtype
+// before their tensor-core products (docs/kernels.md).
+#include <cmath>
+#include <vector>
+
+#include "cuda/ffi/bindings.h"
+#include "cuda/ffi/cpu/cpu_common.h"
+#include "cuda/ffi/cpu/handlers.h"
+#include "cuda/ffi/varlen_attention_args.h"
+
+namespace pit {
+namespace {
+
+struct Heads {
+  const VarlenAttentionParams& p;
+  int64_t Offset(int64_t b, int64_t s, int64_t h) const { return ((b * p.seq + s) * p.heads + h) * p.head_dim; }
+  int Length(int64_t b) const {
+    const int64_t n = p.lengths[b];
+    return static_cast<int>(n < 0 ? 0 : (n > p.seq ? p.seq : n));
+  }
+  // Rows [0, len) of one head as floats [len, head_dim].
+  std::vector<float> Load(const void* src, int64_t b, int64_t h, int len) const {
+    std::vector<float> out(static_cast<size_t>(len) * p.head_dim);
+    for (int s = 0; s < len; ++s) cpu::LoadRow(p.dtype, src, Offset(b, s, h), p.head_dim, &out[s * p.head_dim]);
+    return out;
+  }
+  void Store(const std::vector<float>& rows, void* dst, int64_t b, int64_t h, int len) const {
+    for (int s = 0; s < len; ++s) cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(b, s, h));
+  }
+};
+
+float Dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void VarlenAttentionFwd(const VarlenAttentionParams& p) {
+  const Heads hd{p};
+  const int64_t d = p.head_dim;
+  cpu::Zero(p.out, p.batch * p.seq * p.heads * d * DTypeBytes(p.dtype));  // padding rows
+  for (int64_t i = 0; i < p.batch * p.heads * p.seq; ++i) p.lse[i] = 0.f;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int len = hd.Length(b);
+    for (int64_t h = 0; h < p.heads && len > 0; ++h) {
+      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len), v = hd.Load(p.v, b, h, len);
+      std::vector<float> o(static_cast<size_t>(len) * d, 0.f), s(len);
+      for (int i = 0; i < len; ++i) {
+        float m = -INFINITY;
+        for (int j = 0; j < len; ++j) m = std::fmax(m, s[j] = p.scale * Dot(&q[i * d], &k[j * d], d));
+        float l = 0.f;
+        for (int j = 0; j < len; ++j) l += s[j] = std::exp(s[j] - m);
+        for (int j = 0; j < len; ++j) cpu::Axpy(s[j] / l, &v[j * d], &o[i * d], d);
+        p.lse[(b * p.heads + h) * p.seq + i] = m + std::log(l);
+      }
+      hd.Store(o, p.out, b, h, len);
+    }
+  }
+}
+
+void VarlenAttentionBwd(const VarlenAttentionParams& p) {
+  const Heads hd{p};
+  const int64_t d = p.head_dim, bytes = p.batch * p.seq * p.heads * d * DTypeBytes(p.dtype);
+  for (void* r : {p.dq, p.dk, p.dv}) cpu::Zero(r, bytes);  // padding rows
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int len = hd.Length(b);
+    for (int64_t h = 0; h < p.heads && len > 0; ++h) {
+      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len), v = hd.Load(p.v, b, h, len);
+      const auto o = hd.Load(p.o, b, h, len), dout = hd.Load(p.dout, b, h, len);
+      std::vector<float> dq(static_cast<size_t>(len) * d, 0.f), dk(dq), dv(dq);
+      for (int i = 0; i < len; ++i) {
+        const float lse = p.lse_in[(b * p.heads + h) * p.seq + i];
+        const float delta = Dot(&dout[i * d], &o[i * d], d);
+        for (int j = 0; j < len; ++j) {
+          const float pr = std::exp(p.scale * Dot(&q[i * d], &k[j * d], d) - lse);
+          const float ds = pr * (Dot(&dout[i * d], &v[j * d], d) - delta);
+          cpu::Axpy(pr, &dout[i * d], &dv[j * d], d);
+          cpu::Axpy(p.scale * ds, &k[j * d], &dq[i * d], d);
+          cpu::Axpy(p.scale * ds, &q[i * d], &dk[j * d], d);
+        }
+      }
+      hd.Store(dq, p.dq, b, h, len);
+      hd.Store(dk, p.dk, b, h, len);
+      hd.Store(dv, p.dv, b, h, len);
+    }
+  }
+}
+
+ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, S32Buffer lengths,
+                              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float scale) {
+  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale);
+  if (p.has_error()) return p.error();
+  cpu::Poison(out->untyped_data(), out->size_bytes());
+  cpu::Poison(lse->untyped_data(), lse->size_bytes());
+  VarlenAttentionFwd(*p);
+  return ffi::Error::Success();
+}
+
+ffi::Error VarlenAttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
+                                 ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
+                                 ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                 ffi::Result<ffi::AnyBuffer> dv, float scale) {
+  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale);
+  if (p.has_error()) return p.error();
+  for (auto* r : {&dq, &dk, &dv}) cpu::Poison((*r)->untyped_data(), (*r)->size_bytes());
+  VarlenAttentionBwd(*p);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace pit
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitVarlenAttentionCpu, pit::VarlenAttentionCpu,
+                              pit::bind::VarlenAttention(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitVarlenAttentionBwdCpu, pit::VarlenAttentionBwdCpu,
+                              pit::bind::VarlenAttentionBwd(xla::ffi::Ffi::Bind()));

@@ -1,0 +1,131 @@
+// Decoding and validation of pit_varlen_attention and pit_varlen_attention_bwd, shared by
+// their CPU and CUDA handlers (docs/kernels.md specifies both). Every inconsistency is an
+// InvalidArgument error naming the target and the operand: a bad call never reaches a kernel.
+#pragma once
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "cuda/common/varlen_attention_params.h"
+#include "cuda/ffi/matmul_args.h"
+
+namespace pit {
+
+inline std::string DimsString(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+inline bool SameDims4(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, seq <= 128); k, v, and every
+// other [batch, seq, heads, head_dim] operand or result named in `same`: q's shape and
+// dtype; lengths [batch] int32.
+inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
+                                                                      ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                                                      S32Buffer lengths, float scale) {
+  const auto d = q.dimensions();
+  if (d.size() != 4) return InvalidArg(target + ": q must be [batch, seq, heads, head_dim], got " + DimsString(d));
+  if (q.element_type() != ffi::DataType::BF16 && q.element_type() != ffi::DataType::F16)
+    return InvalidArg(target + ": q must be bfloat16 or float16");
+  if (d[3] != kVarlenAttentionHeadDim)
+    return InvalidArg(target + ": head_dim (q's last dim) must be " + std::to_string(kVarlenAttentionHeadDim) +
+                      ", got " + std::to_string(d[3]));
+  if (d[1] > kVarlenAttentionMaxSeq)
+    return InvalidArg(target + ": seq (q's dim 1) must be at most " + std::to_string(kVarlenAttentionMaxSeq) +
+                      ", got " + std::to_string(d[1]));
+  if (d[0] > 65535 || d[2] > 65535)
+    return InvalidArg(target + ": batch and heads must be at most 65535, got " + DimsString(d));
+  for (auto [name, buf] : {std::pair<const char*, ffi::AnyBuffer*>{"k", &k}, {"v", &v}}) {
+    if (buf->element_type() != q.element_type() || !SameDims4(buf->dimensions(), d))
+      return InvalidArg(target + ": " + name + " must have q's shape " + DimsString(d) + " and dtype, got " +
+                        DimsString(buf->dimensions()));
+  }
+  const auto ld = lengths.dimensions();
+  if (ld.size() != 1 || ld[0] != d[0])
+    return InvalidArg(target + ": lengths must be int32 [batch] = [" + std::to_string(d[0]) + "]");
+  VarlenAttentionParams p;
+  p.dtype = q.element_type() == ffi::DataType::BF16 ? DType::kBF16 : DType::kF16;
+  p.batch = d[0];
+  p.seq = d[1];
+  p.heads = d[2];
+  p.head_dim = d[3];
+  p.scale = scale;
+  p.lengths = lengths.typed_data();
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  return p;
+}
+
+inline ffi::Error CheckLikeQ(const std::string& target, const char* name, ffi::AnyBuffer::Dimensions d,
+                             ffi::DataType t, const VarlenAttentionParams& p, ffi::AnyBuffer::Dimensions qd) {
+  const ffi::DataType want = p.dtype == DType::kBF16 ? ffi::DataType::BF16 : ffi::DataType::F16;
+  if (t != want || !SameDims4(d, qd))
+    return ffi::Error::InvalidArgument(target + ": " + name + " must have q's shape " + DimsString(qd) +
+                                       " and dtype, got " + DimsString(d));
+  return ffi::Error::Success();
+}
+
+inline ffi::Error CheckLse(const std::string& target, const char* name, ffi::AnyBuffer::Dimensions d,
+                           ffi::DataType t, const VarlenAttentionParams& p) {
+  if (t != ffi::DataType::F32 || d.size() != 3 || d[0] != p.batch || d[1] != p.heads || d[2] != p.seq)
+    return ffi::Error::InvalidArgument(target + ": " + name + " must be float32 [batch, heads, seq] = [" +
+                                       std::to_string(p.batch) + ", " + std::to_string(p.heads) + ", " +
+                                       std::to_string(p.seq) + "], got " + DimsString(d));
+  return ffi::Error::Success();
+}
+
+// pit_varlen_attention: q, k, v, lengths -> out, lse.
+inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                                                S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& out,
+                                                                ffi::Result<ffi::AnyBuffer>& lse, float scale) {
+  const std::string target = "pit_varlen_attention";
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale);
+  if (p.has_error()) return p;
+  if (auto e = CheckLikeQ(target, "the result", out->dimensions(), out->element_type(), *p, q.dimensions());
+      e.failure())
+    return ffi::Unexpected<ffi::Error>(e);
+  if (auto e = CheckLse(target, "lse (the second result)", lse->dimensions(), lse->element_type(), *p); e.failure())
+    return ffi::Unexpected<ffi::Error>(e);
+  p->out = out->untyped_data();
+  p->lse = static_cast<float*>(lse->untyped_data());
+  return p;
+}
+
+// pit_varlen_attention_bwd: q, k, v, o, lse, dout, lengths -> dq, dk, dv.
+inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionBwd(
+    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+    S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
+    ffi::Result<ffi::AnyBuffer>& dv, float scale) {
+  const std::string target = "pit_varlen_attention_bwd";
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale);
+  if (p.has_error()) return p;
+  const auto qd = q.dimensions();
+  for (auto [name, dims, type] :
+       {std::tuple<const char*, ffi::AnyBuffer::Dimensions, ffi::DataType>{"o", o.dimensions(), o.element_type()},
+        {"dout", dout.dimensions(), dout.element_type()},
+        {"dq", dq->dimensions(), dq->element_type()},
+        {"dk", dk->dimensions(), dk->element_type()},
+        {"dv", dv->dimensions(), dv->element_type()}}) {
+    if (auto e = CheckLikeQ(target, name, dims, type, *p, qd); e.failure()) return ffi::Unexpected<ffi::Error>(e);
+  }
+  if (auto e = CheckLse(target, "lse", lse.dimensions(), lse.element_type(), *p); e.failure())
+    return ffi::Unexpected<ffi::Error>(e);
+  p->o = o.untyped_data();
+  p->lse_in = static_cast<const float*>(lse.untyped_data());
+  p->dout = dout.untyped_data();
+  p->dq = dq->untyped_data();
+  p->dk = dk->untyped_data();
+  p->dv = dv->untyped_data();
+  return p;
+}
+
+}  // namespace pit

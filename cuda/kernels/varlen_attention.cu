@@ -1,0 +1,440 @@
+// Attention over right-padded short sequences (seq <= 128, head_dim 64), valid tokens
+// only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
+// Hopper, where these problems are latency-bound, not tensor-bound).
+//
+// One CTA of 8 warps per (head, sequence) stages the sequence's valid rows in shared
+// memory (zeros up to the next multiple of 16), so the whole key range is in one tile:
+// the softmax needs no running rescale and the backward needs no atomics (its dQ is a
+// second product over dS staged in shared memory), and every sum has a fixed order.
+// Padding tokens cost nothing but the zeros written to their rows of the results.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16/.f16): lane = 4 g + t;
+//   A (16 x 16, row): {a0,a1} row g, cols 2t..2t+1; {a2,a3} row g+8; {a4,a5} row g,
+//     cols 2t+8..; {a6,a7} row g+8, cols 2t+8.. (registers a[0..3] hold the pairs);
+//   B (16 x 8, col): {b0,b1} rows 2t..2t+1 of col g; {b2,b3} rows 2t+8..;
+//   C (16 x 8, f32): c0,c1 row g, cols 2t..2t+1; c2,c3 row g+8.
+// So a C fragment pair of two adjacent 8-column tiles is an A fragment of the next
+// product (the probabilities feed P V straight from registers), and B fragments read two
+// consecutive elements of a row of the operand's [n][k] layout: K for q k^T, and
+// transposed copies (V^T, Q^T, K^T, dO^T) where the product reduces over tokens.
+#include "cuda/kernels/varlen_attention.h"
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace pit {
+namespace {
+
+constexpr int kD = 64;          // head_dim
+constexpr int kWarps = 8;       // 16 rows each: 128 tokens
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRowPitch = kD + 8;  // row-major tiles: 144-byte rows, fragment loads conflict-free
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T>
+struct Half;
+
+template <>
+struct Half<__nv_bfloat16> {
+  static __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ uint16_t One(float v) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    return *reinterpret_cast<const uint16_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  }
+};
+
+template <>
+struct Half<__half> {
+  static __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ uint16_t One(float v) {
+    const __half h = __float2half_rn(v);
+    return *reinterpret_cast<const uint16_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
+};
+
+__device__ __forceinline__ uint32_t Ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+// The CTA's problem: sequence b, head h, its valid length and row pointers.
+struct Seq {
+  int len;           // valid tokens, clamped to [0, seq]
+  int rows;          // len rounded up to 16: the rows staged (zeros past len)
+  int64_t stride;    // elements between consecutive tokens (heads * kD)
+  int64_t base;      // element offset of (b, token 0, h, 0)
+  int64_t lse_base;  // offset of lse[b, h, 0]
+
+  __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
+    const int n = p.lengths[b];
+    len = n < 0 ? 0 : (n > p.seq ? static_cast<int>(p.seq) : n);
+    rows = (len + 15) & ~15;
+    stride = p.heads * kD;
+    base = static_cast<int64_t>(b) * p.seq * stride + static_cast<int64_t>(h) * kD;
+    lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq;
+  }
+  __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
+};
+
+// Where a staged tensor goes: a row-major tile (pitch kRowPitch) and / or its transpose
+// ([kD][pitch_t]); either may be null.
+struct StageDst {
+  uint16_t* rows;
+  uint16_t* cols;
+};
+
+constexpr int kMaxRows = 128;                             // kVarlenAttentionMaxSeq
+constexpr int kStageIters = kMaxRows * (kD / 8) / kThreads;  // 16-byte chunks per thread and tensor
+
+// Copies rows [0, s.rows) x kD of each `src` into its `dst`, zeros past s.len. Every
+// thread issues all its loads before its first store, so the CTA waits on one round trip
+// to memory, not one per chunk. Chunk i is column chunk i / kMaxRows of row i % kMaxRows:
+// a warp takes 32 consecutive rows of one chunk, so its 2-byte transposed stores fill 64
+// contiguous bytes (no bank conflict) and its 16-byte row stores 8 distinct bank quads.
+template <int kN>
+__device__ __forceinline__ void Stage(const void* const (&src)[kN], const StageDst (&dst)[kN], const Seq& s,
+                                      int pitch_t) {
+  uint4 v[kN][kStageIters];
+#pragma unroll
+  for (int it = 0; it < kStageIters; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i % kMaxRows, c = (i / kMaxRows) * 8;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      v[n][it] = make_uint4(0, 0, 0, 0);
+      if (r < s.len) v[n][it] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(src[n]) + s.At(r, c)));
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kStageIters; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i % kMaxRows, c = (i / kMaxRows) * 8;
+    if (r >= s.rows) continue;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      if (dst[n].rows != nullptr) *reinterpret_cast<uint4*>(dst[n].rows + r * kRowPitch + c) = v[n][it];
+      if (dst[n].cols != nullptr) {
+        const uint16_t* e = reinterpret_cast<const uint16_t*>(&v[n][it]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dst[n].cols[(c + j) * pitch_t + r] = e[j];
+      }
+    }
+  }
+}
+
+// Zeros on rows [s.len, seq) of `dst`.
+__device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq& s, int seq) {
+  uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
+  for (int i = threadIdx.x; i < (seq - s.len) * (kD / 8); i += kThreads) {
+    const int r = s.len + i / (kD / 8), c = (i % (kD / 8)) * 8;
+    *reinterpret_cast<uint4*>(dst + s.At(r, c)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// A fragments of rows [r0, r0 + 16) of a row-major staged tile, the 4 k-steps over kD.
+__device__ __forceinline__ void LoadRowsA(const uint16_t* tile, int r0, int g, int t, uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint16_t* p = tile + (r0 + g) * kRowPitch + 16 * kk + 2 * t;
+    a[kk][0] = Ld32(p);
+    a[kk][1] = Ld32(p + 8 * kRowPitch);
+    a[kk][2] = Ld32(p + 8);
+    a[kk][3] = Ld32(p + 8 * kRowPitch + 8);
+  }
+}
+
+// c += A (16 rows x kD) times the 8 tokens [n0, n0 + 8) of a row-major staged tile as B
+// (the product reduces over kD: q k^T, k q^T, v dO^T).
+template <typename T>
+__device__ __forceinline__ void MmaRowsB(float (&c)[4], const uint32_t (&a)[4][4], const uint16_t* tile, int n0,
+                                         int g, int t) {
+  const uint16_t* p = tile + (n0 + g) * kRowPitch + 2 * t;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) Half<T>::Mma(c, a[kk], Ld32(p + 16 * kk), Ld32(p + 16 * kk + 8));
+}
+
+// acc[jd] += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a transposed
+// tile [kD][pitch] as B, for the 8 column tiles of kD (P V, P^T dO, dS^T Q, dS K).
+template <typename T>
+__device__ __forceinline__ void MmaTransposedB(float (&acc)[8][4], const uint32_t (&a)[4], const uint16_t* tile_t,
+                                               int pitch, int k0, int g, int t) {
+#pragma unroll
+  for (int jd = 0; jd < 8; ++jd) {
+    const uint16_t* p = tile_t + (8 * jd + g) * pitch + k0 + 2 * t;
+    Half<T>::Mma(acc[jd], a, Ld32(p), Ld32(p + 8));
+  }
+}
+
+// The A fragment of a 16 x 16 block from the C fragments of its two 8-column halves.
+template <typename T>
+__device__ __forceinline__ void PackA(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
+  a[0] = Half<T>::Pack(lo[0], lo[1]);
+  a[1] = Half<T>::Pack(lo[2], lo[3]);
+  a[2] = Half<T>::Pack(hi[0], hi[1]);
+  a[3] = Half<T>::Pack(hi[2], hi[3]);
+}
+
+// Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len.
+template <typename T>
+__device__ __forceinline__ void StoreRows(const float (&acc)[8][4], float mul, void* dst_v, const Seq& s, int r0,
+                                          int g, int t) {
+  uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
+  const int ra = r0 + g, rb = ra + 8;
+#pragma unroll
+  for (int jd = 0; jd < 8; ++jd) {
+    const int c = 8 * jd + 2 * t;
+    if (ra < s.len) St32(dst + s.At(ra, c), Half<T>::Pack(acc[jd][0] * mul, acc[jd][1] * mul));
+    if (rb < s.len) St32(dst + s.At(rb, c), Half<T>::Pack(acc[jd][2] * mul, acc[jd][3] * mul));
+  }
+}
+
+// Forward: warp w computes query rows [16 w, 16 w + 16) against all keys at once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15, pitch_t = s16 + 8;
+  uint16_t* qs = smem;                  // [s16][kRowPitch]
+  uint16_t* ks = qs + s16 * kRowPitch;  // [s16][kRowPitch]
+  uint16_t* vt = ks + s16 * kRowPitch;  // [kD][pitch_t]: V transposed
+  const Seq s(p, blockIdx.y, blockIdx.x);
+  Stage<3>({p.q, p.k, p.v}, {StageDst{qs, nullptr}, StageDst{ks, nullptr}, StageDst{nullptr, vt}}, s, pitch_t);
+  ZeroPadding(p.out, s, seq);
+  for (int r = s.len + threadIdx.x; r < seq; r += kThreads) p.lse[s.lse_base + r] = 0.f;
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int r0 = 16 * warp;
+  if (r0 >= s.len) return;
+  uint32_t qa[4][4];
+  LoadRowsA(qs, r0, g, t, qa);
+  // Scores in log2 units, 16 tiles of 8 keys (only those holding valid keys computed).
+  float sc[16][4];
+  const float sl = p.scale * kLog2e;
+  float m0 = -INFINITY, m1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+    if (8 * j < s.len) MmaRowsB<T>(sc[j], qa, ks, 8 * j, g, t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = 8 * j + 2 * t + (e & 1);
+      sc[j][e] = key < s.len ? sc[j][e] * sl : -INFINITY;
+    }
+    m0 = fmaxf(m0, fmaxf(sc[j][0], sc[j][1]));
+    m1 = fmaxf(m1, fmaxf(sc[j][2], sc[j][3]));
+  }
+  // A row's 4 lanes hold its keys: reduce across them.
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+  float l0 = 0.f, l1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    sc[j][0] = exp2f(sc[j][0] - m0);
+    sc[j][1] = exp2f(sc[j][1] - m0);
+    sc[j][2] = exp2f(sc[j][2] - m1);
+    sc[j][3] = exp2f(sc[j][3] - m1);
+    l0 += sc[j][0] + sc[j][1];
+    l1 += sc[j][2] + sc[j][3];
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+
+  float o[8][4] = {};
+#pragma unroll
+  for (int kb = 0; kb < 8; ++kb) {
+    if (16 * kb >= s.len) break;
+    uint32_t pa[4];
+    PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
+    MmaTransposedB<T>(o, pa, vt, pitch_t, 16 * kb, g, t);
+  }
+  // Normalize per row: lanes hold rows g (c0, c1) and g + 8 (c2, c3).
+#pragma unroll
+  for (int jd = 0; jd < 8; ++jd) {
+    o[jd][0] /= l0;
+    o[jd][1] /= l0;
+    o[jd][2] /= l1;
+    o[jd][3] /= l1;
+  }
+  StoreRows<T>(o, 1.f, p.out, s, r0, g, t);
+  if (t == 0) {
+    if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
+    if (r0 + g + 8 < s.len) p.lse[s.lse_base + r0 + g + 8] = (m1 + log2f(l1)) * kLn2;
+  }
+}
+
+// Backward. Phase 1: warp w owns keys [16 w, 16 w + 16) and walks the query blocks:
+// P^T and dP^T (from k q^T and v dO^T), dS^T = P^T (dP^T - delta), dV += P^T dO, dK +=
+// dS^T Q, and dS into shared memory. Phase 2: warp w owns queries [16 w, 16 w + 16): dQ =
+// dS K. delta = rowsum(dO o) per query, from the forward's rounded o.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15, pitch_t = s16 + 8;
+  uint16_t* qs = smem;                   // [s16][kRowPitch] each
+  uint16_t* ks = qs + s16 * kRowPitch;
+  uint16_t* vs = ks + s16 * kRowPitch;
+  uint16_t* dos = vs + s16 * kRowPitch;
+  uint16_t* qt = dos + s16 * kRowPitch;  // [kD][pitch_t] each: transposed
+  uint16_t* kt = qt + kD * pitch_t;
+  uint16_t* dot = kt + kD * pitch_t;
+  uint16_t* dss = dot + kD * pitch_t;    // [s16][pitch_t]: dS[query][key] (first o, [s16][kRowPitch])
+  float* lse2 = reinterpret_cast<float*>(dss + s16 * max(pitch_t, kRowPitch));  // [s16]: lse in log2 units
+  float* delta = lse2 + s16;                                    // [s16]
+  const Seq s(p, blockIdx.y, blockIdx.x);
+  // o (for delta only) goes where dS will be, read before phase 1 writes dS.
+  uint16_t* os = dss;
+  Stage<5>({p.q, p.k, p.v, p.dout, p.o},
+           {StageDst{qs, qt}, StageDst{ks, kt}, StageDst{vs, nullptr}, StageDst{dos, dot}, StageDst{os, nullptr}}, s,
+           pitch_t);
+  __syncthreads();
+  for (int r = threadIdx.x; r < s.rows; r += kThreads) {
+    float dl = 0.f;
+#pragma unroll
+    for (int c = 0; c < kD; c += 2) {
+      const float2 a = Half<T>::Unpack(Ld32(os + r * kRowPitch + c)), b = Half<T>::Unpack(Ld32(dos + r * kRowPitch + c));
+      dl = fmaf(a.x, b.x, dl);
+      dl = fmaf(a.y, b.y, dl);
+    }
+    lse2[r] = r < s.len ? p.lse_in[s.lse_base + r] * kLog2e : 0.f;
+    delta[r] = dl;
+  }
+  ZeroPadding(p.dq, s, seq);
+  ZeroPadding(p.dk, s, seq);
+  ZeroPadding(p.dv, s, seq);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float sl = p.scale * kLog2e;
+  const int k0 = 16 * warp;
+  if (k0 < s.len) {
+    uint32_t ka[4][4], va[4][4];
+    LoadRowsA(ks, k0, g, t, ka);
+    LoadRowsA(vs, k0, g, t, va);
+    float dv[8][4] = {}, dk[8][4] = {};
+    const int key_a = k0 + g, key_b = key_a + 8;
+#pragma unroll 1
+    for (int qb = 0; 16 * qb < s.len; ++qb) {
+      float st[2][4] = {}, dpt[2][4] = {};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        MmaRowsB<T>(st[h], ka, qs, 16 * qb + 8 * h, g, t);
+        MmaRowsB<T>(dpt[h], va, dos, 16 * qb + 8 * h, g, t);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
+          const float pr = (q < s.len && key < s.len) ? exp2f(st[h][e] * sl - lse2[q]) : 0.f;
+          st[h][e] = pr;                           // P^T
+          dpt[h][e] = pr * (dpt[h][e] - delta[q]);  // dS^T
+        }
+      }
+      uint32_t pa[4], dsa[4];
+      PackA<T>(st[0], st[1], pa);
+      PackA<T>(dpt[0], dpt[1], dsa);
+      MmaTransposedB<T>(dv, pa, dot, pitch_t, 16 * qb, g, t);
+      MmaTransposedB<T>(dk, dsa, qt, pitch_t, 16 * qb, g, t);
+      // dS[query][key], rounded as in dsa, for phase 2.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
+          dss[q * pitch_t + key] = Half<T>::One(dpt[h][e]);
+        }
+      }
+    }
+    StoreRows<T>(dv, 1.f, p.dv, s, k0, g, t);
+    StoreRows<T>(dk, p.scale, p.dk, s, k0, g, t);
+  }
+  __syncthreads();
+
+  const int q0 = 16 * warp;
+  if (q0 < s.len) {
+    float dq[8][4] = {};
+#pragma unroll 1
+    for (int kb = 0; 16 * kb < s.len; ++kb) {
+      const uint16_t* a0 = dss + (q0 + g) * pitch_t + 16 * kb + 2 * t;
+      const uint32_t a[4] = {Ld32(a0), Ld32(a0 + 8 * pitch_t), Ld32(a0 + 8), Ld32(a0 + 8 * pitch_t + 8)};
+      MmaTransposedB<T>(dq, a, kt, pitch_t, 16 * kb, g, t);
+    }
+    StoreRows<T>(dq, p.scale, p.dq, s, q0, g, t);
+  }
+}
+
+size_t FwdSmem(int64_t seq) {
+  const int64_t s16 = (seq + 15) & ~int64_t{15};
+  return static_cast<size_t>(2 * s16 * kRowPitch + kD * (s16 + 8)) * 2;
+}
+
+size_t BwdSmem(int64_t seq) {
+  const int64_t s16 = (seq + 15) & ~int64_t{15}, pitch_t = s16 + 8;
+  const int64_t ds = s16 * (pitch_t > kRowPitch ? pitch_t : kRowPitch);  // dS, first o
+  return static_cast<size_t>(4 * s16 * kRowPitch + 3 * kD * pitch_t + ds) * 2 + 2 * s16 * sizeof(float);
+}
+
+// Raises the kernel's dynamic shared-memory limit past the default 48 KB once per device
+// (per function and device; setting it twice is harmless, so racing threads need no lock).
+template <typename Kernel>
+cudaError_t AllowSmem(Kernel kernel, size_t smem, size_t (&allowed)[64]) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64;
+  if (known && allowed[dev] >= smem) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e == cudaSuccess && known) allowed[dev] = smem;
+  return e;
+}
+
+template <typename T, bool kBwd>
+cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
+  auto kernel = kBwd ? VarlenAttentionBwdKernel<T> : VarlenAttentionKernel<T>;
+  const size_t smem = kBwd ? BwdSmem(p.seq) : FwdSmem(p.seq);
+  static size_t allowed[64] = {};
+  const cudaError_t e = AllowSmem(kernel, smem, allowed);
+  if (e != cudaSuccess) return e;
+  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch)), kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchVarlenAttention(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return p.dtype == DType::kBF16 ? Launch<__nv_bfloat16, false>(p, stream) : Launch<__half, false>(p, stream);
+}
+
+cudaError_t LaunchVarlenAttentionBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return p.dtype == DType::kBF16 ? Launch<__nv_bfloat16, true>(p, stream) : Launch<__half, true>(p, stream);
+}
+
+}  // namespace pit

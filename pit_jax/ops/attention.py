@@ -1,0 +1,88 @@
+"""`pit_jax.varlen_attention`: multi-head attention over right-padded sequences, on their
+valid tokens only.
+
+    out = pit_jax.varlen_attention(q, k, v, lengths)   # q, k, v [B, S, H, D], lengths [B]
+
+Sequence b attends over its first lengths[b] tokens (bidirectional; lengths clamped to
+[0, S]); the padding rows of `out` are zeros and get zero gradients. Where the kernels
+apply (bfloat16 / float16, head_dim 64, S <= 128: batches of short sequences, BERT's
+fine-tuning shapes) one CTA per (head, sequence) holds the whole sequence in shared
+memory: padding costs nothing, the softmax needs no running rescale and the backward no
+atomics. Elsewhere (other dtypes, head dims or longer sequences) the same function runs
+as a masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
+
+Differentiable by a custom VJP (the backward kernel recomputes the probabilities from the
+forward's log-sum-exp), vmap-able, inside jit. Forward-mode autodiff (jax.jvp) is not
+supported, as for any custom VJP.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from pit_jax import config
+from pit_jax.primitives import varlen_attention as _prim
+
+
+def reference(q, k, v, lengths, *, scale):
+    """The same value in jnp, float32 math, over every row, masked."""
+    s_len = q.shape[1]
+    lengths = jnp.clip(lengths.astype(jnp.int32), 0, s_len)
+    valid = jnp.arange(s_len)[None, :] < lengths[:, None]  # [B, S]
+    f = lambda a: a.astype(jnp.float32)  # noqa: E731
+    s = jnp.einsum("bqhd,bkhd->bhqk", f(q), f(k)) * scale
+    s = jnp.where(valid[:, None, None, :], s, -1e30)  # padding keys: no weight (a constant: no gradient)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, f(v))
+    return jnp.where(valid[:, :, None, None], out, 0.0).astype(q.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, lengths, scale):
+    return _prim.varlen_attention_p.bind(q, k, v, lengths, scale=scale)[0]
+
+
+def _fwd(q, k, v, lengths, scale):
+    out, lse = _prim.varlen_attention_p.bind(q, k, v, lengths, scale=scale)
+    return out, (q, k, v, lengths, out, lse)
+
+
+def _bwd(scale, res, dout):
+    q, k, v, lengths, out, lse = res
+    dq, dk, dv = _prim.varlen_attention_bwd_p.bind(q, k, v, out, lse, dout.astype(q.dtype), lengths, scale=scale)
+    return dq, dk, dv, None
+
+
+_attention.defvjp(_fwd, _bwd)
+
+
+def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *,
+                     scale: Optional[float] = None) -> jax.Array:
+    """softmax(scale q k^T) v per sequence and head over its valid tokens; zeros on padding rows.
+
+    q, k, v: [batch, seq, heads, head_dim], one float dtype; lengths: [batch] integers,
+    sequence b's valid tokens are its first lengths[b]; scale: default 1 / sqrt(head_dim).
+    Returns [batch, seq, heads, head_dim] in q's dtype.
+    """
+    q, k, v, lengths = (jnp.asarray(a) for a in (q, k, v, lengths))
+    if q.ndim != 4:
+        raise ValueError(f"varlen_attention: q must be [batch, seq, heads, head_dim], got shape {tuple(q.shape)}")
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        raise TypeError(f"varlen_attention: q must be a float array, got {q.dtype}")
+    for name, a in (("k", k), ("v", v)):
+        if tuple(a.shape) != tuple(q.shape) or a.dtype != q.dtype:
+            raise ValueError(f"varlen_attention: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
+                             f"got {tuple(a.shape)} {a.dtype}")
+    if tuple(lengths.shape) != (q.shape[0],) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"varlen_attention: lengths must be integers [batch] = [{q.shape[0]}], got "
+                         f"{lengths.dtype} {tuple(lengths.shape)}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    lengths = lengths.astype(jnp.int32)
+    if config.reference_enabled("varlen_attention") or not _prim.kernel_applies(q.shape, q.dtype):
+        return reference(q, k, v, lengths, scale=scale)
+    return _attention(q, k, v, lengths, scale)

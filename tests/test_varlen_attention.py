@@ -1,0 +1,265 @@
+"""pit_jax.varlen_attention: attention over right-padded sequences on their valid tokens,
+its gradients and transformations, against float64 (the kernels and the CPU targets), and
+its XLA path where the kernels do not apply."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from pit_testing import PLATFORMS, check_close, f64, fresh_rng, put, randn
+
+import pit_jax
+from pit_jax.primitives.varlen_attention import varlen_attention_bwd_p, varlen_attention_p
+
+pytestmark = pytest.mark.usefixtures("poison_outputs")
+
+DTYPES = [jnp.bfloat16, jnp.float16]
+# (batch, seq, heads): seq a multiple of 16 or not, one to eight warps' rows, BERT b32's head.
+SHAPES = [(3, 128, 2), (4, 37, 3), (2, 16, 1), (5, 100, 2), (2, 1, 1)]
+
+
+def lengths_for(rng, b, s, kind):
+    if kind == "random":
+        ln = rng.integers(0, s + 1, size=b)
+        ln[0] = s  # one full sequence
+        if b > 1:
+            ln[1] = 0  # one empty sequence
+        return ln.astype(np.int32)
+    return np.full((b,), {"empty": 0, "full": s}[kind], np.int32)
+
+
+def reference64(q, k, v, lengths, dout, scale):
+    """(out, lse, dq, dk, dv) in float64, per sequence and head, over the valid tokens."""
+    q, k, v, dout = (f64(a) for a in (q, k, v, dout))
+    b_, s_, h_, _ = q.shape
+    out, dq, dk, dv = (np.zeros_like(q) for _ in range(4))
+    lse = np.zeros((b_, h_, s_))
+    for b in range(b_):
+        n = int(np.clip(lengths[b], 0, s_))
+        if n == 0:
+            continue
+        for h in range(h_):
+            qq, kk, vv, do = q[b, :n, h], k[b, :n, h], v[b, :n, h], dout[b, :n, h]
+            s = scale * qq @ kk.T
+            m = s.max(1, keepdims=True)
+            p = np.exp(s - m)
+            l_ = p.sum(1, keepdims=True)
+            p /= l_
+            o = p @ vv
+            out[b, :n, h] = o
+            lse[b, h, :n] = (m + np.log(l_))[:, 0]
+            dp = do @ vv.T
+            ds = p * (dp - (do * o).sum(1, keepdims=True))
+            dq[b, :n, h] = scale * ds @ kk
+            dk[b, :n, h] = scale * ds.T @ qq
+            dv[b, :n, h] = p.T @ do
+    return out, lse, dq, dk, dv
+
+
+def inputs(rng, b, s, h, dtype, d=64):
+    return [randn(rng, (b, s, h, d), dtype) for _ in range(4)]  # q, k, v, dout
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("kind", ["random", "empty", "full"])
+@pytest.mark.parametrize("b,s,h", SHAPES)
+def test_value_and_gradients(platform, dtype, kind, b, s, h):
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, b, s, h, dtype)
+    lengths = lengths_for(rng, b, s, kind)
+    scale = 1 / math.sqrt(64)
+
+    def f(q, k, v, lengths, dout):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths), q, k, v)
+        return (out, *vjp(dout))
+
+    args = put(platform, q, k, v, lengths, dout)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
+    got = jax.jit(f)(*args)
+    want = reference64(q, k, v, lengths, dout, scale)
+    valid = np.arange(s)[None, :] < lengths[:, None]
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
+        check_close(g, w, dtype, f"seed={seed} {name} lengths={lengths.tolist()}")
+        assert not f64(g)[~valid].any(), f"seed={seed}: {name}'s padding rows must be zeros"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_log_sum_exp(platform, dtype):
+    """The forward's second result, which the backward reads: each valid query's
+    log-sum-exp of its scaled scores (float32), 0 on padding rows."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, 4, 77, 3, dtype)
+    lengths = lengths_for(rng, 4, 77, "random")
+    out, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, scale=0.3))(*put(platform, q, k, v, lengths))
+    want = reference64(q, k, v, lengths, dout, 0.3)
+    check_close(out, want[0], dtype, f"seed={seed} out")
+    check_close(lse, want[1], jnp.float32, f"seed={seed} lse")
+    valid = np.arange(77)[None, :] < lengths[:, None]
+    assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"seed={seed}: lse's padding rows must be 0"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_lengths_out_of_range_are_clamped(platform):
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, 3, 20, 2, jnp.bfloat16)
+    got = jax.jit(pit_jax.varlen_attention)(*put(platform, q, k, v, np.array([-5, 20, 99], np.int32)))
+    want = jax.jit(pit_jax.varlen_attention)(*put(platform, q, k, v, np.array([0, 20, 20], np.int32)))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("lengths_mapped", [True, False])
+def test_vmap_and_vmap_of_grad(platform, lengths_mapped):
+    """vmap folds the mapped axis into the batch: bitwise the per-slice calls."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = (randn(rng, (3, 4, 24, 2, 64), jnp.bfloat16) for _ in range(4))
+    lengths = rng.integers(0, 25, size=(3, 4) if lengths_mapped else (4,)).astype(np.int32)
+    in_ln = 0 if lengths_mapped else None
+
+    def loss(q, k, v, ln, do):
+        return jnp.sum(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32) * do.astype(jnp.float32))
+
+    args = put(platform, q, k, v, lengths, dout)
+    out = jax.jit(jax.vmap(pit_jax.varlen_attention, in_axes=(0, 0, 0, in_ln)))(*args[:4])
+    grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(0, 0, 0, in_ln, 0)))(*args)
+    for i in range(3):
+        ln = lengths[i] if lengths_mapped else lengths
+        sl = put(platform, q[i], k[i], v[i], ln, dout[i])
+        np.testing.assert_array_equal(np.asarray(out[i], np.float32),
+                                      np.asarray(jax.jit(pit_jax.varlen_attention)(*sl[:4]), np.float32),
+                                      err_msg=f"seed={seed} slice {i}")
+        want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*sl)
+        for g, w in zip(grads, want):
+            np.testing.assert_array_equal(np.asarray(g[i], np.float32), np.asarray(w, np.float32),
+                                          err_msg=f"seed={seed} slice {i}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype,s,d", [(jnp.float32, 40, 64), (jnp.bfloat16, 40, 32), (jnp.bfloat16, 200, 64)])
+def test_shapes_the_kernels_do_not_take_run_in_xla(platform, dtype, s, d):
+    """float32, other head dims, longer sequences: the masked softmax in XLA, same contract."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, 3, s, 2, dtype, d)
+    lengths = lengths_for(rng, 3, s, "random")
+    f = lambda q, k, v, ln, do: jax.vjp(lambda *a: pit_jax.varlen_attention(*a, ln), q, k, v)  # noqa: E731
+    args = put(platform, q, k, v, lengths, dout)
+    assert "pit_varlen_attention" not in str(jax.make_jaxpr(lambda *a: pit_jax.varlen_attention(*a))(*args[:4]))
+    out, vjp = jax.jit(f)(*args)
+    want = reference64(q, k, v, lengths, dout, 1 / math.sqrt(d))
+    check_close(out, want[0], dtype, f"seed={seed} out")
+    for name, g, w in zip(("dq", "dk", "dv"), vjp(args[4]), want[2:]):
+        check_close(g, w, dtype, f"seed={seed} {name}")
+
+
+def test_reference_switch():
+    q = jnp.ones((2, 8, 1, 64), jnp.bfloat16)
+    ln = jnp.array([3, 8], jnp.int32)
+    assert "pit_varlen_attention" in str(jax.make_jaxpr(pit_jax.varlen_attention)(q, q, q, ln))
+    with pit_jax.use_reference(ops=("varlen_attention",)):  # a new function: traced anew
+        jaxpr = str(jax.make_jaxpr(lambda *a: pit_jax.varlen_attention(*a))(q, q, q, ln))
+    assert "pit_varlen_attention" not in jaxpr
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_jitted_training_step(platform):
+    """A jitted optax step through attention (q, k, v from one projection), loss going down."""
+    rng, seed = fresh_rng()
+    b, s, h, d = 4, 32, 2, 64
+    x = put(platform, randn(rng, (b, s, h * d), jnp.bfloat16))
+    target = put(platform, randn(rng, (b, s, h * d), jnp.bfloat16))
+    lengths = put(platform, np.array([32, 17, 1, 9], np.int32))
+    valid = (jnp.arange(s)[None, :] < lengths[:, None])[..., None]
+    params = {"w": put(platform, (0.05 * rng.standard_normal((h * d, 3 * h * d))).astype(np.float32))}
+    tx = optax.adam(1e-2)
+
+    def loss(p):
+        qkv = (x @ p["w"].astype(jnp.bfloat16)).reshape(b, s, 3, h, d)
+        out = pit_jax.varlen_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths).reshape(b, s, h * d)
+        return jnp.sum(jnp.where(valid, (out.astype(jnp.float32) - target) ** 2, 0.0)) / jnp.sum(valid)
+
+    @jax.jit
+    def step(p, st):
+        val, g = jax.value_and_grad(loss)(p)
+        u, st = tx.update(g, st, p)
+        return optax.apply_updates(p, u), st, val
+
+    assert "pit_varlen_attention_bwd" in str(jax.make_jaxpr(jax.grad(loss))(params))
+    st = tx.init(params)
+    losses = []
+    for _ in range(15):
+        params, st, val = step(params, st)
+        losses.append(float(val))
+    assert np.isfinite(losses).all() and losses[-1] < 0.9 * losses[0], f"seed={seed}: {losses}"
+
+
+def test_bad_input_is_a_clear_error():
+    q = jnp.ones((2, 8, 1, 64), jnp.bfloat16)
+    ln = jnp.array([3, 8], jnp.int32)
+    with pytest.raises(ValueError, match="q must be \\[batch, seq, heads, head_dim\\]"):
+        pit_jax.varlen_attention(q[0], q[0], q[0], ln)
+    with pytest.raises(ValueError, match="k must have q's shape"):
+        pit_jax.varlen_attention(q, q[:, :4], q, ln)
+    with pytest.raises(ValueError, match="v must have q's shape .* and dtype"):
+        pit_jax.varlen_attention(q, q, q.astype(jnp.float16), ln)
+    with pytest.raises(ValueError, match="lengths must be integers \\[batch\\] = \\[2\\]"):
+        pit_jax.varlen_attention(q, q, q, jnp.array([3, 8, 1], jnp.int32))
+    with pytest.raises(ValueError, match="lengths must be integers"):
+        pit_jax.varlen_attention(q, q, q, jnp.array([3.0, 8.0]))
+    with pytest.raises(TypeError, match="q must be a float array"):
+        pit_jax.varlen_attention(*(jnp.ones((2, 8, 1, 64), jnp.int32),) * 3, ln)
+    with pytest.raises(ValueError, match="the kernels take bfloat16 or float16"):
+        varlen_attention_p.bind(q.astype(jnp.float32), q.astype(jnp.float32), q.astype(jnp.float32), ln, scale=1.0)
+
+
+_B = lambda *s: jnp.ones(s, jnp.bfloat16)  # noqa: E731
+_L = jnp.zeros((2,), jnp.int32)
+
+
+def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8)):
+    return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(out_shape, q.dtype),
+                                                     jax.ShapeDtypeStruct(lse_shape, jnp.float32)))(
+        q, k, v, lengths, scale=np.float32(0.125))
+
+
+def _raw_bwd(lse):
+    q = _B(2, 8, 1, 64)
+    out = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(q, q, q, q, lse, q, _L,
+                                                                          scale=np.float32(0.125))
+
+
+RAW_BAD = {
+    ("pit_varlen_attention", "head_dim .* must be 64"): lambda: _raw_fwd(_B(2, 8, 1, 32), _B(2, 8, 1, 32),
+                                                                         _B(2, 8, 1, 32), _L, (2, 8, 1, 32)),
+    ("pit_varlen_attention", "seq .* must be at most 128"): lambda: _raw_fwd(_B(2, 130, 1, 64), _B(2, 130, 1, 64),
+                                                                             _B(2, 130, 1, 64), _L, (2, 130, 1, 64),
+                                                                             (2, 1, 130)),
+    ("pit_varlen_attention", "q must be bfloat16 or float16"): lambda: _raw_fwd(*(jnp.ones((2, 8, 1, 64)),) * 3, _L),
+    ("pit_varlen_attention", "k must have q's shape"): lambda: _raw_fwd(_B(2, 8, 1, 64), _B(2, 7, 1, 64),
+                                                                        _B(2, 8, 1, 64), _L),
+    ("pit_varlen_attention", "lengths must be int32 \\[batch\\]"): lambda: _raw_fwd(
+        _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), jnp.zeros((3,), jnp.int32)),
+    ("pit_varlen_attention", "lse .* must be float32 \\[batch, heads, seq\\]"): lambda: _raw_fwd(
+        _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), _L, lse_shape=(2, 8, 1)),
+    ("pit_varlen_attention_bwd", "lse must be float32"): lambda: _raw_bwd(jnp.zeros((2, 8), jnp.float32)),
+}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case_", list(RAW_BAD), ids=lambda c: c[1][:30])
+def test_raw_targets_refuse_bad_input(platform, case_):
+    with jax.default_device(jax.devices(platform)[0]):
+        with pytest.raises(Exception, match=case_[0] + ": .*" + case_[1]):
+            jax.block_until_ready(jax.jit(RAW_BAD[case_])())
+
+
+def test_primitives_are_registered():
+    assert varlen_attention_p.multiple_results and varlen_attention_bwd_p.multiple_results
