@@ -28,10 +28,12 @@ Variants (`impl`):
   pit           the PIT model (examples/pit_models): M-axis linears with one row index
                 per batch (+ K-axis fc2 for opt; W-axis linears for prune); bert: residual
                 adds and layer norms on the valid rows (their gradient too:
-                pit_row_layer_norm_bwd)
+                pit_row_layer_norm_bwd), attention by pit_jax.varlen_attention where its
+                kernels take the shapes (batch 32 x 128; the long documents keep cuDNN)
   pit_unspecified  (bert, inference) the PIT model with dead_rows="unspecified": the
                 products after the attention and the live-row layer norms leave the
-                padding rows unwritten (q, k, v keep their zeros for the attention)
+                padding rows unwritten (q, k, v too where the attention is
+                pit_jax.varlen_attention, which reads the valid rows only)
   pit_xla_norm  (bert, training) the PIT model with XLA's residual adds and layer norms
                 over every row (live_norm=False)
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds

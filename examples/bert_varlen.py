@@ -2,11 +2,12 @@
 
 Every linear skips the padding rows through the M axis, with ONE row index of the valid
 tokens built per batch from the padding mask; attention runs on the valid tokens only
-(cuDNN with sequence lengths where it works for the shapes, else XLA with the mask).
+(`pit_jax.varlen_attention` where its kernels take the shapes: 16-bit, head_dim 64,
+max length <= 128; else cuDNN with sequence lengths where it works, else XLA with the mask).
 Compares, in one run, on the same parameters and batch:
-  pit         SparseDense (M axis) + attention with sequence lengths; its inference
-              leaves the padding rows unwritten after the attention (dead_rows=
-              "unspecified"), its fine-tuning step keeps them zero
+  pit         SparseDense (M axis) + attention on the valid tokens; its inference
+              leaves the padding rows unwritten (dead_rows="unspecified"), its
+              fine-tuning step keeps them zero
   dense       nn.Dense + XLA attention with the padding mask (the padded JAX model)
   dense_cudnn nn.Dense + the same attention as pit (the best plain-JAX alternative)
 checks that pit's outputs (valid tokens) and gradients match dense, times inference

@@ -14,9 +14,10 @@
 //   B (16 x 8, col): {b0,b1} rows 2t..2t+1 of col g; {b2,b3} rows 2t+8..;
 //   C (16 x 8, f32): c0,c1 row g, cols 2t..2t+1; c2,c3 row g+8.
 // So a C fragment pair of two adjacent 8-column tiles is an A fragment of the next
-// product (the probabilities feed P V straight from registers), and B fragments read two
-// consecutive elements of a row of the operand's [n][k] layout: K for q k^T, and
-// transposed copies (V^T, Q^T, K^T, dO^T) where the product reduces over tokens.
+// product (the probabilities feed P V straight from registers). Every tile is staged
+// row-major ([token][d], dS [query][key]); ldmatrix.x4 reads four 8 x 8 blocks of it as
+// an A fragment or two B fragments, transposed (.trans) where the product reduces over
+// tokens (P V, P^T dO, dS^T Q, dS K), so no transposed copy is kept.
 #include "cuda/kernels/varlen_attention.h"
 
 #include <cstdint>
@@ -79,7 +80,6 @@ struct Half<__half> {
   }
 };
 
-__device__ __forceinline__ uint32_t Ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
 // The CTA's problem: sequence b, head h, its valid length and row pointers.
@@ -101,24 +101,16 @@ struct Seq {
   __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
 };
 
-// Where a staged tensor goes: a row-major tile (pitch kRowPitch) and / or its transpose
-// ([kD][pitch_t]); either may be null.
-struct StageDst {
-  uint16_t* rows;
-  uint16_t* cols;
-};
-
 constexpr int kMaxRows = 128;                             // kVarlenAttentionMaxSeq
 constexpr int kStageIters = kMaxRows * (kD / 8) / kThreads;  // 16-byte chunks per thread and tensor
 
-// Copies rows [0, s.rows) x kD of each `src` into its `dst`, zeros past s.len. Every
-// thread issues all its loads before its first store, so the CTA waits on one round trip
-// to memory, not one per chunk. Chunk i is column chunk i / kMaxRows of row i % kMaxRows:
-// a warp takes 32 consecutive rows of one chunk, so its 2-byte transposed stores fill 64
-// contiguous bytes (no bank conflict) and its 16-byte row stores 8 distinct bank quads.
+// Copies rows [0, s.rows) x kD of each `src` into its row-major tile `dst` (pitch
+// kRowPitch), zeros past s.len. Every thread issues all its loads before its first
+// store, so the CTA waits on one round trip to memory, not one per chunk. Chunk i is
+// column chunk i / kMaxRows of row i % kMaxRows: a warp's 16-byte stores go to 32
+// consecutive rows, 8 distinct bank quads per phase.
 template <int kN>
-__device__ __forceinline__ void Stage(const void* const (&src)[kN], const StageDst (&dst)[kN], const Seq& s,
-                                      int pitch_t) {
+__device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* const (&dst)[kN], const Seq& s) {
   uint4 v[kN][kStageIters];
 #pragma unroll
   for (int it = 0; it < kStageIters; ++it) {
@@ -134,14 +126,7 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], const StageD
     const int i = threadIdx.x + it * kThreads, r = i % kMaxRows, c = (i / kMaxRows) * 8;
     if (r >= s.rows) continue;
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      if (dst[n].rows != nullptr) *reinterpret_cast<uint4*>(dst[n].rows + r * kRowPitch + c) = v[n][it];
-      if (dst[n].cols != nullptr) {
-        const uint16_t* e = reinterpret_cast<const uint16_t*>(&v[n][it]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dst[n].cols[(c + j) * pitch_t + r] = e[j];
-      }
-    }
+    for (int n = 0; n < kN; ++n) *reinterpret_cast<uint4*>(dst[n] + r * kRowPitch + c) = v[n][it];
   }
 }
 
@@ -154,37 +139,60 @@ __device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq& s, int seq) 
   }
 }
 
-// A fragments of rows [r0, r0 + 16) of a row-major staged tile, the 4 k-steps over kD.
-__device__ __forceinline__ void LoadRowsA(const uint16_t* tile, int r0, int g, int t, uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void LdMatrix(uint32_t (&r)[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+}
+
+__device__ __forceinline__ void LdMatrixT(uint32_t (&r)[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+}
+
+// The A fragment of rows [r0, r0 + 16) x cols [k0, k0 + 16) of a row-major tile: lanes
+// 0-15 address the rows at k0, lanes 16-31 at k0 + 8 (blocks a0..a3 in order).
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* tile, int pitch, int r0, int k0, int lane) {
+  LdMatrix(a, tile + (r0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8);
+}
+
+// B fragments of two 8-column tiles (n0.., n0 + 8..) over k [k0, k0 + 16) of a tile
+// stored [n][k] (K for q k^T): {b[0], b[1]} the first, {b[2], b[3]} the second.
+__device__ __forceinline__ void LoadBNK(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0, int lane) {
+  LdMatrix(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * kRowPitch + k0 + ((lane >> 3) & 1) * 8);
+}
+
+// The same for a tile stored [k][n] (V for P V: k the token), transposed by ldmatrix.
+__device__ __forceinline__ void LoadBKN(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int lane) {
+  LdMatrixT(b, tile + (k0 + (lane & 15)) * kRowPitch + n0 + (lane >> 4) * 8);
+}
+
+// acc[0..8) += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a row-major
+// [token][kD] tile, for the 8 column tiles of kD (P V, P^T dO, dS^T Q, dS K).
+template <typename T>
+__device__ __forceinline__ void MmaTokensB(float (&acc)[8][4], const uint32_t (&a)[4], const uint16_t* tile, int k0,
+                                           int lane) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const uint16_t* p = tile + (r0 + g) * kRowPitch + 16 * kk + 2 * t;
-    a[kk][0] = Ld32(p);
-    a[kk][1] = Ld32(p + 8 * kRowPitch);
-    a[kk][2] = Ld32(p + 8);
-    a[kk][3] = Ld32(p + 8 * kRowPitch + 8);
+  for (int jd = 0; jd < 8; jd += 2) {
+    uint32_t b[4];
+    LoadBKN(b, tile, k0, 8 * jd, lane);
+    Half<T>::Mma(acc[jd], a, b[0], b[1]);
+    Half<T>::Mma(acc[jd + 1], a, b[2], b[3]);
   }
 }
 
-// c += A (16 rows x kD) times the 8 tokens [n0, n0 + 8) of a row-major staged tile as B
-// (the product reduces over kD: q k^T, k q^T, v dO^T).
+// c[0], c[1] += A (16 rows x kD; a[kk] the 4 k-steps) times the 16 tokens [n0, n0 + 16)
+// of a row-major tile as B (the product reduces over kD: q k^T, k q^T, v dO^T).
 template <typename T>
-__device__ __forceinline__ void MmaRowsB(float (&c)[4], const uint32_t (&a)[4][4], const uint16_t* tile, int n0,
-                                         int g, int t) {
-  const uint16_t* p = tile + (n0 + g) * kRowPitch + 2 * t;
+__device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4][4], const uint16_t* tile,
+                                        int n0, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Half<T>::Mma(c, a[kk], Ld32(p + 16 * kk), Ld32(p + 16 * kk + 8));
-}
-
-// acc[jd] += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a transposed
-// tile [kD][pitch] as B, for the 8 column tiles of kD (P V, P^T dO, dS^T Q, dS K).
-template <typename T>
-__device__ __forceinline__ void MmaTransposedB(float (&acc)[8][4], const uint32_t (&a)[4], const uint16_t* tile_t,
-                                               int pitch, int k0, int g, int t) {
-#pragma unroll
-  for (int jd = 0; jd < 8; ++jd) {
-    const uint16_t* p = tile_t + (8 * jd + g) * pitch + k0 + 2 * t;
-    Half<T>::Mma(acc[jd], a, Ld32(p), Ld32(p + 8));
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t b[4];
+    LoadBNK(b, tile, n0, 16 * kk, lane);
+    Half<T>::Mma(c0, a[kk], b[0], b[1]);
+    Half<T>::Mma(c1, a[kk], b[2], b[3]);
   }
 }
 
@@ -215,37 +223,41 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[8][4], float mul, v
 template <typename T>
 __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
-  const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15, pitch_t = s16 + 8;
-  uint16_t* qs = smem;                  // [s16][kRowPitch]
-  uint16_t* ks = qs + s16 * kRowPitch;  // [s16][kRowPitch]
-  uint16_t* vt = ks + s16 * kRowPitch;  // [kD][pitch_t]: V transposed
+  const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15;
+  uint16_t* qs = smem;                  // [s16][kRowPitch] each
+  uint16_t* ks = qs + s16 * kRowPitch;
+  uint16_t* vs = ks + s16 * kRowPitch;
   const Seq s(p, blockIdx.y, blockIdx.x);
-  Stage<3>({p.q, p.k, p.v}, {StageDst{qs, nullptr}, StageDst{ks, nullptr}, StageDst{nullptr, vt}}, s, pitch_t);
+  Stage<3>({p.q, p.k, p.v}, {qs, ks, vs}, s);
   ZeroPadding(p.out, s, seq);
   for (int r = s.len + threadIdx.x; r < seq; r += kThreads) p.lse[s.lse_base + r] = 0.f;
   __syncthreads();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int r0 = 16 * warp;
   if (r0 >= s.len) return;
   uint32_t qa[4][4];
-  LoadRowsA(qs, r0, g, t, qa);
-  // Scores in log2 units, 16 tiles of 8 keys (only those holding valid keys computed).
-  float sc[16][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) LoadA(qa[kk], qs, kRowPitch, r0, 16 * kk, lane);
+  // Scores in log2 units, 16 tiles of 8 keys; only the staged keys' tiles are computed
+  // (past s.rows the probabilities are 0 without an exp).
+  float sc[16][4] = {};
   const float sl = p.scale * kLog2e;
   float m0 = -INFINITY, m1 = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < 16; j += 2) {
+    if (8 * j >= s.rows) break;
+    MmaDimB<T>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
-    if (8 * j < s.len) MmaRowsB<T>(sc[j], qa, ks, 8 * j, g, t);
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = 8 * j + 2 * t + (e & 1);
-      sc[j][e] = key < s.len ? sc[j][e] * sl : -INFINITY;
+      for (int e = 0; e < 4; ++e) {
+        const int key = 8 * (j + h) + 2 * t + (e & 1);
+        sc[j + h][e] = key < s.len ? sc[j + h][e] * sl : -INFINITY;
+      }
+      m0 = fmaxf(m0, fmaxf(sc[j + h][0], sc[j + h][1]));
+      m1 = fmaxf(m1, fmaxf(sc[j + h][2], sc[j + h][3]));
     }
-    m0 = fmaxf(m0, fmaxf(sc[j][0], sc[j][1]));
-    m1 = fmaxf(m1, fmaxf(sc[j][2], sc[j][3]));
   }
   // A row's 4 lanes hold its keys: reduce across them.
   m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
@@ -255,6 +267,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   float l0 = 0.f, l1 = 0.f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
+    if (8 * j >= s.rows) break;
     sc[j][0] = exp2f(sc[j][0] - m0);
     sc[j][1] = exp2f(sc[j][1] - m0);
     sc[j][2] = exp2f(sc[j][2] - m1);
@@ -273,16 +286,18 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
     if (16 * kb >= s.len) break;
     uint32_t pa[4];
     PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
-    MmaTransposedB<T>(o, pa, vt, pitch_t, 16 * kb, g, t);
+    MmaTokensB<T>(o, pa, vs, 16 * kb, lane);
   }
   // Normalize per row: lanes hold rows g (c0, c1) and g + 8 (c2, c3).
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
   for (int jd = 0; jd < 8; ++jd) {
-    o[jd][0] /= l0;
-    o[jd][1] /= l0;
-    o[jd][2] /= l1;
-    o[jd][3] /= l1;
+    o[jd][0] *= i0;
+    o[jd][1] *= i0;
+    o[jd][2] *= i1;
+    o[jd][3] *= i1;
   }
+  const int g = lane / 4;
   StoreRows<T>(o, 1.f, p.out, s, r0, g, t);
   if (t == 0) {
     if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
@@ -295,40 +310,41 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // dS^T Q, and dS into shared memory. Phase 2: warp w owns queries [16 w, 16 w + 16): dQ =
 // dS K. delta = rowsum(dO o) per query, from the forward's rounded o.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
+__global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
-  const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15, pitch_t = s16 + 8;
+  const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15, pitch_ds = s16 + 8;
   uint16_t* qs = smem;                   // [s16][kRowPitch] each
   uint16_t* ks = qs + s16 * kRowPitch;
   uint16_t* vs = ks + s16 * kRowPitch;
   uint16_t* dos = vs + s16 * kRowPitch;
-  uint16_t* qt = dos + s16 * kRowPitch;  // [kD][pitch_t] each: transposed
-  uint16_t* kt = qt + kD * pitch_t;
-  uint16_t* dot = kt + kD * pitch_t;
-  uint16_t* dss = dot + kD * pitch_t;    // [s16][pitch_t]: dS[query][key] (first o, [s16][kRowPitch])
-  float* lse2 = reinterpret_cast<float*>(dss + s16 * max(pitch_t, kRowPitch));  // [s16]: lse in log2 units
-  float* delta = lse2 + s16;                                    // [s16]
+  uint16_t* dss = dos + s16 * kRowPitch;  // [s16][pitch_ds]: dS[query][key]; first o, [s16][kRowPitch]
+  float* lse2 = reinterpret_cast<float*>(dss + s16 * max(pitch_ds, kRowPitch));  // [s16]: lse in log2 units
+  float* delta = lse2 + s16;                                                     // [s16]
   const Seq s(p, blockIdx.y, blockIdx.x);
-  // o (for delta only) goes where dS will be, read before phase 1 writes dS.
-  uint16_t* os = dss;
-  Stage<5>({p.q, p.k, p.v, p.dout, p.o},
-           {StageDst{qs, qt}, StageDst{ks, kt}, StageDst{vs, nullptr}, StageDst{dos, dot}, StageDst{os, nullptr}}, s,
-           pitch_t);
+  uint16_t* os = dss;  // read before phase 1 writes dS
+  Stage<5>({p.q, p.k, p.v, p.dout, p.o}, {qs, ks, vs, dos, os}, s);
+  ZeroPadding(p.dq, s, seq);
+  ZeroPadding(p.dk, s, seq);
+  ZeroPadding(p.dv, s, seq);
   __syncthreads();
   for (int r = threadIdx.x; r < s.rows; r += kThreads) {
     float dl = 0.f;
 #pragma unroll
-    for (int c = 0; c < kD; c += 2) {
-      const float2 a = Half<T>::Unpack(Ld32(os + r * kRowPitch + c)), b = Half<T>::Unpack(Ld32(dos + r * kRowPitch + c));
-      dl = fmaf(a.x, b.x, dl);
-      dl = fmaf(a.y, b.y, dl);
+    for (int c = 0; c < kD; c += 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(os + r * kRowPitch + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(dos + r * kRowPitch + c);
+      const uint32_t* ow = reinterpret_cast<const uint32_t*>(&ov);
+      const uint32_t* dw = reinterpret_cast<const uint32_t*>(&dv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 a = Half<T>::Unpack(ow[j]), b = Half<T>::Unpack(dw[j]);
+        dl = fmaf(a.x, b.x, dl);
+        dl = fmaf(a.y, b.y, dl);
+      }
     }
     lse2[r] = r < s.len ? p.lse_in[s.lse_base + r] * kLog2e : 0.f;
     delta[r] = dl;
   }
-  ZeroPadding(p.dq, s, seq);
-  ZeroPadding(p.dk, s, seq);
-  ZeroPadding(p.dv, s, seq);
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -336,18 +352,18 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionBwdKernel(VarlenAtten
   const int k0 = 16 * warp;
   if (k0 < s.len) {
     uint32_t ka[4][4], va[4][4];
-    LoadRowsA(ks, k0, g, t, ka);
-    LoadRowsA(vs, k0, g, t, va);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      LoadA(ka[kk], ks, kRowPitch, k0, 16 * kk, lane);
+      LoadA(va[kk], vs, kRowPitch, k0, 16 * kk, lane);
+    }
     float dv[8][4] = {}, dk[8][4] = {};
     const int key_a = k0 + g, key_b = key_a + 8;
 #pragma unroll 1
     for (int qb = 0; 16 * qb < s.len; ++qb) {
       float st[2][4] = {}, dpt[2][4] = {};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        MmaRowsB<T>(st[h], ka, qs, 16 * qb + 8 * h, g, t);
-        MmaRowsB<T>(dpt[h], va, dos, 16 * qb + 8 * h, g, t);
-      }
+      MmaDimB<T>(st[0], st[1], ka, qs, 16 * qb, lane);
+      MmaDimB<T>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -361,15 +377,15 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionBwdKernel(VarlenAtten
       uint32_t pa[4], dsa[4];
       PackA<T>(st[0], st[1], pa);
       PackA<T>(dpt[0], dpt[1], dsa);
-      MmaTransposedB<T>(dv, pa, dot, pitch_t, 16 * qb, g, t);
-      MmaTransposedB<T>(dk, dsa, qt, pitch_t, 16 * qb, g, t);
+      MmaTokensB<T>(dv, pa, dos, 16 * qb, lane);
+      MmaTokensB<T>(dk, dsa, qs, 16 * qb, lane);
       // dS[query][key], rounded as in dsa, for phase 2.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
-          dss[q * pitch_t + key] = Half<T>::One(dpt[h][e]);
+          dss[q * pitch_ds + key] = Half<T>::One(dpt[h][e]);
         }
       }
     }
@@ -383,9 +399,9 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionBwdKernel(VarlenAtten
     float dq[8][4] = {};
 #pragma unroll 1
     for (int kb = 0; 16 * kb < s.len; ++kb) {
-      const uint16_t* a0 = dss + (q0 + g) * pitch_t + 16 * kb + 2 * t;
-      const uint32_t a[4] = {Ld32(a0), Ld32(a0 + 8 * pitch_t), Ld32(a0 + 8), Ld32(a0 + 8 * pitch_t + 8)};
-      MmaTransposedB<T>(dq, a, kt, pitch_t, 16 * kb, g, t);
+      uint32_t a[4];
+      LoadA(a, dss, pitch_ds, q0, 16 * kb, lane);
+      MmaTokensB<T>(dq, a, ks, 16 * kb, lane);
     }
     StoreRows<T>(dq, p.scale, p.dq, s, q0, g, t);
   }
@@ -393,13 +409,13 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionBwdKernel(VarlenAtten
 
 size_t FwdSmem(int64_t seq) {
   const int64_t s16 = (seq + 15) & ~int64_t{15};
-  return static_cast<size_t>(2 * s16 * kRowPitch + kD * (s16 + 8)) * 2;
+  return static_cast<size_t>(3 * s16 * kRowPitch) * 2;
 }
 
 size_t BwdSmem(int64_t seq) {
-  const int64_t s16 = (seq + 15) & ~int64_t{15}, pitch_t = s16 + 8;
-  const int64_t ds = s16 * (pitch_t > kRowPitch ? pitch_t : kRowPitch);  // dS, first o
-  return static_cast<size_t>(4 * s16 * kRowPitch + 3 * kD * pitch_t + ds) * 2 + 2 * s16 * sizeof(float);
+  const int64_t s16 = (seq + 15) & ~int64_t{15}, pitch_ds = s16 + 8;
+  const int64_t ds = s16 * (pitch_ds > kRowPitch ? pitch_ds : kRowPitch);  // dS, first o
+  return static_cast<size_t>(4 * s16 * kRowPitch + ds) * 2 + 2 * s16 * sizeof(float);
 }
 
 // Raises the kernel's dynamic shared-memory limit past the default 48 KB once per device

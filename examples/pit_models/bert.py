@@ -6,7 +6,8 @@ mask (`pit_jax.index(mask[:, None], "row")`), so padding rows cost nothing in th
 products (M axis), nor in the FFN's bias and GELU, which run in that product's epilogue
 on live rows only, nor in the residual adds and layer norms: attn_out and ffn_out leave
 out their bias, which `pit_jax.flax.LayerNorm` adds with the residual on the valid rows
-(padding rows come out zero). The q/k/v split and qkv's bias still touch every row. With
+(padding rows come out zero). The attention runs on the valid tokens too
+(`pit_jax.varlen_attention`, where its kernels take the shapes). With
 `weight_index` (sparse training), the named linears multiply by block-pruned kernels
 instead (W axis). `mode="dense"` is the nn.Dense twin: identical parameter tree, so
 the same params run both.
@@ -147,9 +148,10 @@ class EncoderLayer(nn.Module):
         cfg, wi = self.cfg, weight_index or {}
         x, x_res = x if isinstance(x, tuple) else (x, x)
         unspecified = self.dead_rows == "unspecified"
-        # The attention reads k's and v's padding rows (masked scores times v: NaN * 0 is
-        # NaN), so q, k and v keep zeros there.
-        qkv_dead = "zeros" if unspecified else self.dead_rows
+        # XLA's and cuDNN's attention read k's and v's padding rows (masked scores times v:
+        # NaN * 0 is NaN), so q, k and v keep zeros there; pit_jax.varlen_attention reads
+        # the valid rows only.
+        qkv_dead = "zeros" if unspecified and self.attention != "pit" else self.dead_rows
         lin = lambda f, n, h, act=None, dead=self.dead_rows: linear(  # noqa: E731
             f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows, weight_index=wi.get(n), activation=act,
             dead_rows=dead)
