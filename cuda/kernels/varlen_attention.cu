@@ -118,7 +118,10 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
       v[n][it] = make_uint4(0, 0, 0, 0);
-      if (r < s.len) v[n][it] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(src[n]) + s.At(r, c)));
+      if (r < s.len) {
+        const uint16_t* row = static_cast<const uint16_t*>(src[n]) + s.At(r, c);
+        v[n][it] = __ldg(reinterpret_cast<const uint4*>(row));
+      }
     }
   }
 #pragma unroll
@@ -426,7 +429,8 @@ cudaError_t AllowSmem(Kernel kernel, size_t smem, size_t (&allowed)[64]) {
   int dev = 0;
   const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64;
   if (known && allowed[dev] >= smem) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e == cudaSuccess && known) allowed[dev] = smem;
   return e;
 }
