@@ -200,6 +200,20 @@ def test_jitted_training_step(platform):
     assert np.isfinite(losses).all() and losses[-1] < 0.9 * losses[0], f"seed={seed}: {losses}"
 
 
+def test_remat_and_forward_mode():
+    """jax.checkpoint recomputes the forward in the backward (same gradient); forward-mode
+    autodiff is refused at trace time, as for any custom VJP (jax.nn.dot_product_attention's
+    cuDNN path too)."""
+    rng, seed = fresh_rng()
+    q, k, v, _ = (jnp.asarray(a) for a in inputs(rng, 2, 24, 2, jnp.bfloat16))
+    ln = jnp.array([24, 7], jnp.int32)
+    loss = lambda q: jnp.sum(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32) ** 2)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(jax.checkpoint(loss)))(q), np.float32),
+                                  np.asarray(jax.jit(jax.grad(loss))(q), np.float32), err_msg=f"seed={seed}")
+    with pytest.raises(TypeError, match="forward-mode autodiff"):
+        jax.jvp(lambda q: pit_jax.varlen_attention(q, k, v, ln), (q,), (q,))
+
+
 def test_bad_input_is_a_clear_error():
     q = jnp.ones((2, 8, 1, 64), jnp.bfloat16)
     ln = jnp.array([3, 8], jnp.int32)
