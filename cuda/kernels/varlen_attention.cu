@@ -438,6 +438,12 @@ cudaError_t AllowSmem(Kernel kernel, size_t smem, size_t (&allowed)[64]) {
 template <typename T, bool kBwd>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
+  // Rows are read 16 bytes at a time: a misaligned buffer (XLA's never are) is an error
+  // for the handler to report, not a fault in the kernel.
+  const void* const buffers[] = {p.q, p.k, p.v, p.o, p.dout, p.out, p.dq, p.dk, p.dv};
+  for (const void* ptr : buffers) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorMisalignedAddress;
+  }
   auto kernel = kBwd ? VarlenAttentionBwdKernel<T> : VarlenAttentionKernel<T>;
   const size_t smem = kBwd ? BwdSmem(p.seq) : FwdSmem(p.seq);
   static size_t allowed[64] = {};
