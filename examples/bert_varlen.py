@@ -87,7 +87,9 @@ def main(argv=None):
     tokens, lengths, labels = sample()
     density = float(np.asarray(lengths).sum()) / (batch * seq)
     attn = common.resolve_attention(args.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
-    print(f"valid tokens {density:.1%} (mean length {float(np.mean(lengths)):.1f}); attention: {attn}")
+    pit_attn = "pit_jax.varlen_attention" if bert.varlen_kernels_apply(batch, seq, cfg) else attn
+    print(f"valid tokens {density:.1%} (mean length {float(np.mean(lengths)):.1f}); attention: pit {pit_attn}, "
+          f"dense_cudnn {attn}")
     models = {
         "pit": bert.BertClassifier(cfg, "pit", attn),
         "dense": bert.BertClassifier(cfg, "dense", "xla"),
@@ -109,7 +111,8 @@ def main(argv=None):
 
     n_timed = 0 if args.no_timing else 2 * len(models)
     bar = common.Progress(3 + n_timed + steps, "bert_varlen")
-    result = {"density": density, "attention": attn, "config": cfg.__dict__ | {"dtype": jnp.dtype(cfg.dtype).name}}
+    result = {"density": density, "attention": {"pit": pit_attn, "dense_cudnn": attn},
+              "config": cfg.__dict__ | {"dtype": jnp.dtype(cfg.dtype).name}}
 
     # 1. outputs on valid tokens, 2. gradients of every parameter: pit == dense.
     valid = np.asarray(common.right_padding_mask(lengths, seq)).reshape(-1)
