@@ -52,6 +52,23 @@ inline std::atomic<int64_t>& HandlerCalls() {
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether two dimension lists are equal.
+template <class Dims>
+inline bool SameDims(const Dims& a, const Dims& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+// "[d0, d1, ...]", for error messages.
+template <class Dims>
+inline std::string DimsString(const Dims& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
 // Product of the leading `n` dims.
 template <typename Dims>
 inline int64_t LeadingProduct(const Dims& dims, size_t n) {

@@ -38,11 +38,7 @@ inline int64_t Product(const Dims& d) {
   return p;
 }
 
-inline std::string Str(const Dims& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
+inline std::string Str(const Dims& d) { return DimsString(d); }
 
 inline bool IsPrefix(const Dims& p, const Dims& full) {
   if (p.size() > full.size()) return false;

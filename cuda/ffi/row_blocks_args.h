@@ -11,14 +11,6 @@
 
 namespace pit {
 
-template <class Dims>
-inline bool SameDims(const Dims& a, const Dims& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
-
 // `name` [..., M, N] (a float type), tile_h in [1, M], tiles [..., capacity], count [...]
 // (the matrix's leading dims).
 inline ffi::ErrorOr<RowBlocks> DecodeRowBlocks(const std::string& target, const char* name, ffi::AnyBuffer x,

@@ -12,22 +12,8 @@
 
 namespace pit {
 
-inline std::string DimsString(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
-inline bool SameDims4(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
-
-// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, seq <= 128); k, v, and every
-// other [batch, seq, heads, head_dim] operand or result named in `same`: q's shape and
-// dtype; lengths [batch] int32.
+// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, seq <= 128); k and v: q's
+// shape and dtype; lengths [batch] int32.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,
                                                                       S32Buffer lengths, float scale) {
@@ -44,7 +30,7 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   if (d[0] > 65535 || d[2] > 65535)
     return InvalidArg(target + ": batch and heads must be at most 65535, got " + DimsString(d));
   for (auto [name, buf] : {std::pair<const char*, ffi::AnyBuffer*>{"k", &k}, {"v", &v}}) {
-    if (buf->element_type() != q.element_type() || !SameDims4(buf->dimensions(), d))
+    if (buf->element_type() != q.element_type() || !SameDims(buf->dimensions(), d))
       return InvalidArg(target + ": " + name + " must have q's shape " + DimsString(d) + " and dtype, got " +
                         DimsString(buf->dimensions()));
   }
@@ -68,7 +54,7 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
 inline ffi::Error CheckLikeQ(const std::string& target, const char* name, ffi::AnyBuffer::Dimensions d,
                              ffi::DataType t, const VarlenAttentionParams& p, ffi::AnyBuffer::Dimensions qd) {
   const ffi::DataType want = p.dtype == DType::kBF16 ? ffi::DataType::BF16 : ffi::DataType::F16;
-  if (t != want || !SameDims4(d, qd))
+  if (t != want || !SameDims(d, qd))
     return ffi::Error::InvalidArgument(target + ": " + name + " must have q's shape " + DimsString(qd) +
                                        " and dtype, got " + DimsString(d));
   return ffi::Error::Success();

@@ -28,7 +28,7 @@
 namespace pit {
 namespace {
 
-constexpr int kD = 64;          // head_dim
+constexpr int kD = static_cast<int>(kVarlenAttentionHeadDim);
 constexpr int kWarps = 8;       // 16 rows each: 128 tokens
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRowPitch = kD + 8;  // row-major tiles: 144-byte rows, fragment loads conflict-free
@@ -101,7 +101,7 @@ struct Seq {
   __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
 };
 
-constexpr int kMaxRows = 128;                             // kVarlenAttentionMaxSeq
+constexpr int kMaxRows = static_cast<int>(kVarlenAttentionMaxSeq);
 constexpr int kStageIters = kMaxRows * (kD / 8) / kThreads;  // 16-byte chunks per thread and tensor
 
 // Copies rows [0, s.rows) x kD of each `src` into its row-major tile `dst` (pitch

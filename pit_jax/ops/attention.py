@@ -70,14 +70,9 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
     Returns [batch, seq, heads, head_dim] in q's dtype.
     """
     q, k, v, lengths = (jnp.asarray(a) for a in (q, k, v, lengths))
-    if q.ndim != 4:
-        raise ValueError(f"varlen_attention: q must be [batch, seq, heads, head_dim], got shape {tuple(q.shape)}")
+    _prim.check_qkv(q, k, v)
     if not jnp.issubdtype(q.dtype, jnp.floating):
         raise TypeError(f"varlen_attention: q must be a float array, got {q.dtype}")
-    for name, a in (("k", k), ("v", v)):
-        if tuple(a.shape) != tuple(q.shape) or a.dtype != q.dtype:
-            raise ValueError(f"varlen_attention: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
-                             f"got {tuple(a.shape)} {a.dtype}")
     if tuple(lengths.shape) != (q.shape[0],) or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise ValueError(f"varlen_attention: lengths must be integers [batch] = [{q.shape[0]}], got "
                          f"{lengths.dtype} {tuple(lengths.shape)}")

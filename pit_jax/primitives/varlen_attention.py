@@ -37,14 +37,21 @@ def kernel_applies(shape, dtype) -> bool:
     return len(shape) == 4 and shape[3] == HEAD_DIM and shape[1] <= MAX_SEQ and jnp.dtype(dtype) in DTYPES
 
 
-def check(q, k, v, lengths, where="varlen_attention"):
-    """Trace-time checks of the kernels' operands; errors name the argument."""
+def check_qkv(q, k, v, where="varlen_attention", **like_q):
+    """q [batch, seq, heads, head_dim]; k, v and the `like_q` operands q's shape and dtype.
+    Errors name the argument."""
     if q.ndim != 4:
         raise ValueError(f"{where}: q must be [batch, seq, heads, head_dim], got shape {tuple(q.shape)}")
-    for name, a in (("k", k), ("v", v)):
+    for name, a in (("k", k), ("v", v), *like_q.items()):
         if tuple(a.shape) != tuple(q.shape) or a.dtype != q.dtype:
             raise ValueError(f"{where}: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
                              f"got {tuple(a.shape)} {a.dtype}")
+
+
+def check(q, k, v, lengths, where="varlen_attention", **like_q):
+    """Trace-time checks of the kernels' operands (`check_qkv`, the kernels' shapes and
+    dtypes, int32 lengths); errors name the argument."""
+    check_qkv(q, k, v, where, **like_q)
     if not kernel_applies(q.shape, q.dtype):
         raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim {HEAD_DIM} and seq <= {MAX_SEQ}; "
                          f"got {q.dtype} {tuple(q.shape)}")
@@ -67,11 +74,7 @@ def _native(q, k, v, lengths, *, scale):
 
 
 def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, *, scale):
-    check(q, k, v, lengths, "varlen_attention_bwd")
-    for name, a in (("o", o), ("dout", dout)):
-        if tuple(a.shape) != tuple(q.shape) or a.dtype != q.dtype:
-            raise ValueError(f"varlen_attention_bwd: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
-                             f"got {tuple(a.shape)} {a.dtype}")
+    check(q, k, v, lengths, "varlen_attention_bwd", o=o, dout=dout)
     b, s, h, _ = q.shape
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
         raise ValueError(f"varlen_attention_bwd: lse must be float32 [batch, heads, seq] = [{b}, {h}, {s}], "
