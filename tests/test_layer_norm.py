@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn
+from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn, requires_gpu
 
 import pit_jax
 
@@ -65,6 +65,28 @@ def test_matches_reference(platform, dtype, density, m, h, tile_h):
     check_close(y, ln64(x, scale, offset, live, res, bias), dtype, f"seed={seed} residual+bias")
     check_close(y_plain, ln64(x, scale, offset, live), dtype, f"seed={seed} plain")
     assert not f64(y)[~live].any(), f"seed={seed}: dead rows must be zero"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dead_rows", ["zeros", "unspecified"])
+def test_more_slots_than_one_wave_of_blocks_gpu(dead_rows):
+    """Many more list slots than one wave of the CUDA forward's blocks holds: 2 x 12000 rows
+    of 768 (a warp per slot), 35 % live and scattered, the dead tail's rows zeroed or left
+    unwritten."""
+    rng, seed = fresh_rng()
+    lead, m, h = (2,), 12000, 768
+    x, res, scale, offset, bias = operands(rng, lead, m, h, jnp.bfloat16)
+    live = live_rows(rng, lead, m, 1, 0.35)
+
+    def f(x, res, mask, scale, offset, bias):
+        idx = pit_jax.index(mask[..., None], "row")
+        return pit_jax.layer_norm(x, scale, offset, idx, residual=res, bias=bias, dead_rows=dead_rows)
+
+    y = np.asarray(jax.jit(f)(*put("gpu", x, res, live, scale, offset, bias)), np.float64)
+    want = ln64(x, scale, offset, live, res, bias)
+    if dead_rows == "unspecified":
+        y, want = y[live], want[live]
+    check_close(y, want, jnp.bfloat16, f"seed={seed}")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

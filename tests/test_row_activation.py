@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, put, randn
+from pit_testing import PLATFORMS, activation64, check_close, f64, fresh_rng, listed_rows, put, randn, requires_gpu
 
 import pit_jax
 from pit_jax.primitives.row_activation import row_activation
@@ -207,3 +207,23 @@ def test_bad_activation_is_a_clear_error():
     z = jnp.ones((4, 8))
     with pytest.raises(ValueError, match="activation must be one of"):
         row_activation(z, None, jnp.zeros((4,), jnp.int32), jnp.zeros((), jnp.int32), tile_h=1, activation="tanh")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["relu", "gelu"])
+def test_more_slots_than_one_wave_of_blocks_gpu(name):
+    """Many more list slots than one wave of the CUDA kernels' blocks holds: 2 x 12000 slots
+    of two row segments each (a warp per slot and segment), 35 % live and scattered, so
+    the blocks of the live slots and of the dead tail run in several waves."""
+    rng, seed = fresh_rng()
+    z, fill, live = case(rng, (2,), 12000, 1288, 1, 0.35, jnp.bfloat16)
+    dy = randn(rng, z.shape, jnp.bfloat16)
+
+    def f(z, fill, live, dy):
+        y, vjp = jax.vjp(lambda z, f: apply(z, f, live, 1, name), z, fill)
+        return (y, *vjp(dy))
+
+    y, dz, _ = jax.jit(f)(*put("gpu", z, fill, live, dy))
+    check_close(y, np.where(live[..., None], activation64(f64(z), name), f64(fill)), jnp.bfloat16, f"seed={seed} y")
+    g = f64(np.asarray(jnp.asarray(dy)))
+    check_close(dz, np.where(live[..., None], g * grad64(f64(z), name), 0.0), jnp.bfloat16, f"seed={seed} dz")
