@@ -92,11 +92,11 @@ inline ffi::ErrorOr<RowLayerNormBwdParams> DecodeRowLayerNormBwd(
   if (dh->element_type() != x.element_type() || dh->element_count() != x.element_count())
     return InvalidArg(target + ": dh must have x's shape and dtype");
   const int64_t vec = 3 * p->cols;
-  if (dvec->element_type() != ffi::DataType::F32 || dvec->element_count() != p->batch * vec)
+  if (dvec->element_type() != ffi::DataType::F32 || static_cast<int64_t>(dvec->element_count()) != p->batch * vec)
     return InvalidArg(target + ": dvec must be float32 [..., 3, H] (x's batch dims)");
   const auto wd = work->dimensions();
   if (work->element_type() != ffi::DataType::F32 || wd.size() < 3 || wd[wd.size() - 3] < 1 ||
-      work->element_count() != p->batch * wd[wd.size() - 3] * vec)
+      static_cast<int64_t>(work->element_count()) != p->batch * wd[wd.size() - 3] * vec)
     return InvalidArg(target + ": work must be float32 [..., warps, 3, H] with warps >= 1 (x's batch dims)");
   RowLayerNormBwdParams q;
   q.fwd = *p;
