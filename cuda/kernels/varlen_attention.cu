@@ -25,6 +25,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/mma_sync.cuh"
+
 namespace pit {
 namespace {
 
@@ -40,19 +43,9 @@ struct Half;
 
 template <>
 struct Half<__nv_bfloat16> {
-  static __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
   static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ uint16_t One(float v) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    return *reinterpret_cast<const uint16_t*>(&h);
   }
   static __device__ __forceinline__ float2 Unpack(uint32_t w) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
@@ -61,19 +54,9 @@ struct Half<__nv_bfloat16> {
 
 template <>
 struct Half<__half> {
-  static __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
   static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ uint16_t One(float v) {
-    const __half h = __float2half_rn(v);
-    return *reinterpret_cast<const uint16_t*>(&h);
   }
   static __device__ __forceinline__ float2 Unpack(uint32_t w) {
     return __half22float2(*reinterpret_cast<const __half2*>(&w));
@@ -180,8 +163,8 @@ __device__ __forceinline__ void MmaTokensB(float (&acc)[8][4], const uint32_t (&
   for (int jd = 0; jd < 8; jd += 2) {
     uint32_t b[4];
     LoadBKN(b, tile, k0, 8 * jd, lane);
-    Half<T>::Mma(acc[jd], a, b[0], b[1]);
-    Half<T>::Mma(acc[jd + 1], a, b[2], b[3]);
+    gemm::Mma16816<T>(acc[jd], a, b[0], b[1]);
+    gemm::Mma16816<T>(acc[jd + 1], a, b[2], b[3]);
   }
 }
 
@@ -194,8 +177,8 @@ __device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const ui
   for (int kk = 0; kk < 4; ++kk) {
     uint32_t b[4];
     LoadBNK(b, tile, n0, 16 * kk, lane);
-    Half<T>::Mma(c0, a[kk], b[0], b[1]);
-    Half<T>::Mma(c1, a[kk], b[2], b[3]);
+    gemm::Mma16816<T>(c0, a[kk], b[0], b[1]);
+    gemm::Mma16816<T>(c1, a[kk], b[2], b[3]);
   }
 }
 
@@ -388,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
-          dss[q * pitch_ds + key] = Half<T>::One(dpt[h][e]);
+          dss[q * pitch_ds + key] = gemm::Elem<T>::FromFloat(dpt[h][e]);
         }
       }
     }
