@@ -38,6 +38,14 @@ def put(platform: str, *arrays):
     return out if len(out) > 1 else out[0]
 
 
+def assert_call_raises(platform, pattern, call):
+    """jit(call)() on `platform`'s device raises an error matching `pattern` (a raw FFI
+    target's handler refusing its operands: the message names the target)."""
+    with jax.default_device(device(platform)):
+        with pytest.raises(Exception, match=pattern):
+            jax.block_until_ready(jax.jit(call)())
+
+
 def run(platform, fn, *arrays):
     """jit(fn) on `platform`'s device; results as NumPy."""
     args = put(platform, *arrays)

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import (ACTIVATION_NAMES, PLATFORMS, activation64, check_close, dname, f64, fresh_rng, put, randn, run,
-                         tiled_sparse)
+from pit_testing import (ACTIVATION_NAMES, PLATFORMS, activation64, assert_call_raises, check_close, dname, f64,
+                         fresh_rng, put, randn, run, tiled_sparse)
 
 import pit_jax
 
@@ -673,9 +673,7 @@ BAD_CALLS = {
 def test_bad_input_is_an_error_naming_the_target(platform, case):
     target = {"row": "pit_row_gather_matmul", "sti": "pit_stile_matmul", "sdd": "pit_sdd_matmul",
               "sre": "pit_sread", "swr": "pit_swrite"}[case[:3]]
-    with jax.default_device(jax.devices(platform)[0]):
-        with pytest.raises(Exception, match=target):
-            jax.block_until_ready(jax.jit(BAD_CALLS[case])())
+    assert_call_raises(platform, target, BAD_CALLS[case])
 
 
 # -- degenerate shapes: empty batches and an empty reduction ---------------------------

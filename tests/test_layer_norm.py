@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn, requires_gpu
+from pit_testing import (PLATFORMS, assert_call_raises, check_close, f64, fresh_rng, listed_rows, live_rows, put, randn,
+                         requires_gpu)
 
 import pit_jax
 
@@ -463,9 +464,7 @@ RAW_BAD = {
 @pytest.mark.parametrize("case", list(RAW_BAD))
 def test_raw_target_refuses_bad_input(platform, case):
     """The handlers validate on their own (CPU and CUDA): an error naming the target."""
-    with jax.default_device(jax.devices(platform)[0]):
-        with pytest.raises(Exception, match="pit_row_layer_norm: .*" + case):
-            jax.block_until_ready(jax.jit(RAW_BAD[case])())
+    assert_call_raises(platform, "pit_row_layer_norm: .*" + case, RAW_BAD[case])
 
 
 def _raw_bwd(x, dy, *, dy2=None, dvec=(3, 8), work=(2, 3, 8), scale=8, dtype=jnp.float32):
@@ -490,9 +489,7 @@ RAW_BAD_BWD = {
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("case", list(RAW_BAD_BWD))
 def test_raw_backward_target_refuses_bad_input(platform, case):
-    with jax.default_device(jax.devices(platform)[0]):
-        with pytest.raises(Exception, match="pit_row_layer_norm_bwd: .*" + case):
-            jax.block_until_ready(jax.jit(RAW_BAD_BWD[case])())
+    assert_call_raises(platform, "pit_row_layer_norm_bwd: .*" + case, RAW_BAD_BWD[case])
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_close, dname, f64, fresh_rng, put, randn, run
+from pit_testing import PLATFORMS, assert_call_raises, check_close, dname, f64, fresh_rng, put, randn, run
 
 import pit_jax  # noqa: F401  (registers the FFI targets)
 
@@ -497,6 +497,4 @@ BAD_CALLS = {
 @pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_bad_input_is_an_error_naming_the_target(platform, case):
     call, pattern = BAD_CALLS[case]
-    with jax.default_device(jax.devices(platform)[0]):
-        with pytest.raises(Exception, match=pattern):
-            jax.block_until_ready(jax.jit(call)())
+    assert_call_raises(platform, pattern, call)
