@@ -63,6 +63,32 @@ __device__ __forceinline__ void StoreF(T* p, const float (&f)[V]) {
   }
 }
 
+// V elements at p as loaded, unconverted (LoadWords), and as floats (ToFloats). Kernels
+// that keep several vectors in flight load them all into Words first and convert after:
+// LoadF's conversion next to its load, inside a `c < n` branch, made ptxas wait for each
+// load before issuing the next (one memory round trip per vector: BERT's row kernels).
+template <typename T, int V>
+struct alignas(V * sizeof(typename Elem<T>::Word) == 16 ? 16 : alignof(typename Elem<T>::Word)) Words {
+  typename Elem<T>::Word w[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void LoadWords(const T* p, Words<T, V>& r) {
+  using W = typename Elem<T>::Word;
+  if constexpr (V * sizeof(W) == 16) {
+    *reinterpret_cast<uint4*>(r.w) = *reinterpret_cast<const uint4*>(p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) r.w[i] = reinterpret_cast<const W*>(p)[i];
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void ToFloats(const Words<T, V>& r, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(r.w[i]);
+}
+
 // 16 bytes of words <-> uint4 (word 0 in the low bits, as in memory).
 __device__ __forceinline__ uint4 Pack(const uint32_t (&w)[4]) { return make_uint4(w[0], w[1], w[2], w[3]); }
 __device__ __forceinline__ uint4 Pack(const uint16_t (&w)[8]) {
