@@ -261,9 +261,10 @@ constexpr bool kBwdParamsFirst = kChunks > 0 && kChunks <= 2;
 
 // The row held in registers (LoadRowInRegisters), dy's loads and the scale's issued
 // first; the row's terms of the column sums are added to the warp's slice `sums` [3, n] in
-// shared memory (each lane its own columns: no race, the same order on every run).
+// shared memory (each lane its own columns: no race, the same order on every run), or, for
+// the warp's first row (`first`), stored there: the slice is not zeroed first.
 template <typename T, int V, int kChunks>
-__device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, int lane, float* sums) {
+__device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, int lane, float* sums, bool first) {
   const RowLayerNormParams& p = q.fwd;
   const int64_t n = p.cols;
   const T* dy = static_cast<const T*>(q.dy) + row * n;
@@ -302,7 +303,8 @@ __device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, i
         const float scv[4] = {sc[j][i / 4].x, sc[j][i / 4].y, sc[j][i / 4].z, sc[j][i / 4].w};
         float4* s0 = reinterpret_cast<float4*>(sums + c + i);
         float4* s1 = reinterpret_cast<float4*>(sums + n + c + i);
-        float4 v0 = *s0, v1 = *s1;
+        float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
+        if (!first) v0 = *s0, v1 = *s1;
         float* w0 = &v0.x;
         float* w1 = &v1.x;
 #pragma unroll
@@ -329,7 +331,8 @@ __device__ void BwdRowInRegisters(const RowLayerNormBwdParams& q, int64_t row, i
 #pragma unroll
       for (int i = 0; i < V; i += 4) {
         float4* s2 = reinterpret_cast<float4*>(sums + 2 * n + c + i);
-        float4 v2 = *s2;
+        float4 v2 = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (!first) v2 = *s2;
         float* w2 = &v2.x;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -396,12 +399,14 @@ __device__ void BwdRow(const RowLayerNormBwdParams& q, int64_t row, int lane, fl
 // grid (ceil(warps / kBwdWarps), batch entries): warp w of entry b takes the list slots
 // w, w + warps, ...: live ones, and with a dead tail the dead ones too (it writes their
 // zeros; without one, dh was zeroed before). Rows held in registers (kChunks > 0): each
-// warp adds its rows' terms of the column sums to its own slice of shared memory, then
-// the block adds the 8 slices in warp order and writes slice x of work. Otherwise each
-// warp adds into its own slice of work as it goes. (The sums in shared memory rather than
-// registers: 72 fewer registers a thread, two blocks an SM instead of one, so twice the
-// warps run at once and, at BERT's densities, none holds more than one live row; rows of 4
-// vectors a lane keep one block an SM, which spilled at two.)
+// warp stores its first row's terms of the column sums in its own slice of shared memory
+// and adds the later rows' terms, then the block adds the slices of its warps that had a
+// row, in warp order (zeros where none had one), and writes slice x of work. (Zeroing every
+// slice first and adding the first row to it took ~0.8 us more of BERT b32's ~8.8.)
+// Otherwise each warp adds into its own slice of work as it goes. (The sums in shared
+// memory rather than registers: 72 fewer registers a thread, two blocks an SM instead of
+// one, so twice the warps run at once and, at BERT's densities, none holds more than one
+// live row; rows of 4 vectors a lane keep one block an SM, which spilled at two.)
 template <typename T, int V, int kChunks>
 __global__ void __launch_bounds__(kBwdWarps * 32, kChunks > 0 && kChunks <= 3 ? 2 : 1)
     RowLayerNormBwdKernel(const RowLayerNormBwdParams q, bool dead_tail) {
@@ -412,13 +417,12 @@ __global__ void __launch_bounds__(kBwdWarps * 32, kChunks > 0 && kChunks <= 3 ? 
   const int64_t n = p.cols;
   extern __shared__ float4 red4[];  // [kBwdWarps, 3, n] (kChunks > 0)
   float* red = reinterpret_cast<float*>(red4);
+  __shared__ bool has_rows[kBwdWarps];  // whether warp w's slice holds a row's terms (kChunks > 0)
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
     float* sums = nullptr;
+    bool seen = false;  // a row's terms are in the warp's slice
     if constexpr (kChunks > 0) {
       sums = red + wib * 3 * n;
-      for (int64_t c = static_cast<int64_t>(lane) * 4; c < 3 * n; c += 128)
-        *reinterpret_cast<float4*>(sums + c) = make_float4(0.f, 0.f, 0.f, 0.f);
-      __syncwarp();
     } else if (active) {
       sums = q.work + (b * q.warps + warp) * 3 * n;
       for (int64_t c = lane; c < 3 * n; c += 32) sums[c] = 0.f;
@@ -442,26 +446,30 @@ __global__ void __launch_bounds__(kBwdWarps * 32, kChunks > 0 && kChunks <= 3 ? 
       for (int64_t r = r0; r < r1; ++r) {
         if (slot >= live)
           ZeroRow<T, V>(q.dh, b * p.rows + r, p.cols, lane);
-        else if constexpr (kChunks > 0)
-          BwdRowInRegisters<T, V, kChunks>(q, b * p.rows + r, lane, sums);
-        else
+        else if constexpr (kChunks > 0) {
+          BwdRowInRegisters<T, V, kChunks>(q, b * p.rows + r, lane, sums, !seen);
+          seen = true;
+        } else
           BwdRow<T, V>(q, b * p.rows + r, lane, sums);
       }
     }
     if constexpr (kChunks > 0) {
-      // The block's slice: the warps' slices added in warp order (the same sums on every run).
+      // The block's slice: the slices of its warps with a row added in warp order (the same
+      // sums for the same list), zeros if none had one.
+      if (lane == 0) has_rows[wib] = seen;
       __syncthreads();
       float* dst = q.work + (b * q.warps + blockIdx.x) * 3 * n;
       for (int64_t e = static_cast<int64_t>(threadIdx.x) * 4; e < 3 * n; e += kBwdWarps * 32 * 4) {
-        float4 s = *reinterpret_cast<const float4*>(red + e);
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int w = 1; w < kBwdWarps; ++w) {
+        for (int w = 0; w < kBwdWarps; ++w) {
+          if (!has_rows[w]) continue;
           const float4 v = *reinterpret_cast<const float4*>(red + w * 3 * n + e);
           s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
         }
         *reinterpret_cast<float4*>(dst + e) = s;
       }
-      __syncthreads();  // the slices are read before the next entry clears them
+      __syncthreads();  // the slices are read before the next entry's rows write them
     }
   }
 }
@@ -469,7 +477,10 @@ __global__ void __launch_bounds__(kBwdWarps * 32, kChunks > 0 && kChunks <= 3 ? 
 // dvec[b, i] = sum over w of work[b, w, i], in the same order on every run: a block of
 // 32 columns x 32 threads, thread y summing the slices y, y + 32, ... (up to 8 loads in
 // flight), then the 32 partial sums in order. (8 threads a column took 3.2 us for the 256
-// slices of BERT's 2048 warps, one dependent add chain of 32 loads a thread.)
+// slices of BERT's 2048 warps, one dependent add chain of 32 loads a thread.) Every slice
+// is read, the dead blocks' zeros too: bounding the loop by the live count made its loads
+// wait for the count, and skipping the dead blocks' stores left their slices to be read
+// from DRAM rather than L2 (BERT b32: 2.0 -> 3.0 and 2.5 us).
 constexpr int kSumSplit = 32;
 
 __global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* work, int64_t slices,
