@@ -97,9 +97,12 @@ __device__ void NormalizeRow(const RowLayerNormParams& p, int64_t row, int lane)
 }
 
 // Rows of at most 32 * V * kChunks elements, held in registers: h = x + residual + bias
-// for the lane's chunks (float32) and the row's statistics. Every load of the lane is
-// issued before the first use, so a row costs one memory latency rather than one per
-// chunk and pass (a two-pass loop was latency-bound: ~10 us per BERT-sized call).
+// for the lane's chunks (float32) and the row's statistics, in one pass over the row (a
+// two-pass loop was latency-bound: ~10 us per BERT-sized call). The loads are written
+// before the first use, but LoadF converts at each load and ptxas waits for each chunk's
+// x and residual before issuing the next chunk's (sm_90a SASS). Converting after all loads
+// (gemm::LoadWords, as the row activation does) wants more registers than the two blocks
+// an SM allow here and spilled: slower (docs/workloads.md, twenty-sixth session).
 template <typename T, int V, int kChunks>
 __device__ __forceinline__ RowStats LoadRowInRegisters(const RowLayerNormParams& p, int64_t row, int lane,
                                                        float (&h)[kChunks][V]) {
