@@ -32,37 +32,6 @@ struct Elem<__half> {
   static __device__ __forceinline__ uint16_t FromFloat(float x) { return __half_as_ushort(__float2half_rn(x)); }
 };
 
-// V consecutive elements at p as floats, and back (rounded once): one 16-byte access when
-// V words make 16 bytes (p then 16-byte aligned), else word by word.
-template <typename T, int V>
-__device__ __forceinline__ void LoadF(const T* p, float (&f)[V]) {
-  using W = typename Elem<T>::Word;
-  if constexpr (V * sizeof(W) == 16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const W* w = reinterpret_cast<const W*>(&u);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
-  } else {
-    const W* w = reinterpret_cast<const W*>(p);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(w[i]);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void StoreF(T* p, const float (&f)[V]) {
-  using W = typename Elem<T>::Word;
-  W w[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) w[i] = Elem<T>::FromFloat(f[i]);
-  if constexpr (V * sizeof(W) == 16) {
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(w);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) reinterpret_cast<W*>(p)[i] = w[i];
-  }
-}
-
 // V elements at p as loaded, unconverted (LoadWords), and as floats (ToFloats). Kernels
 // that keep several vectors in flight load them all into Words first and convert after:
 // LoadF's conversion next to its load, inside a `c < n` branch, made ptxas wait for each
@@ -87,6 +56,29 @@ template <typename T, int V>
 __device__ __forceinline__ void ToFloats(const Words<T, V>& r, float (&f)[V]) {
 #pragma unroll
   for (int i = 0; i < V; ++i) f[i] = Elem<T>::ToFloat(r.w[i]);
+}
+
+// V consecutive elements at p as floats, and back (rounded once): one 16-byte access when
+// V words make 16 bytes (p then 16-byte aligned), else word by word.
+template <typename T, int V>
+__device__ __forceinline__ void LoadF(const T* p, float (&f)[V]) {
+  Words<T, V> w;
+  LoadWords<T, V>(p, w);
+  ToFloats<T, V>(w, f);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void StoreF(T* p, const float (&f)[V]) {
+  using W = typename Elem<T>::Word;
+  W w[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) w[i] = Elem<T>::FromFloat(f[i]);
+  if constexpr (V * sizeof(W) == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(w);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) reinterpret_cast<W*>(p)[i] = w[i];
+  }
 }
 
 // 16 bytes of words <-> uint4 (word 0 in the low bits, as in memory).
