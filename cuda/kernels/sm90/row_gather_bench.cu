@@ -176,6 +176,19 @@ static const Variant kVariants[] = {
     {"split4b8.n128", 4, 3, 8, 0, false, 0, true, true, 128}, {"c1.stamp.n128", 1, 3, 5, 0, false, 128, true, false, 128},
     {"split4.stamp", 4, 3, 5, 0, false, 128, true, true}, {"split4.stamp.n128", 4, 3, 5, 0, false, 128, true, true, 128},
     {"a3b5g0e.c2.n128", 2, 3, 5, 0, false, 0, true, false, 128}, {"a3b8g0e.c2.n128", 2, 3, 8, 0, false, 0, true, false, 128},
+    // deeper A pipelines for 128-column tiles (the consumer gather's lead is kStagesA - 1 k-blocks)
+    {"a6b6g0e.n128", 1, 6, 6, 0, false, 0, true, false, 128}, {"a8b5g0e.n128", 1, 8, 5, 0, false, 0, true, false, 128},
+    {"a5b7g0e.n128", 1, 5, 7, 0, false, 0, true, false, 128}, {"a5b4g0e", 1, 5, 4, 0, false, 0, true},
+    {"c1.stamp.a6b6.n128", 1, 6, 6, 0, false, 128, true, false, 128},
+    // without the per-stage fence.proxy.async (diag 4; right results, checked)
+    {"a3b5g0e.nf", 1, 3, 5, 0, false, 4, true}, {"a3b5g0e.n128.nf", 1, 3, 5, 0, false, 4, true, false, 128},
+    {"a6b6g0e.n128.nf", 1, 6, 6, 0, false, 4, true, false, 128}, {"c1.dual.nf", 1, 3, 5, 0, false, 4, true, false, 256, true},
+    {"split4.nf", 4, 3, 5, 0, false, 4, true, true}, {"c1.stamp.n128.nf", 1, 3, 5, 0, false, 128 | 4, true, false, 128},
+    // what paces a 128-column tile's k-loop: without A's copies, B's loads, or both (timing only)
+    {"c1.stamp.n128.noA", 1, 3, 5, 0, false, 128 | 1, true, false, 128},
+    {"c1.stamp.n128.noB", 1, 3, 5, 0, false, 128 | 2, true, false, 128},
+    {"c1.stamp.n128.noAB", 1, 3, 5, 0, false, 128 | 3, true, false, 128},
+    {"c1.stamp.noAB", 1, 3, 5, 0, false, 128 | 3, true},
     // the count and first list entries prefetched into L1 at entry (kDiagWarm), single CTAs
     {"c1.warm", 1, 3, 5, 0, false, 256, true}, {"c1.warm.stamp", 1, 3, 5, 0, false, 256 | 128, true},
     // both tile widths in one kernel, 128 columns when the live tiles fit one wave (what the

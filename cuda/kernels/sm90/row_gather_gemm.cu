@@ -145,6 +145,33 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const CUtensorMa
     if (is(2, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 2, 0>(v, mb, mb2, g, sms, s);
     if (is(1, 3, 8, 0, 0, true, false, 128)) return Launch<Config<3, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
     if (is(1, 4, 8, 0, 0, true, false, 128)) return Launch<Config<4, 8, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 6, 6, 0, 0, true, false, 128)) return Launch<Config<6, 6, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 8, 5, 0, 0, true, false, 128)) return Launch<Config<8, 5, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 5, 7, 0, 0, true, false, 128)) return Launch<Config<5, 7, 0, true, 128>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 5, 4, 0, 0, true)) return Launch<Config<5, 4, 0, true>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagNoFence, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagNoFence>(v, mb, mb2, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagNoFence, true, false, 128))
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagNoFence>(v, mb, mb2, g, sms, s);
+    if (is(1, 6, 6, 0, kDiagNoFence, true, false, 128))
+      return Launch<Config<6, 6, 0, true, 128>, kKind, kTransB, 1, kDiagNoFence>(v, mb, mb2, g, sms, s);
+    if (is(1, 3, 5, 0, kDiagNoFence, true, false, 256, true))
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDualWidth | kDiagNoFence>(v, mb, mb2, g, sms, s);
+    if (is(4, 3, 5, 0, kDiagNoFence, true, true))
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 4, kDiagNoFence, true>(v, mb, mb2, g, sms, s);
+    if constexpr (!kTransB) {
+      if (is(1, 3, 5, 0, kDiagStamp | kDiagNoA, true, false, 128))
+        return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp | kDiagNoA>(v, mb, mb2, g, sms, s);
+      if (is(1, 3, 5, 0, kDiagStamp | kDiagNoB, true, false, 128))
+        return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp | kDiagNoB>(v, mb, mb2, g, sms, s);
+      if (is(1, 3, 5, 0, kDiagStamp | kDiagNoA | kDiagNoB, true, false, 128))
+        return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp | kDiagNoA | kDiagNoB>(v, mb, mb2, g, sms, s);
+      if (is(1, 3, 5, 0, kDiagStamp | kDiagNoA | kDiagNoB, true))
+        return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, kDiagStamp | kDiagNoA | kDiagNoB>(v, mb, mb2, g, sms, s);
+    }
+    if (is(1, 3, 5, 0, kDiagStamp | kDiagNoFence, true, false, 128))
+      return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 1, kDiagStamp | kDiagNoFence>(v, mb, mb2, g, sms, s);
+    if (is(1, 6, 6, 0, kDiagStamp, true, false, 128))
+      return Launch<Config<6, 6, 0, true, 128>, kKind, kTransB, 1, kDiagStamp>(v, mb, mb2, g, sms, s);
     if (is(4, 3, 5, 0, 0, true, true, 128))
       return Launch<Config<3, 5, 0, true, 128>, kKind, kTransB, 4, 0, true>(v, mb, mb2, g, sms, s);
     if (is(4, 3, 8, 0, 0, true, true, 128))
