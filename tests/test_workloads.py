@@ -84,10 +84,10 @@ def test_bert_padding_does_not_leak(bert_setup):
 
 @pytest.mark.usefixtures("poison_outputs")
 def test_bert_inference_with_unspecified_padding_rows(bert_setup):
-    """dead_rows="unspecified" (inference): the products after attention and the live-row
-    layer norms leave the padding rows unwritten (NaN: the CPU's fill, on a GPU the poison)
-    and no op reads them: the valid rows and the logits equal the dense model's. Training
-    it is refused."""
+    """dead_rows="unspecified": the products after attention and the live-row layer norms
+    leave the padding rows unwritten (NaN: the CPU's fill, on a GPU the poison) and no op
+    reads them, in the forward or in the backward: the valid rows and the logits equal the
+    dense model's, and every gradient equals the zeros model's."""
     cfg, params, (tokens, lengths, labels) = bert_setup
     pit = bert.BertClassifier(cfg, "pit", dead_rows="unspecified")
     lp, hp = jax.jit(pit.apply)(params, tokens, lengths)
@@ -97,8 +97,11 @@ def test_bert_inference_with_unspecified_padding_rows(bert_setup):
     assert np.isfinite(np.asarray(hp)[valid]).all() and np.isfinite(np.asarray(lp)).all()
     assert _rel(hp, hd, valid) < F32_TOL
     assert _rel(lp, ld) < F32_TOL
-    with pytest.raises(ValueError, match="dead_rows='unspecified' .* for inference only"):
-        jax.grad(functools.partial(bert.loss_fn, pit))(params, tokens, lengths, labels)
+    grads = [jax.jit(jax.grad(functools.partial(bert.loss_fn, m)))(params, tokens, lengths, labels)
+             for m in (pit, bert.BertClassifier(cfg, "pit"))]
+    for a, b in zip(*(jax.tree_util.tree_leaves(g) for g in grads)):  # (GPU: last bits, the list's order)
+        assert np.isfinite(np.asarray(a)).all()
+        assert _rel(a, b) < F32_TOL
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -136,10 +139,15 @@ def test_bert_varlen_attention_matches_dense(dtype):
     errs = [np.linalg.norm(f64(a) - f64(b)) / max(np.linalg.norm(f64(b)), 1e-30)
             for a, b in zip(jax.tree_util.tree_leaves(gp), jax.tree_util.tree_leaves(gd))]
     assert max(errs) < 0.05, max(errs)
-    # Inference with the padding rows unwritten: q, k and v's too (the attention skips them).
+    # The padding rows unwritten: q, k and v's too (the attention skips them); the same
+    # gradients as with zeros there.
     infer = bert.BertClassifier(cfg, "pit", dead_rows="unspecified")
     li, hi = jax.jit(infer.apply)(params, tokens, lengths)
     assert _rel(hi, hp, valid) < common.tolerance(dtype) and _rel(li, lp) < common.tolerance(dtype)
+    gi = jax.jit(jax.grad(functools.partial(bert.loss_fn, infer)))(params, tokens, lengths, labels)
+    errs = [np.linalg.norm(f64(a) - f64(b)) / max(np.linalg.norm(f64(b)), 1e-30)
+            for a, b in zip(jax.tree_util.tree_leaves(gi), jax.tree_util.tree_leaves(gp))]
+    assert max(errs) < 0.01, max(errs)
 
 
 def test_bert_finetune_step_jitted_loss_decreases(bert_setup):

@@ -37,7 +37,7 @@ class SparseDense(nn.Module):
         (docs/transformations.md); folded rows run on whole operands there.
       dead_rows: axis "m": "dense" (padding rows hold act(bias), as nn.Dense gives),
         "zeros" (they hold zeros; the bias's gradient then reads the live rows only) or
-        "unspecified" (left unwritten: inference only), as in `pit_jax.sparse_dense`.
+        "unspecified" (left unwritten; gradients as with "zeros"), as in `pit_jax.sparse_dense`.
     """
 
     features: int
@@ -87,7 +87,7 @@ class LayerNorm(nn.Module):
     live rows: a padded model's residual add, the preceding product's bias and the norm
     run in one pass over the valid tokens (XLA would run them over every row).
     `index=None` normalizes every row. `dead_rows="unspecified"` leaves the other rows
-    unwritten (inference only), as in `pit_jax.layer_norm`. `copies=2` returns the result
+    unwritten (gradients as with "zeros"), as in `pit_jax.layer_norm`. `copies=2` returns the result
     twice, one per consumer (a residual stream's next product and next norm): the
     backward then adds their cotangents on the live rows only (`pit_jax.layer_norm`).
     """

@@ -85,7 +85,7 @@ class LayerNorm(nnx.Module):
     `bias`) that normalizes only the rows an M-axis index lists (`pit_jax.layer_norm`;
     zeros elsewhere): `LayerNorm(n, rngs=r)(x, index, residual=res, bias=b)` is
     `nnx.LayerNorm(n)(x + res + b)` on the live rows. `index=None`: every row.
-    `dead_rows="unspecified"`: the other rows are left unwritten (inference only).
+    `dead_rows="unspecified"`: the other rows are left unwritten (gradients as with "zeros").
     `copies=2`: the result twice, one per consumer, so the backward adds their
     cotangents on the live rows only (`pit_jax.layer_norm`)."""
 

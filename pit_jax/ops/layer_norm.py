@@ -9,8 +9,8 @@ between them (XLA would run those over every row). `index=None` normalizes every
 Statistics in float32 with Flax's default variance (E[h^2] - E[h]^2), one rounding to
 x's dtype; `flax.linen.LayerNorm(epsilon=...)` gives the same value on live rows.
 Differentiable (the gradient runs `pit_row_layer_norm_bwd` on the same rows; forward mode
-and second order the jnp expression over all rows) and vmap-able. For inference,
-`dead_rows="unspecified"` leaves the other rows unwritten (not differentiable).
+and second order the jnp expression over all rows) and vmap-able. `dead_rows="unspecified"`
+leaves the other rows unwritten (same gradients as "zeros").
 
 A result with two consumers (a residual stream's: the next product reads it, and so does
 the next norm as its residual) can be taken as `copies=2`, one reference per consumer:
@@ -67,9 +67,9 @@ def layer_norm(
       bias: None or [H], added before the statistics (e.g. the preceding product's bias).
       epsilon: added to the variance.
       dead_rows: what the rows the index does not list hold: "zeros" (the default) or
-        "unspecified": left unwritten, for inference where nothing reads them (the GPU
+        "unspecified": left unwritten, for a model that never reads them (the GPU
         kernel then skips their writes; the CPU and the jnp reference write NaN there).
-        Not differentiable: autodiff raises; use "zeros" to train.
+        Differentiable as "zeros" is: those rows carry no gradient.
       copies: 1 returns the array; n > 1 a tuple of n references to it (the same buffer),
         one for each consumer, so that the backward adds their cotangents on the live rows
         inside its kernel (the first two; a third and more are added by XLA).

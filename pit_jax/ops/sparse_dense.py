@@ -51,7 +51,7 @@ from pit_jax.pit_index import MicroTileSpec, PitIndex
 from pit_jax.primitives import _products
 from pit_jax.primitives.row_linear import ACTIVATIONS as FUSED_ACTIVATIONS
 from pit_jax.primitives.row_linear import row_linear
-from pit_jax.primitives.row_layer_norm import inference_only, listed_rows_only
+from pit_jax.primitives.row_layer_norm import listed_rows_only
 from pit_jax.primitives.row_linear_parts import row_linear_parts
 from pit_jax.primitives.stile_matmul import stile_matmul
 
@@ -216,10 +216,11 @@ def sparse_dense(
         "zeros": zeros, the bias and activation on the live rows only, for a model that
         never reads its padding rows' values: the bias's gradient then sums the
         cotangent over the live rows only (`pit_row_sum`), not over every row.
-        "unspecified": inference where nothing reads the padding rows: they are left
+        "unspecified": for a model that never reads the padding rows: they are left
         unwritten (the GPU kernels skip their stores; the CPU and the jnp reference write
         NaN there, so that a reader of them shows), the bias and activation on the live
-        rows. Not differentiable: autodiff raises; use "zeros" to train.
+        rows. Differentiable as "zeros" is: the unlisted rows carry no gradient (their
+        cotangent is ignored), so training gets the same gradients without the writes.
 
     Returns:
       [..., M, N] in `jnp.result_type(x, w)`; float32 accumulation. A tuple with out_parts.
@@ -336,9 +337,8 @@ def sparse_dense(
     def live_only(y):  # the unfused paths' dead rows: zeros with dead_rows="zeros", NaN if unspecified
         if not zero_dead:
             return y
-        y = listed_rows_only(y, index.arrays[0], index.arrays[1], x.shape[-2], tile[0],
-                             native=not config.reference_enabled("sparse_dense"), fill=jnp.nan if skip_dead else 0.0)
-        return inference_only(y, "sparse_dense") if skip_dead else y
+        return listed_rows_only(y, index.arrays[0], index.arrays[1], x.shape[-2], tile[0],
+                                native=not config.reference_enabled("sparse_dense"), fill=jnp.nan if skip_dead else 0.0)
 
     if config.reference_enabled("sparse_dense"):
         y = live_only(epilogue(reference.stile_matmul(x, w, *index.arrays, **params)))

@@ -112,24 +112,6 @@ def listed_rows_only(y, tiles, count, m, tile_h, native=True, fill=0.0):
     return jnp.where(_rows(tiles, count, m, tile_h, native)[..., None], y, jnp.asarray(fill, y.dtype))
 
 
-def unspecified_error(where):
-    """The error of differentiating an op whose unlisted rows are left unwritten."""
-    return ValueError(f"{where}: dead_rows='unspecified' leaves the unlisted rows unwritten, for inference only; "
-                      f"to differentiate, use dead_rows='zeros'")
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def inference_only(y, where):
-    """y, refusing autodiff as the kernels' dead_rows='unspecified' does: the jnp paths
-    (reference, unfused) of such an op raise the same error."""
-    return y
-
-
-@inference_only.defjvp
-def _inference_only_jvp(where, primals, tangents):
-    raise unspecified_error(where)
-
-
 def reference(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False,
               native_mask=False):
     """The same value in jnp, over every row (what autodiff differentiates); with
@@ -137,12 +119,13 @@ def reference(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon
     rows = _rows(tiles, count, x.shape[-2], tile_h, native_mask)
     y = _ref.layer_norm_rows(x, scale, offset, rows, residual=residual if residual.size else None,
                              bias=bias if bias.size else None, epsilon=epsilon)
-    return inference_only(jnp.where(rows[..., None], y, jnp.nan), "layer_norm") if skip_dead else y
+    # NaN off the list: a constant there, so its tangent is zero (the kernels' rule).
+    return jnp.where(rows[..., None], y, jnp.nan) if skip_dead else y
 
 
 def row_layer_norm(x, residual, bias, scale, offset, tiles, count, *, tile_h, epsilon, skip_dead=False, copies=1):
     """x [..., M, H]; residual / bias None or arrays; scale, offset [H]; the flat index list.
-    skip_dead: the unlisted rows are left unwritten (inference only: not differentiable).
+    skip_dead: the unlisted rows are left unwritten; they carry no gradient (as zeros there would).
     copies > 1: a tuple of that many references to y, one per consumer (module docstring)."""
     if residual is None:
         residual = jnp.zeros((0,), x.dtype)
@@ -158,8 +141,8 @@ def _jvp(primals, tangents, **params):
     outs = row_layer_norm_p.bind(*primals, **params)
     if not live:
         return outs, [zero_tangent(o) for o in outs]
-    if params.pop("skip_dead"):
-        raise unspecified_error("layer_norm")
+    # skip_dead changes only the primal's unlisted rows, which carry no tangent either way.
+    params.pop("skip_dead")
     x, residual, bias, scale, _, tiles, count = primals
     t_outs = row_layer_norm_lin_p.bind(x, residual, bias, scale, tiles, count, *(tangents[i] for i in live),
                                        live=live, **params)

@@ -11,8 +11,9 @@ the activation before the one rounding to x's dtype; dead rows are written act(b
 keeps a padded model's bias and activation off its padding rows: XLA would run them over
 every row. With `zero_dead` the bias is on the live rows only, so its gradient sums the
 cotangent over the live rows (`row_sum`) instead of every row. With `skip_dead`
-(inference, `dead_rows="unspecified"`) the dead rows are not written at all (NaN on the
-CPU and in the jnp paths), and autodiff raises.
+(`dead_rows="unspecified"`) the dead rows are not written at all (NaN on the CPU and in
+the jnp paths); autodiff is that of `zero_dead`, whose dead rows are constants too: they
+carry no tangent and their cotangent is never read.
 
 Autodiff: the primal comes from the fused kernel; with an activation it is
 `row_linear_pre`, which also returns z = x @ w + bias on the live rows (the activation's
@@ -36,7 +37,7 @@ from pit_jax import _activations
 from pit_jax.primitives import _lowering, _products
 from pit_jax.primitives._vma import Primitive, zero_tangent
 from pit_jax.primitives.row_activation import row_activation, row_activation_lin_p
-from pit_jax.primitives.row_layer_norm import inference_only, listed_rows_only, unspecified_error
+from pit_jax.primitives.row_layer_norm import listed_rows_only
 from pit_jax.primitives.row_split import row_split
 from pit_jax.primitives.row_sum import row_bcast
 from pit_jax.primitives.stile_matmul import plan, stile_matmul
@@ -103,7 +104,7 @@ def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, skip_de
         y = y + bias.astype(y.dtype)
     y = _activations.ACTIVATIONS[activation](y) if activation is not None else y
     if skip_dead:
-        return inference_only(listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h, fill=jnp.nan), "sparse_dense")
+        return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h, fill=jnp.nan)
     return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h) if zero_dead else y
 
 
@@ -204,8 +205,6 @@ def fused_jvp(primals, tangents, params, bind, parts=1):
     if z_dots is None:  # no tangent, or only a bias tangent and no bias
         outs = bind(*primals, **params)
         return outs, [zero_tangent(o) for o in outs]
-    if params["skip_dead"]:
-        raise unspecified_error("sparse_dense")
     if act is not None and parts == 1:
         y, z = row_linear_pre_p.bind(*primals, **params)
         y_dot = _activation_tangent(z, z_dots[0], bias, tangents[2], idx, activation=act, tile_h=params["tile_h"],
