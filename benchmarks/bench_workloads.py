@@ -310,7 +310,7 @@ def bert_case(suite, workload, small):
     attn = mcommon.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
     models = {"dense": bert.BertClassifier(cfg, "dense", "xla"), "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
               "pit": bert.BertClassifier(cfg, "pit", attn),
-              # inference only: the padding rows of every op after the attention left unwritten
+              # the padding rows of every op after the attention left unwritten (no reader)
               "pit_unspecified": bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified")}
     params = jax.jit(models["dense"].init)(jax.random.PRNGKey(0), tokens, lengths)
     tx = optax.adamw(1e-4)
@@ -329,14 +329,15 @@ def bert_case(suite, workload, small):
             (impl, lambda p, t, ln, m=models[impl]: m.apply(p, t, ln)[1], (p_in, tokens, lengths),
              store if impl == "dense" else check) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified")])
     # Training: "pit" is the inference model (live-row norms, whose gradient runs the
-    # backward target on the valid rows); "pit_xla_norm" keeps XLA's residual adds and
+    # backward target on the valid rows); "pit_unspecified" the same with the padding rows
+    # left unwritten (the same gradients); "pit_xla_norm" keeps XLA's residual adds and
     # layer norms over every row, for comparison.
     models["pit_xla_norm"] = bert.BertClassifier(cfg, "pit", attn, live_norm=False)
     store, check = _reference_check(lambda ref: _check_loss(tol, float(ref[2])))
     suite.run_interleaved(dict(base, mode="train"), [
         (impl, _train_step(functools.partial(bert.loss_fn, models[impl]), tx),
          (params, opt_state, tokens, lengths, labels), store if impl == "dense" else check)
-        for impl in ("dense", "dense_cudnn", "pit", "pit_xla_norm")])
+        for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified", "pit_xla_norm")])
 
 
 def _reference_check(make_check):

@@ -93,6 +93,7 @@ def _bert_train(small):
     # as bench_workloads' BERT "train" rows: pit_xla_norm keeps XLA's norms (live_norm=False)
     for name, mode, attention, kw in (("dense", "dense", "xla", {}), ("dense_cudnn", "dense", attn, {}),
                                       ("pit", "pit", attn, {}), ("pit_xla_norm", "pit", attn, {"live_norm": False}),
+                                      ("pit_unspecified", "pit", attn, {"dead_rows": "unspecified"}),
                                       ("pit_dense_rows", "pit", attn, {"dead_rows": "dense"})):
         m = bert.BertClassifier(cfg, mode, attention, **kw)
         out[name] = (jax.jit(_train_step(functools.partial(bert.loss_fn, m), tx)), args)

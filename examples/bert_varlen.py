@@ -5,9 +5,9 @@ tokens built per batch from the padding mask; attention runs on the valid tokens
 (`pit_jax.varlen_attention` where its kernels take the shapes: 16-bit, head_dim 64,
 max length <= 128; else cuDNN with sequence lengths where it works, else XLA with the mask).
 Compares, in one run, on the same parameters and batch:
-  pit         SparseDense (M axis) + attention on the valid tokens; its inference
-              leaves the padding rows unwritten (dead_rows="unspecified"), its
-              fine-tuning step keeps them zero
+  pit         SparseDense (M axis) + attention on the valid tokens; the padding rows
+              are left unwritten (dead_rows="unspecified": nothing reads them, and
+              the gradients are those of zeros there)
   dense       nn.Dense + XLA attention with the padding mask (the padded JAX model)
   dense_cudnn nn.Dense + the same attention as pit (the best plain-JAX alternative)
 checks that pit's outputs (valid tokens) and gradients match dense, times inference
@@ -91,13 +91,12 @@ def main(argv=None):
     print(f"valid tokens {density:.1%} (mean length {float(np.mean(lengths)):.1f}); attention: pit {pit_attn}, "
           f"dense_cudnn {attn}")
     models = {
-        "pit": bert.BertClassifier(cfg, "pit", attn),
+        # The padding rows are left unwritten after the attention (nothing reads them, in
+        # the forward or the backward: the gradients are those of dead_rows="zeros").
+        "pit": bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified"),
         "dense": bert.BertClassifier(cfg, "dense", "xla"),
         "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
     }
-    # Inference leaves the padding rows unwritten after the attention (nothing reads them);
-    # training needs them defined (zeros), so the fine-tuning step keeps models["pit"].
-    infer_models = dict(models, pit=bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified"))
     params = models["dense"].init(jax.random.PRNGKey(args.seed), tokens, lengths)
     tx = optax.adamw(lr)
 
@@ -116,10 +115,9 @@ def main(argv=None):
 
     # 1. outputs on valid tokens, 2. gradients of every parameter: pit == dense.
     valid = np.asarray(common.right_padding_mask(lengths, seq)).reshape(-1)
-    out = {n: jax.jit(m.apply)(params, tokens, lengths)
-           for n, m in (("pit", models["pit"]), ("pit_infer", infer_models["pit"]), ("dense", models["dense"]))}
-    err_logits = max(common.max_rel_err(out[n][0], out["dense"][0]) for n in ("pit", "pit_infer"))
-    err_hidden = max(common.max_rel_err(out[n][1], out["dense"][1], valid) for n in ("pit", "pit_infer"))
+    out = {n: jax.jit(models[n].apply)(params, tokens, lengths) for n in ("pit", "dense")}
+    err_logits = common.max_rel_err(out["pit"][0], out["dense"][0])
+    err_hidden = common.max_rel_err(out["pit"][1], out["dense"][1], valid)
     bar.step(f"outputs: logits err {err_logits:.2e}, hidden (valid rows) err {err_hidden:.2e}")
     grads = {n: jax.jit(jax.grad(functools.partial(bert.loss_fn, models[n])))(params, tokens, lengths, labels)
              for n in ("pit", "dense")}
@@ -135,7 +133,7 @@ def main(argv=None):
     opt_state = tx.init(params)
     infer, train = {}, {}
     if not args.no_timing:
-        for name, model in infer_models.items():
+        for name, model in models.items():
             try:
                 infer[name] = common.latency_ms(lambda p, t, ln, m=model: m.apply(p, t, ln), (params, tokens, lengths))["median_ms"]
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the others
