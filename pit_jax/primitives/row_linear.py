@@ -103,15 +103,15 @@ def unfused(x, w, bias, *idx, tile_h, activation, allow_tf32, zero_dead, skip_de
     if bias.shape[-1]:
         y = y + bias.astype(y.dtype)
     y = _activations.ACTIVATIONS[activation](y) if activation is not None else y
-    if skip_dead:
-        return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h, fill=jnp.nan)
-    return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h) if zero_dead else y
+    if not (zero_dead or skip_dead):
+        return y
+    return listed_rows_only(y, idx[0], idx[1], x.shape[-2], tile_h, fill=jnp.nan if skip_dead else 0.0)
 
 
 def row_linear(x, w, bias, idx, *, tile_h, activation=None, allow_tf32=False, zero_dead=False, skip_dead=False):
     """x [..., M, K], w [K, N] or [..., K, N], bias [N] or None; idx: the six index arrays.
     zero_dead: the rows the index does not list are zeros (not act(bias)); skip_dead: they
-    are left unwritten, and the bias is on the listed rows only (inference: autodiff raises)."""
+    are left unwritten, and the bias is on the listed rows only (gradients as with zero_dead)."""
     if bias is None:
         bias = jnp.zeros((0,), x.dtype)
     return row_linear_p.bind(x, w, bias, *idx, tile_h=int(tile_h), activation=activation,
