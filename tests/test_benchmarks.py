@@ -8,6 +8,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,17 @@ def test_kernel_profile_smoke(argv):
     assert set(res) == set(argv[argv.index("--only") + 1].split(","))
     for r in res.values():
         assert r["wall_ms"] > 0 and r["dispatch_ms"] > 0
+
+
+def test_train_loop_smoke():
+    from benchmarks import train_loop
+
+    res = train_loop.main(["dense", "pit_unspecified", "--small", "--warmup", "1", "--steps", "2", "--rounds", "1"])
+    assert set(res) == {"dense", "pit_unspecified"}
+    for rounds, loss in res.values():
+        assert len(rounds) == 1 and rounds[0][1] > 0 and np.isfinite(loss)
+    with pytest.raises(SystemExit):
+        train_loop.main(["dense_xla"])
 
 
 def test_bench_wblock_smoke(tmp_path):
