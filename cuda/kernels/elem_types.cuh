@@ -24,12 +24,27 @@ struct Elem<__nv_bfloat16> {
   using Word = uint16_t;
   static __device__ __forceinline__ float ToFloat(uint16_t w) { return __uint_as_float(static_cast<uint32_t>(w) << 16); }
   static __device__ __forceinline__ uint16_t FromFloat(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+  // Two values in one 32-bit word (lo in the low half), as mma.sync fragments hold them.
+  static __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 Unpack2(uint32_t w) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  }
 };
 template <>
 struct Elem<__half> {
   using Word = uint16_t;
   static __device__ __forceinline__ float ToFloat(uint16_t w) { return __half2float(__ushort_as_half(w)); }
   static __device__ __forceinline__ uint16_t FromFloat(float x) { return __half_as_ushort(__float2half_rn(x)); }
+  static __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 Unpack2(uint32_t w) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
 };
 
 // V elements at p as loaded, unconverted (LoadWords), and as floats (ToFloats). Kernels

@@ -1,6 +1,6 @@
 // One warp-level tensor-core product, mma.sync m16n8k16 with float32 accumulators (sm_80
-// and up), for the 16-bit types: shared by the generic GEMM (sparse_gemm_kernel.cuh) and
-// the attention kernels (varlen_attention.cu).
+// and up), for the 16-bit types, and the ldmatrix loads of its fragments: shared by the
+// generic GEMM (sparse_gemm_kernel.cuh) and the attention kernels (varlen_attention.cu).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,27 @@ __device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The shared-space address of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix.x4: lanes 8i..8i+7 address the 8 rows (16 bytes each) of 8 x 8 matrix i at
+// `addr` (shared space); register i receives matrix i, (row lane/4, cols 2(lane%4)..+1),
+// or with .trans (rows 2(lane%4)..+1, col lane/4) of the stored block.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
 
 }  // namespace gemm

@@ -61,10 +61,6 @@ struct GemmArgs {
   EpilogueDev epi;                 // row gather only: bias + activation on the written rows
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // ---------------------------------------------------------------------------------
 // Tile configurations.
 
@@ -286,26 +282,11 @@ struct SimtMath {
   }
 };
 
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
 // Warp tile WM x WN = MT x NT mma tiles of 16 x 8. Fragment ownership (PTX ISA,
 // m16n8k16): g = lane / 4, t = lane % 4; A regs {a0a1, a2a3, a4a5, a6a7} hold
 // (row g, k 2t..2t+1), (g+8, 2t), (g, 2t+8), (g+8, 2t+8); B regs {b0b1, b2b3} hold
 // (k 2t..2t+1, col g), (k 2t+8.., g); C {c0c1, c2c3} hold (g, 2t..2t+1), (g+8, 2t..).
-// ldmatrix.x4: lanes 8i..8i+7 address the 8 rows of matrix i; register i receives
-// matrix i, (row lane/4, cols 2(lane%4)..+1), or with .trans (rows 2(lane%4)..+1,
-// col lane/4) of the stored 8x8 block.
+// The fragments come by ldmatrix.x4 (mma_sync.cuh has its layout).
 template <class Cfg, typename T, bool kAK, bool kBK>
 struct MmaMath {
   static constexpr int MT = Cfg::MT, NT = Cfg::NT, WM = Cfg::WM, WN = Cfg::WN;

@@ -38,31 +38,6 @@ constexpr int kRowPitch = kD + 8;  // row-major tiles: 144-byte rows, fragment l
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T>
-struct Half;
-
-template <>
-struct Half<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  }
-};
-
-template <>
-struct Half<__half> {
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
-  }
-};
-
 __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
 // The CTA's problem: sequence b, head h, its valid length and row pointers.
@@ -125,33 +100,22 @@ __device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq& s, int seq) 
   }
 }
 
-__device__ __forceinline__ void LdMatrix(uint32_t (&r)[4], const uint16_t* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
-}
-
-__device__ __forceinline__ void LdMatrixT(uint32_t (&r)[4], const uint16_t* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
-}
-
 // The A fragment of rows [r0, r0 + 16) x cols [k0, k0 + 16) of a row-major tile: lanes
 // 0-15 address the rows at k0, lanes 16-31 at k0 + 8 (blocks a0..a3 in order).
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* tile, int pitch, int r0, int k0, int lane) {
-  LdMatrix(a, tile + (r0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8);
+  gemm::LdMatrixX4(a, gemm::SmemAddr(tile + (r0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8));
 }
 
 // B fragments of two 8-column tiles (n0.., n0 + 8..) over k [k0, k0 + 16) of a tile
 // stored [n][k] (K for q k^T): {b[0], b[1]} the first, {b[2], b[3]} the second.
 __device__ __forceinline__ void LoadBNK(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0, int lane) {
-  LdMatrix(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * kRowPitch + k0 + ((lane >> 3) & 1) * 8);
+  const uint16_t* p = tile + (n0 + (lane & 7) + (lane >> 4) * 8) * kRowPitch + k0 + ((lane >> 3) & 1) * 8;
+  gemm::LdMatrixX4(b, gemm::SmemAddr(p));
 }
 
 // The same for a tile stored [k][n] (V for P V: k the token), transposed by ldmatrix.
 __device__ __forceinline__ void LoadBKN(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int lane) {
-  LdMatrixT(b, tile + (k0 + (lane & 15)) * kRowPitch + n0 + (lane >> 4) * 8);
+  gemm::LdMatrixX4Trans(b, gemm::SmemAddr(tile + (k0 + (lane & 15)) * kRowPitch + n0 + (lane >> 4) * 8));
 }
 
 // acc[0..8) += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a row-major
@@ -185,10 +149,10 @@ __device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const ui
 // The A fragment of a 16 x 16 block from the C fragments of its two 8-column halves.
 template <typename T>
 __device__ __forceinline__ void PackA(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
-  a[0] = Half<T>::Pack(lo[0], lo[1]);
-  a[1] = Half<T>::Pack(lo[2], lo[3]);
-  a[2] = Half<T>::Pack(hi[0], hi[1]);
-  a[3] = Half<T>::Pack(hi[2], hi[3]);
+  a[0] = gemm::Elem<T>::Pack2(lo[0], lo[1]);
+  a[1] = gemm::Elem<T>::Pack2(lo[2], lo[3]);
+  a[2] = gemm::Elem<T>::Pack2(hi[0], hi[1]);
+  a[3] = gemm::Elem<T>::Pack2(hi[2], hi[3]);
 }
 
 // Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len.
@@ -200,8 +164,8 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[8][4], float mul, v
 #pragma unroll
   for (int jd = 0; jd < 8; ++jd) {
     const int c = 8 * jd + 2 * t;
-    if (ra < s.len) St32(dst + s.At(ra, c), Half<T>::Pack(acc[jd][0] * mul, acc[jd][1] * mul));
-    if (rb < s.len) St32(dst + s.At(rb, c), Half<T>::Pack(acc[jd][2] * mul, acc[jd][3] * mul));
+    if (ra < s.len) St32(dst + s.At(ra, c), gemm::Elem<T>::Pack2(acc[jd][0] * mul, acc[jd][1] * mul));
+    if (rb < s.len) St32(dst + s.At(rb, c), gemm::Elem<T>::Pack2(acc[jd][2] * mul, acc[jd][3] * mul));
   }
 }
 
@@ -323,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
       const uint32_t* dw = reinterpret_cast<const uint32_t*>(&dv);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 a = Half<T>::Unpack(ow[j]), b = Half<T>::Unpack(dw[j]);
+        const float2 a = gemm::Elem<T>::Unpack2(ow[j]), b = gemm::Elem<T>::Unpack2(dw[j]);
         dl = fmaf(a.x, b.x, dl);
         dl = fmaf(a.y, b.y, dl);
       }
