@@ -219,12 +219,7 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
 }  // namespace
 
 cudaError_t LaunchBlockTopk(const BlockTopkParams& p, const void* const* bases, cudaStream_t stream) {
-  switch (p.dtype) {
-    case DType::kF32: return Launch<float>(p, bases, stream);
-    case DType::kBF16: return Launch<__nv_bfloat16>(p, bases, stream);
-    case DType::kF16: return Launch<__half>(p, bases, stream);
-  }
-  return cudaErrorInvalidValue;
+  return WithFloatType(p.dtype, [&](auto t) { return Launch<decltype(t)>(p, bases, stream); });
 }
 
 }  // namespace pit

@@ -8,7 +8,25 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/common/matmul_params.h"
+
 namespace pit {
+
+// Host side: f(T{}) with T the element type of `dtype` (float, __nv_bfloat16, __half), the
+// launchers' one dispatch on the FFI dtype; cudaErrorInvalidValue for any other value.
+template <typename F>
+cudaError_t WithFloatType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      return f(float{});
+    case DType::kBF16:
+      return f(__nv_bfloat16{});
+    case DType::kF16:
+      return f(__half{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 namespace gemm {
 
 template <typename T>

@@ -158,15 +158,7 @@ cudaError_t Launch(const RowActivationParams& p, cudaStream_t stream) {
 template <bool kBwd>
 cudaError_t LaunchFor(const RowActivationParams& p, cudaStream_t stream) {
   if (p.batch * p.rows * p.cols == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kF32:
-      return Launch<float, kBwd>(p, stream);
-    case DType::kBF16:
-      return Launch<__nv_bfloat16, kBwd>(p, stream);
-    case DType::kF16:
-      return Launch<__half, kBwd>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return WithFloatType(p.dtype, [&](auto t) { return Launch<decltype(t), kBwd>(p, stream); });
 }
 
 }  // namespace

@@ -581,15 +581,7 @@ cudaError_t LaunchRowLayerNorm(const RowLayerNormParams& p, cudaStream_t stream)
     if (e != cudaSuccess) return e;
   }
   if (p.batch * p.capacity == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kF32:
-      return Launch<float>(p, dead_tail, stream);
-    case DType::kBF16:
-      return Launch<__nv_bfloat16>(p, dead_tail, stream);
-    case DType::kF16:
-      return Launch<__half>(p, dead_tail, stream);
-  }
-  return cudaErrorInvalidValue;
+  return WithFloatType(p.dtype, [&](auto t) { return Launch<decltype(t)>(p, dead_tail, stream); });
 }
 
 }  // namespace pit
@@ -608,15 +600,7 @@ cudaError_t LaunchRowLayerNormBwd(const RowLayerNormBwdParams& q, cudaStream_t s
   }
   if (p.rows == 0 || p.capacity == 0)  // no row: every sum is 0
     return cudaMemsetAsync(q.dvec, 0, static_cast<size_t>(p.batch * 3 * p.cols * 4), stream);
-  switch (p.dtype) {
-    case DType::kF32:
-      return LaunchBwd<float>(q, dead_tail, stream);
-    case DType::kBF16:
-      return LaunchBwd<__nv_bfloat16>(q, dead_tail, stream);
-    case DType::kF16:
-      return LaunchBwd<__half>(q, dead_tail, stream);
-  }
-  return cudaErrorInvalidValue;
+  return WithFloatType(p.dtype, [&](auto t) { return LaunchBwd<decltype(t)>(q, dead_tail, stream); });
 }
 
 }  // namespace pit

@@ -108,15 +108,7 @@ cudaError_t LaunchRowSum(const RowSumParams& p, cudaStream_t stream) {
   // Hopper: one launch, the slices added in the cluster (no work, no second kernel).
   const cudaError_t e = LaunchRowSumSm90(p, stream);
   if (e != cudaErrorNotSupported) return e;
-  switch (p.dtype) {
-    case DType::kF32:
-      return Launch<float>(p, stream);
-    case DType::kBF16:
-      return Launch<__nv_bfloat16>(p, stream);
-    case DType::kF16:
-      return Launch<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return WithFloatType(p.dtype, [&](auto t) { return Launch<decltype(t)>(p, stream); });
 }
 
 }  // namespace pit

@@ -201,12 +201,7 @@ cudaError_t LaunchTyped(const PackLaunch& p, cudaStream_t stream) {
 
 template <bool kWrite>
 cudaError_t Launch(const PackLaunch& p, cudaStream_t stream) {
-  switch (p.dtype) {
-    case DType::kF32: return LaunchTyped<float, kWrite>(p, stream);
-    case DType::kBF16: return LaunchTyped<__nv_bfloat16, kWrite>(p, stream);
-    case DType::kF16: return LaunchTyped<__half, kWrite>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return WithFloatType(p.dtype, [&](auto t) { return LaunchTyped<decltype(t), kWrite>(p, stream); });
 }
 
 }  // namespace

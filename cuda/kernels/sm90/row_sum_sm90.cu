@@ -81,15 +81,7 @@ cudaError_t LaunchRowSumSm90(const RowSumParams& p, cudaStream_t stream) {
   const sm90::DeviceInfo* info = sm90::GetDeviceInfo();
   if (info == nullptr || !info->sm90) return cudaErrorNotSupported;
   if (p.batch * p.cols == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kF32:
-      return Launch<float>(p, stream);
-    case DType::kBF16:
-      return Launch<__nv_bfloat16>(p, stream);
-    case DType::kF16:
-      return Launch<__half>(p, stream);
-  }
-  return cudaErrorNotSupported;
+  return WithFloatType(p.dtype, [&](auto t) { return Launch<decltype(t)>(p, stream); });
 }
 
 }  // namespace pit
