@@ -169,10 +169,12 @@ def _prune(small, tile_name, density):
     params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
     args = (params, jax.jit(tx.init)(params), *data, jnp.float32(density))
     routes = sparse_training.plan_routes(params, density, tile, batch * seq, cfg.dtype)
-    planned = sparse_training.routed_pit_step({}, cfg, tile, tx, routes)
+    cache = {}
+    planned = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes)
+    rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, row_norms=True)
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
-            "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args)}
+            "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args), "pit_rownorm": (rownorm, args)}
 
 
 def profile(fn, args, *, calls, top):

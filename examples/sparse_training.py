@@ -58,26 +58,31 @@ def parse(argv=None):
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--row-norms", action="store_true",
+                    help="the pit model's layer norms by pit_jax's row kernels (not a pruning gain)")
     return ap.parse_args(argv)
 
 
 ROUTES = ("w", "dense")
 
 
-def make_steps(cfg, tile, tx, attention="auto", routes=None):
+def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
     """{variant: step(params, opt_state, tokens, lengths, labels, density) -> (params, opt_state, loss, live)}.
 
     `routes` {linear: "w" | "dense"} (`bert.LINEARS`; default "w" for each) sets the pit
     step's STile per linear: "w" runs the W-axis product on the live blocks' index,
     "dense" multiplies the kernel by its mask and runs the dense product (the choice
     `plan_routes` makes from the optimizer's database). Both compute x @ (w * mask).
+    `row_norms`: the pit step's residual adds and layer norms by pit_jax's row kernels
+    (`pit_jax.flax.LayerNorm`, every row valid) instead of flax's, the products as before:
+    the same values by other kernels, so a gain there is theirs, not the pruning's.
     """
     routes = dict(routes or {})
     bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
     if bad:
         raise ValueError(f"make_steps: routes must map {bert.LINEARS} to one of {ROUTES}, got {bad}")
     dense_linears = frozenset(k for k, v in routes.items() if v == "dense")
-    pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False)
+    pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=row_norms)
     dense = bert.BertClassifier(cfg, "dense", attention)
 
     def finish(p, s, loss, g, live):
@@ -130,11 +135,11 @@ def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_ma
     return routes
 
 
-def routed_pit_step(cache, cfg, tile, tx, routes):
+def routed_pit_step(cache, cfg, tile, tx, routes, row_norms=False):
     """The jitted pit step for `routes` (`make_steps`), built once per distinct routes in `cache`."""
-    key = tuple(sorted(routes.items()))
+    key = (tuple(sorted(routes.items())), bool(row_norms))
     if key not in cache:
-        cache[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes)[0]["pit"])
+        cache[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes, row_norms=row_norms)[0]["pit"])
     return cache[key]
 
 
@@ -184,7 +189,7 @@ def main(argv=None):
     sample = lambda: bert.synthetic_batch(rng, cfg, batch, seq, np.full((batch,), seq, np.int32))
     data = sample()
     tx = optax.adamw(lr)
-    steps_fns, pit, dense = make_steps(cfg, tile, tx)
+    steps_fns, pit, dense = make_steps(cfg, tile, tx, row_norms=args.row_norms)
     params = dense.init(jax.random.PRNGKey(args.seed), data[0], data[1])
     opt_state = tx.init(params)
     n_timed = 0 if args.no_timing else 1 + 2 * len(densities)
@@ -203,7 +208,7 @@ def main(argv=None):
 
     def pit_step_for(density, p):
         routes = plan_routes(p, density, tile, batch * seq, cfg.dtype)
-        return routed_pit_step(pit_steps, cfg, tile, tx, routes), routes
+        return routed_pit_step(pit_steps, cfg, tile, tx, routes, args.row_norms), routes
 
     times, plans = {}, {}
     if not args.no_timing:

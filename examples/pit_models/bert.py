@@ -109,6 +109,8 @@ class Product(nn.Module):
         x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
         if weight_index is not None and weight_index is not DENSE_ROUTE:
             return pit_jax.sparse_dense(x, kernel, weight_index, axis="w"), bias
+        if rows is None:  # the masked kernel, no row index (sparse training with live-row norms)
+            return jnp.dot(x, kernel), bias
         dead = "unspecified" if self.dead_rows == "unspecified" else "dense"  # no bias here: zeros
         return pit_jax.sparse_dense(x, kernel, rows, axis="m", dead_rows=dead), bias
 
@@ -142,10 +144,13 @@ class EncoderLayer(nn.Module):
     dead_rows: str = "zeros"
 
     @nn.compact
-    def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None):
+    def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None, norm_rows=None):
         """x [B*S, H], or a pair of references to it (the previous norm's `copies=2`): the
-        first for the q / k / v product, the second for the residual."""
+        first for the q / k / v product, the second for the residual. `norm_rows`: the
+        row index of the residual adds and layer norms (default `rows`, the products'):
+        sparse training gives one with no row index for the products."""
         cfg, wi = self.cfg, weight_index or {}
+        norm_rows = rows if norm_rows is None else norm_rows
         x, x_res = x if isinstance(x, tuple) else (x, x)
         unspecified = self.dead_rows == "unspecified"
         # XLA's and cuDNN's attention read k's and v's padding rows (masked scores times v:
@@ -156,24 +161,24 @@ class EncoderLayer(nn.Module):
             f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows, weight_index=wi.get(n), activation=act,
             dead_rows=dead)
         heads = lambda t: t.reshape(batch, seq, cfg.heads, cfg.head_dim)  # noqa: E731
-        if self.mode == "pit" and rows is not None and self.live_norm and "qkv" not in wi:
+        if self.mode == "pit" and rows is not None and norm_rows is rows and self.live_norm and "qkv" not in wi:
             q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, qkv_dead, name="qkv")(x, rows))
         else:
             qkv = lin(3 * cfg.hidden, "qkv", x, dead=qkv_dead).reshape(batch, seq, 3, cfg.heads, cfg.head_dim)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         att = common.attention(q, k, v, lengths=lengths, implementation=self.attention)
         att = att.reshape(batch * seq, cfg.hidden)
-        if self.mode == "pit" and rows is not None and self.live_norm:
+        if self.mode == "pit" and norm_rows is not None and self.live_norm:
             # Residual add, output bias and layer norm in one pass over the valid rows. Each
             # norm's result feeds a product and the next norm's residual: one reference
             # each (copies=2), so the backward adds the two cotangents on the valid rows.
             norm_dead = "unspecified" if unspecified else "zeros"
             norm = lambda n: LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=norm_dead, name=n)  # noqa: E731
             att, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="attn_out")(att, rows, wi.get("attn_out"))
-            x, x_res = norm("ln_attn")(x_res, rows, residual=att, bias=b, copies=2)
+            x, x_res = norm("ln_attn")(x_res, norm_rows, residual=att, bias=b, copies=2)
             h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
             h, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="ffn_out")(h, rows, wi.get("ffn_out"))
-            return norm("ln_ffn")(x_res, rows, residual=h, bias=b, copies=2)
+            return norm("ln_ffn")(x_res, norm_rows, residual=h, bias=b, copies=2)
         att = lin(cfg.hidden, "attn_out", att)
         x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x_res + att)
         h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
@@ -195,6 +200,9 @@ class BertClassifier(nn.Module):
     mode: str = "pit"
     attention: str = "xla"  # "xla", "cudnn" or "auto" (cuDNN where it works for the shapes)
     skip_padding: bool = True  # pit mode: False = no row index (for sparse training on full batches)
+    # pit mode with skip_padding False: the residual adds and layer norms still by
+    # pit_jax.flax.LayerNorm on the valid rows (its row kernels), the products without an index
+    row_norms: bool = False
     live_norm: bool = True  # pit mode with skip_padding: residual adds and layer norms on valid rows only
     # pit mode: padding rows of the biased M-axis linears ("dense": act(bias)); "unspecified"
     # (inference only) leaves them and the live-row layer norms' padding rows unwritten.
@@ -213,6 +221,7 @@ class BertClassifier(nn.Module):
             raise ValueError(f"BertClassifier: sequence length {seq} exceeds max_len={cfg.max_len}")
         mask = common.right_padding_mask(lengths, seq)
         rows = row_index(mask) if self.mode == "pit" and self.skip_padding else None
+        norm_rows = rows if rows is not None or not self.row_norms or self.mode != "pit" else row_index(mask)
         if rows is not None and self.varlen_attention and varlen_kernels_apply(batch, seq, cfg):
             impl = "pit"
         else:
@@ -220,9 +229,9 @@ class BertClassifier(nn.Module):
         emb = nn.Embed(cfg.vocab, cfg.hidden, name="word_emb")(tokens)
         emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
         emb = emb.reshape(batch * seq, cfg.hidden)
-        if rows is not None and self.live_norm:
+        if norm_rows is not None and self.live_norm:
             dead = "unspecified" if self.dead_rows == "unspecified" else "zeros"
-            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=dead, name="ln_emb")(emb, rows, copies=2)
+            x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=dead, name="ln_emb")(emb, norm_rows, copies=2)
         else:
             x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb)
         wi = weight_index or {}
@@ -233,7 +242,7 @@ class BertClassifier(nn.Module):
                 raise ValueError(f"BertClassifier: skip_padding=False needs a weight index for every linear "
                                  f"of {name} ({LINEARS}), got {sorted(layer_wi)}")
             x = EncoderLayer(cfg, self.mode, impl, self.live_norm, self.dead_rows, name=name)(
-                x, lengths, batch, seq, rows, layer_wi)
+                x, lengths, batch, seq, rows, layer_wi, norm_rows)
         x = x[0] if isinstance(x, tuple) else x
         cls = x.reshape(batch, seq, cfg.hidden)[:, 0]
         pooled = jnp.tanh(nn.Dense(cfg.hidden, dtype=cfg.dtype, name="pooler")(cls))
