@@ -221,7 +221,9 @@ class BertClassifier(nn.Module):
             raise ValueError(f"BertClassifier: sequence length {seq} exceeds max_len={cfg.max_len}")
         mask = common.right_padding_mask(lengths, seq)
         rows = row_index(mask) if self.mode == "pit" and self.skip_padding else None
-        norm_rows = rows if rows is not None or not self.row_norms or self.mode != "pit" else row_index(mask)
+        norm_rows = rows  # the residual adds' and layer norms' rows
+        if rows is None and self.row_norms and self.mode == "pit":
+            norm_rows = row_index(mask)
         if rows is not None and self.varlen_attention and varlen_kernels_apply(batch, seq, cfg):
             impl = "pit"
         else:
