@@ -288,37 +288,6 @@ def test_sparse_training_matches_masked_dense(tile):
     assert dead == 0.0
 
 
-@pytest.mark.parametrize("routes", [None, {"qkv": "dense", "attn_out": "w", "ffn_in": "dense", "ffn_out": "w"}])
-def test_sparse_training_row_norms_match_masked_dense(routes):
-    """The pit step with its layer norms by pit_jax's row kernels (`row_norms`): the masked
-    twin's loss and update, for W-axis and masked-dense linears; dead blocks never move."""
-    import sparse_training
-
-    cfg = bert.BertConfig.tiny(layers=2)
-    tile = (32, 64)
-    data = _batch(cfg, 2, 32, 7, lengths=[32, 32])
-    tx = optax.sgd(0.1)
-    steps, pit, dense = sparse_training.make_steps(cfg, tile, tx, routes=routes, row_norms=True)
-    assert pit.row_norms
-    params = jax.jit(dense.init)(jax.random.PRNGKey(7), data[0], data[1])
-    s0 = tx.init(params)
-    d = jnp.float32(0.4)
-    p_pit, _, loss_pit, _ = jax.jit(steps["pit"])(params, s0, *data, d)
-    p_ref, _, loss_ref, _ = jax.jit(steps["dense_masked"])(params, s0, *data, d)
-    assert abs(float(loss_pit) - float(loss_ref)) < F32_TOL * max(1.0, abs(float(loss_ref)))
-    moved_err = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
-        lambda a, b, c: float(jnp.max(jnp.abs((a - c) - (b - c)))) / max(float(jnp.max(jnp.abs(b - c))), 1e-12),
-        p_pit, p_ref, params)))
-    assert moved_err < 1e-4
-    ms = pruning.masks(params, 0.4, tile)
-    for name, w_old in pruning.pruned_kernels(params).items():
-        moved = np.asarray(pruning.pruned_kernels(p_pit)[name] != w_old)
-        assert not (moved & ~np.asarray(ms[name])).any(), name
-    # The norms are pit_jax's: the step's jaxpr holds the row layer norm (and no flax one).
-    jaxpr = str(jax.make_jaxpr(steps["pit"])(params, s0, *data, d))
-    assert "pit_row_layer_norm" in jaxpr
-
-
 def test_weight_indexes_batched_per_shape():
     """`pruning.weight_indexes` builds one index per kernel shape and slices it: each
     kernel's index lists the same live blocks (counts equal, lists equal as sets, unused
@@ -341,18 +310,23 @@ def test_weight_indexes_batched_per_shape():
                 assert sorted(lst[:c]) == sorted(wlst[:c]), n
 
 
-def test_sparse_training_routes_match_masked_dense():
+MIXED_ROUTES = {"qkv": "dense", "attn_out": "w", "ffn_in": "dense", "ffn_out": "w"}
+
+
+@pytest.mark.parametrize("routes, row_norms", [(MIXED_ROUTES, False), (MIXED_ROUTES, True), (None, True)])
+def test_sparse_training_routes_match_masked_dense(routes, row_norms):
     """A pit step with some linears on the dense STile (masked kernel) and the others on
-    the W axis: the same loss, gradients and update as the masked dense twin; gradients
-    zero outside the live blocks either way."""
+    the W axis (or all on the W axis), its layer norms flax's or pit_jax's (`row_norms`):
+    the same loss, gradients and update as the masked dense twin; gradients zero outside
+    the live blocks either way."""
     import sparse_training
 
     cfg = bert.BertConfig.tiny(layers=2)
     tile = (32, 64)
     data = _batch(cfg, 2, 32, 6, lengths=[32, 32])
     tx = optax.sgd(0.1)
-    routes = {"qkv": "dense", "attn_out": "w", "ffn_in": "dense", "ffn_out": "w"}
-    steps, _, dense = sparse_training.make_steps(cfg, tile, tx, routes=routes)
+    steps, pit, dense = sparse_training.make_steps(cfg, tile, tx, routes=routes, row_norms=row_norms)
+    assert pit.row_norms == row_norms
     params = jax.jit(dense.init)(jax.random.PRNGKey(6), data[0], data[1])
     s0 = tx.init(params)
     d = jnp.float32(0.4)
@@ -368,6 +342,8 @@ def test_sparse_training_routes_match_masked_dense():
     for name, w_old in pruning.pruned_kernels(params).items():
         moved = np.asarray(pruning.pruned_kernels(p_pit)[name] != w_old)
         assert not (moved & ~np.asarray(ms[name])).any(), name
+    # With row_norms the norms are pit_jax's row layer norm.
+    assert ("pit_row_layer_norm" in str(jax.make_jaxpr(steps["pit"])(params, s0, *data, d))) == row_norms
 
 
 def test_sparse_training_plan_routes_and_bad_routes():
