@@ -38,6 +38,7 @@ Variants (`impl`):
                 over every row (live_norm=False)
   pit_rownorm   (prune) pit's routes with the residual adds and layer norms by pit_jax's
                 row kernels (every row valid): those kernels' gain, not the pruning's
+  dense_rownorm (prune) the unpruned step with those row kernels: pit_rownorm's baseline
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
   ragged        (moe) sort by expert + jax.lax.ragged_dot + unsort: the best JAX alternative;
                 for moe, `dense` is every expert on every token (E x the FLOPs, same outputs)
@@ -439,11 +440,12 @@ def prune_case(suite, small, tiles=None):
             # same interleaved rounds.
             routes = sparse_training.plan_routes(params, d, tile, batch * seq, cfg.dtype)
             # pit_rownorm: pit's routes with the layer norms by pit_jax's row kernels (a
-            # gain of those kernels, not of the pruning; issue 7 counts pit).
+            # gain of those kernels, not of the pruning; issue 7 counts pit);
+            # dense_rownorm: the unpruned step on those kernels, pit_rownorm's own baseline.
             variants = [("dense", steps["dense"], args, None), ("dense_masked", steps["dense_masked"], args, twin_loss),
                         ("pit", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes), args, chk),
                         ("pit_rownorm", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes, True), args,
-                         chk)]
+                         chk), ("dense_rownorm", steps["dense_rownorm"], args, None)]
             if any(r != "w" for r in routes.values()):
                 variants.append(("pit_w", steps["pit"], args, chk))
             suite.run_interleaved(dict(base, routes=routes), variants)

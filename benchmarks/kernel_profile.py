@@ -172,9 +172,11 @@ def _prune(small, tile_name, density):
     cache = {}
     planned = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes)
     rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, row_norms=True)
+    w_rownorm = sparse_training.make_steps(cfg, tile, tx, row_norms=True)[0]["pit"]
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
-            "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args), "pit_rownorm": (rownorm, args)}
+            "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args), "pit_rownorm": (rownorm, args),
+            "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (jax.jit(w_rownorm), args)}
 
 
 def profile(fn, args, *, calls, top):

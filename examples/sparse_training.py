@@ -75,7 +75,8 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
     `plan_routes` makes from the optimizer's database). Both compute x @ (w * mask).
     `row_norms`: the pit step's residual adds and layer norms by pit_jax's row kernels
     (`pit_jax.flax.LayerNorm`, every row valid) instead of flax's, the products as before:
-    the same values by other kernels, so a gain there is theirs, not the pruning's.
+    the same values by other kernels, so a gain there is theirs, not the pruning's;
+    "dense_rownorm" is the unpruned step on those kernels, the baseline that separates the two.
     """
     routes = dict(routes or {})
     bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
@@ -84,6 +85,7 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
     dense_linears = frozenset(k for k, v in routes.items() if v == "dense")
     pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=row_norms)
     dense = bert.BertClassifier(cfg, "dense", attention)
+    rownorm = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=True)
 
     def finish(p, s, loss, g, live):
         u, s = tx.update(g, s, p)
@@ -114,7 +116,15 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
         loss, g = jax.value_and_grad(lambda q: bert.loss_fn(dense, q, t, ln, y))(p)
         return finish(p, s, loss, g, jnp.float32(1.0))
 
-    return {"pit": pit_step, "dense_masked": masked_step, "dense": dense_step}, pit, dense
+    def dense_rownorm_step(p, s, t, ln, y, density):
+        # Unpruned, every linear dense, the layer norms by pit_jax's row kernels: what those
+        # kernels alone give, the baseline that isolates the pruning in a row_norms pit step.
+        wi = {n: bert.DENSE_ROUTE for n in pruning.kernel_shapes(p)}
+        loss, g = jax.value_and_grad(lambda q: bert.loss_fn(rownorm, q, t, ln, y, wi))(p)
+        return finish(p, s, loss, g, jnp.float32(1.0))
+
+    return {"pit": pit_step, "dense_masked": masked_step, "dense": dense_step,
+            "dense_rownorm": dense_rownorm_step}, pit, dense
 
 
 def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_margin=0.05):

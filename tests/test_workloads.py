@@ -348,6 +348,29 @@ def test_sparse_training_routes_match_masked_dense(routes, row_norms):
     assert ("pit_row_layer_norm" in str(jax.make_jaxpr(steps["pit"])(params, s0, *data, d))) == row_norms
 
 
+def test_sparse_training_dense_rownorm_matches_dense():
+    """The unpruned step on pit_jax's row kernels (`dense_rownorm`, pit_rownorm's baseline):
+    the dense step's loss and update (no block held still), its norms pit_jax's."""
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=2)
+    data = _batch(cfg, 2, 32, 8, lengths=[32, 32])
+    tx = optax.sgd(0.1)
+    steps, _, dense = sparse_training.make_steps(cfg, (32, 64), tx)
+    params = jax.jit(dense.init)(jax.random.PRNGKey(8), data[0], data[1])
+    s0 = tx.init(params)
+    d = jnp.float32(0.3)
+    p_rn, _, loss_rn, live_rn = jax.jit(steps["dense_rownorm"])(params, s0, *data, d)
+    p_ref, _, loss_ref, _ = jax.jit(steps["dense"])(params, s0, *data, d)
+    assert abs(float(loss_rn) - float(loss_ref)) < F32_TOL * max(1.0, abs(float(loss_ref)))
+    assert float(live_rn) == 1.0
+    moved_err = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b, c: float(jnp.max(jnp.abs((a - c) - (b - c)))) / max(float(jnp.max(jnp.abs(b - c))), 1e-12),
+        p_rn, p_ref, params)))
+    assert moved_err < 1e-4
+    assert "pit_row_layer_norm" in str(jax.make_jaxpr(steps["dense_rownorm"])(params, s0, *data, d))
+
+
 def test_sparse_training_plan_routes_and_bad_routes():
     import sparse_training
 
