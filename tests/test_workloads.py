@@ -312,6 +312,19 @@ def test_weight_indexes_batched_per_shape():
                 assert sorted(lst[:c]) == sorted(wlst[:c]), n
 
 
+def _same_step(step, ref_step, params, s0, data, d):
+    """Runs two training steps from the same state; asserts the same loss and update
+    (relative to the reference's update); returns (step's params, both live fractions)."""
+    p, _, loss, live = jax.jit(step)(params, s0, *data, d)
+    p_ref, _, loss_ref, live_ref = jax.jit(ref_step)(params, s0, *data, d)
+    assert abs(float(loss) - float(loss_ref)) < F32_TOL * max(1.0, abs(float(loss_ref)))
+    moved_err = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b, c: float(jnp.max(jnp.abs((a - c) - (b - c)))) / max(float(jnp.max(jnp.abs(b - c))), 1e-12),
+        p, p_ref, params)))
+    assert moved_err < 1e-4
+    return p, live, live_ref
+
+
 MIXED_ROUTES = {"qkv": "dense", "attn_out": "w", "ffn_in": "dense", "ffn_out": "w"}
 
 
@@ -332,14 +345,8 @@ def test_sparse_training_routes_match_masked_dense(routes, row_norms):
     params = jax.jit(dense.init)(jax.random.PRNGKey(6), data[0], data[1])
     s0 = tx.init(params)
     d = jnp.float32(0.4)
-    p_pit, _, loss_pit, live_pit = jax.jit(steps["pit"])(params, s0, *data, d)
-    p_ref, _, loss_ref, live_ref = jax.jit(steps["dense_masked"])(params, s0, *data, d)
-    assert abs(float(loss_pit) - float(loss_ref)) < F32_TOL * max(1.0, abs(float(loss_ref)))
+    p_pit, live_pit, live_ref = _same_step(steps["pit"], steps["dense_masked"], params, s0, data, d)
     assert abs(float(live_pit) - float(live_ref)) < 1e-6
-    moved_err = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
-        lambda a, b, c: float(jnp.max(jnp.abs((a - c) - (b - c)))) / max(float(jnp.max(jnp.abs(b - c))), 1e-12),
-        p_pit, p_ref, params)))
-    assert moved_err < 1e-4
     ms = pruning.masks(params, 0.4, tile)
     for name, w_old in pruning.pruned_kernels(params).items():
         moved = np.asarray(pruning.pruned_kernels(p_pit)[name] != w_old)
@@ -360,14 +367,8 @@ def test_sparse_training_dense_rownorm_matches_dense():
     params = jax.jit(dense.init)(jax.random.PRNGKey(8), data[0], data[1])
     s0 = tx.init(params)
     d = jnp.float32(0.3)
-    p_rn, _, loss_rn, live_rn = jax.jit(steps["dense_rownorm"])(params, s0, *data, d)
-    p_ref, _, loss_ref, _ = jax.jit(steps["dense"])(params, s0, *data, d)
-    assert abs(float(loss_rn) - float(loss_ref)) < F32_TOL * max(1.0, abs(float(loss_ref)))
+    _, live_rn, _ = _same_step(steps["dense_rownorm"], steps["dense"], params, s0, data, d)
     assert float(live_rn) == 1.0
-    moved_err = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
-        lambda a, b, c: float(jnp.max(jnp.abs((a - c) - (b - c)))) / max(float(jnp.max(jnp.abs(b - c))), 1e-12),
-        p_rn, p_ref, params)))
-    assert moved_err < 1e-4
     assert "pit_row_layer_norm" in str(jax.make_jaxpr(steps["dense_rownorm"])(params, s0, *data, d))
 
 
