@@ -263,6 +263,16 @@ def device_limit_mb():
     return stats["bytes_limit"] / 2**20 if stats and stats.get("bytes_limit") else None
 
 
+def bert_models(cfg, attn):
+    """The BERT variants that bench_workloads, kernel_profile and train_loop compare, by
+    name: "dense" (the dense twin: XLA attention over the padded batch), "dense_cudnn" (the
+    best JAX alternative: attention `attn`, e.g. cuDNN's with sequence lengths), "pit" and
+    "pit_unspecified" (the padding rows of every op after the attention left unwritten)."""
+    return {"dense": bert.BertClassifier(cfg, "dense", "xla"), "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
+            "pit": bert.BertClassifier(cfg, "pit", attn),
+            "pit_unspecified": bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified")}
+
+
 def _train_step(loss_fn, tx):
     """One jitted-able optimizer step on loss_fn(params, *batch): (params, state, loss)."""
 
@@ -311,10 +321,7 @@ def bert_case(suite, workload, small):
     tokens, lengths, labels = bert.synthetic_batch(rng, cfg, batch, seq, mcommon.sample_lengths(rng, batch, **dist))
     density = float(np.asarray(lengths).sum()) / (batch * seq)
     attn = mcommon.resolve_attention("auto", batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
-    models = {"dense": bert.BertClassifier(cfg, "dense", "xla"), "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
-              "pit": bert.BertClassifier(cfg, "pit", attn),
-              # the padding rows of every op after the attention left unwritten (no reader)
-              "pit_unspecified": bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified")}
+    models = bert_models(cfg, attn)
     params = jax.jit(models["dense"].init)(jax.random.PRNGKey(0), tokens, lengths)
     tx = optax.adamw(1e-4)
     opt_state = jax.jit(tx.init)(params)

@@ -59,23 +59,16 @@ def _cast_kernels(params):
 
 
 def _bert(small, bf16w=False, bf16_all=False, cast_kernels=False):
-    from pit_models import bert
+    from benchmarks.bench_workloads import bert_models, bf16_weights
 
     cfg, (tokens, lengths, _), attn, params = _bert_batch(small)
     if bf16w:  # bench_workloads' infer_bf16w: weight matrices stored in bf16
-        from benchmarks.bench_workloads import bf16_weights
-
         params = bf16_weights(params)
     if bf16_all:  # every parameter in bf16, biases and norm parameters too
         params = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)
-    out = {}
-    for name, mode, attention, kw in (("dense", "dense", "xla", {}), ("dense_cudnn", "dense", attn, {}),
-                                      ("pit", "pit", attn, {}),
-                                      ("pit_unspecified", "pit", attn, {"dead_rows": "unspecified"})):
-        m = bert.BertClassifier(cfg, mode, attention, **kw)
-        pre = _cast_kernels if cast_kernels else (lambda p: p)
-        out[name] = (jax.jit(lambda p, t, ln, m=m, pre=pre: m.apply(pre(p), t, ln)[1]), (params, tokens, lengths))
-    return out
+    pre = _cast_kernels if cast_kernels else (lambda p: p)
+    return {name: (jax.jit(lambda p, t, ln, m=m: m.apply(pre(p), t, ln)[1]), (params, tokens, lengths))
+            for name, m in bert_models(cfg, attn).items()}
 
 
 def _bert_train(small):
@@ -84,19 +77,15 @@ def _bert_train(small):
     import optax
     from pit_models import bert
 
-    from benchmarks.bench_workloads import _train_step
+    from benchmarks.bench_workloads import _train_step, bert_models
 
     cfg, (tokens, lengths, labels), attn, params = _bert_batch(small)
     tx = optax.adamw(1e-4)
     args = (params, jax.jit(tx.init)(params), tokens, lengths, labels)
-    out = {}
     # as bench_workloads' BERT "train" rows: pit_xla_norm keeps XLA's norms (live_norm=False)
-    for name, mode, attention, kw in (("dense", "dense", "xla", {}), ("dense_cudnn", "dense", attn, {}),
-                                      ("pit", "pit", attn, {}), ("pit_xla_norm", "pit", attn, {"live_norm": False}),
-                                      ("pit_unspecified", "pit", attn, {"dead_rows": "unspecified"}),
-                                      ("pit_dense_rows", "pit", attn, {"dead_rows": "dense"})):
-        m = bert.BertClassifier(cfg, mode, attention, **kw)
-        out[name] = (jax.jit(_train_step(functools.partial(bert.loss_fn, m), tx)), args)
+    models = dict(bert_models(cfg, attn), pit_xla_norm=bert.BertClassifier(cfg, "pit", attn, live_norm=False),
+                  pit_dense_rows=bert.BertClassifier(cfg, "pit", attn, dead_rows="dense"))
+    out = {name: (jax.jit(_train_step(functools.partial(bert.loss_fn, m), tx)), args) for name, m in models.items()}
     # the optimizer update alone (adamw over every parameter), as in the steps above
     grads = jax.tree_util.tree_map(jnp.ones_like, params)
 
@@ -172,11 +161,11 @@ def _prune(small, tile_name, density):
     cache = {}
     planned = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes)
     rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, row_norms=True)
-    w_rownorm = sparse_training.make_steps(cfg, tile, tx, row_norms=True)[0]["pit"]
+    w_rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, {}, row_norms=True)  # {}: W axis everywhere
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
             "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args), "pit_rownorm": (rownorm, args),
-            "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (jax.jit(w_rownorm), args)}
+            "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (w_rownorm, args)}
 
 
 def profile(fn, args, *, calls, top):

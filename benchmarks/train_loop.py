@@ -30,34 +30,22 @@ import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from benchmarks.bench_workloads import _train_step  # noqa: E402
+from benchmarks.bench_workloads import _train_step, bert_models  # noqa: E402
 from benchmarks.kernel_profile import _bert_batch  # noqa: E402
 
 IMPLS = ("dense", "dense_cudnn", "pit", "pit_unspecified")
-
-
-def model_for(impl, cfg, attn):
-    from pit_models import bert
-
-    if impl == "dense":
-        return bert.BertClassifier(cfg, "dense", "xla")
-    if impl == "dense_cudnn":
-        return bert.BertClassifier(cfg, "dense", attn)
-    if impl == "pit":
-        return bert.BertClassifier(cfg, "pit", attn)
-    if impl == "pit_unspecified":
-        return bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified")
-    raise ValueError(f"train_loop: variant must be one of {IMPLS}, got {impl!r}")
 
 
 def run(impl, *, small=False, warmup=20, steps=100, rounds=3):
     """[(enqueue_ms, wall_ms) per step, per round], final loss."""
     from pit_models import bert
 
+    if impl not in IMPLS:
+        raise ValueError(f"train_loop: variant must be one of {IMPLS}, got {impl!r}")
     cfg, (tokens, lengths, labels), attn, params = _bert_batch(small)
     tx = optax.adamw(1e-4)
     state = jax.jit(tx.init)(params)
-    step = jax.jit(_train_step(functools.partial(bert.loss_fn, model_for(impl, cfg, attn)), tx),
+    step = jax.jit(_train_step(functools.partial(bert.loss_fn, bert_models(cfg, attn)[impl]), tx),
                    donate_argnums=(0, 1))
     for _ in range(warmup):
         params, state, loss = step(params, state, tokens, lengths, labels)

@@ -205,7 +205,7 @@ class BertClassifier(nn.Module):
     row_norms: bool = False
     live_norm: bool = True  # pit mode with skip_padding: residual adds and layer norms on valid rows only
     # pit mode: padding rows of the biased M-axis linears ("dense": act(bias)); "unspecified"
-    # (inference only) leaves them and the live-row layer norms' padding rows unwritten.
+    # leaves them and the live-row layer norms' padding rows unwritten (gradients as "zeros").
     dead_rows: str = "zeros"
     # pit mode with skip_padding: attention by `pit_jax.varlen_attention` (valid tokens only)
     # where its kernels take the shapes (16-bit, head_dim 64, seq <= 128), else `attention`.
