@@ -20,12 +20,17 @@
 #include <vector>
 
 #include "cuda/kernels/sm90/bench_util.cuh"
+#include "cuda/kernels/sm90/row_gather_gemm.cuh"  // the kernels' mbarrier helpers (sm90_rg)
 
 namespace {
 
 constexpr int kThreads = 32 + 256;
 
-__device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+using pit::sm90_rg::MbarArrive;
+using pit::sm90_rg::MbarArriveExpectTx;
+using pit::sm90_rg::MbarInit;
+using pit::sm90_rg::MbarWait;
+using pit::sm90_rg::SmemAddr;
 
 __device__ __forceinline__ uint64_t Now() {
   uint64_t t;
@@ -33,22 +38,25 @@ __device__ __forceinline__ uint64_t Now() {
   return t;
 }
 
+// kWait 0: the kernels' MbarWait (try_wait in a loop); 1: the same with a suspend-time hint;
+// 2: test_wait spinning.
 template <int kWait>
 __device__ __forceinline__ void Wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    if constexpr (kWait == 0) {
-      asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } else if constexpr (kWait == 1) {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done) : "r"(bar), "r"(parity), "r"(0x989680u) : "memory");
-    } else {
-      asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }
-  } while (!done);
+  if constexpr (kWait == 0) {
+    MbarWait(bar, parity);
+  } else {
+    uint32_t done = 0;
+    do {
+      if constexpr (kWait == 1) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity), "r"(0x989680u) : "memory");
+      } else {
+        asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+      }
+    } while (!done);
+  }
 }
 
 template <int kWait, int kStages>
@@ -61,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) HandshakeKernel(const char* src, int
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(Smem(full + s)), "r"(1));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(Smem(empty + s)), "r"(8));
+      MbarInit(SmemAddr(full + s), 1);
+      MbarInit(SmemAddr(empty + s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -73,19 +81,18 @@ __global__ void __launch_bounds__(kThreads) HandshakeKernel(const char* src, int
       int64_t off = (static_cast<int64_t>(blockIdx.x) * 4096) % (span > 0 ? span : 1);
       for (int i = 0; i < stages; ++i) {
         const int s = i % kStages;
-        if (i >= kStages) Wait<kWait>(Smem(empty + s), ((i / kStages) - 1) & 1);
+        if (i >= kStages) Wait<kWait>(SmemAddr(empty + s), ((i / kStages) - 1) & 1);
         if (bytes > 0) {
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(Smem(full + s)), "r"(bytes)
-                       : "memory");
+          MbarArriveExpectTx(SmemAddr(full + s), bytes);
           asm volatile(
               "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                  Smem(buf + s * bytes)),
-              "l"(src + off), "r"(bytes), "r"(Smem(full + s))
+                  SmemAddr(buf + s * bytes)),
+              "l"(src + off), "r"(bytes), "r"(SmemAddr(full + s))
               : "memory");
           off = (off + bytes) % (span > 0 ? span : 1);
           off &= ~int64_t{15};
         } else {
-          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(Smem(full + s)) : "memory");
+          MbarArrive(SmemAddr(full + s));
         }
       }
     }
@@ -94,9 +101,9 @@ __global__ void __launch_bounds__(kThreads) HandshakeKernel(const char* src, int
   const uint64_t t0 = Now();
   for (int i = 0; i < stages; ++i) {
     const int s = i % kStages;
-    Wait<kWait>(Smem(full + s), (i / kStages) & 1);
+    Wait<kWait>(SmemAddr(full + s), (i / kStages) & 1);
     __syncwarp();
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(Smem(empty + s)) : "memory");
+    if (lane == 0) MbarArrive(SmemAddr(empty + s));
   }
   if (threadIdx.x == 32) ns[blockIdx.x] = Now() - t0;
 }
