@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, check_list, fresh_rng, live_tiles, put, tiled_sparse
+from pit_testing import PLATFORMS, assert_call_raises, check_list, fresh_rng, live_tiles, put, tiled_sparse
 
 import pit_jax
 
@@ -106,6 +106,67 @@ def test_index_from_tiles_is_the_matrix_index(platform, micro_tile, shape):
     assert small.capacity == 3
     mapped = jax.jit(jax.vmap(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, group_by="both")))
     check_index(mapped(put(platform, live)), x, tile, f"seed={seed} vmap")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("micro_tile,shape,n", [((32, 64), (768, 2304), 12), ((32, 64), (257, 67), 1),
+                                                ((32, 1), (100, 130), 16), ((3, 5), (40, 52), 5)])
+def test_index_from_tiles_split(platform, micro_tile, shape, n):
+    """split=True: entry i's index is the index of matrix i, in buffers of its own, from
+    one pit_index_split call with no slices after it."""
+    rng, seed = fresh_rng()
+    tile = resolve(micro_tile, shape)
+    density = [0.0, 0.2, 0.5, 1.0][seed % 4]
+    x, _ = tiled_sparse(rng, (n, *shape), tile, density, jnp.bfloat16)
+    live = live_tiles(x, tile)
+    full = live.shape[-2] * live.shape[-1]
+    for group_by, capacity in ((None, None), ("row", 3), ("col", None), ("both", None), ("both", min(7, full))):
+        f = jax.jit(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, capacity=capacity, group_by=group_by,
+                                                       split=True))
+        got = f(put(platform, live))
+        assert isinstance(got, tuple) and len(got) == n
+        for i, idx in enumerate(got):
+            assert idx.batch_shape == () and idx.group_by == group_by
+            assert idx.capacity == (full if capacity is None else capacity)
+            check_index(idx, x[i], tile, f"seed={seed} density={density} group_by={group_by} entry {i}")
+        hlo = f.lower(live).as_text()
+        assert hlo.count("@pit_index_split(") == 1 and "@pit_index(" not in hlo and "slice" not in hlo
+    # vmap over a leading dim: each entry keeps it.
+    mapped = jax.jit(jax.vmap(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, group_by="both", split=True)))
+    got = mapped(put(platform, np.stack([live, live[::-1]])))
+    for i, idx in enumerate(got):
+        assert idx.batch_shape == (2,)
+        check_index(idx, np.stack([x[i], x[n - 1 - i]]), tile, f"seed={seed} vmap entry {i}")
+    with pit_jax.use_reference(("index",)):
+        ref = jax.jit(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, group_by="both", split=True))(live)
+    for i, idx in enumerate(ref):
+        check_index(idx, x[i], tile, f"seed={seed} reference entry {i}")
+
+
+def test_index_from_tiles_split_errors():
+    with pytest.raises(ValueError, match=r"split=True, live_tiles must be \[n, 9, 2\] with 1 <= n <= 16"):
+        pit_jax.index_from_tiles(jnp.ones((9, 2), bool), (32, 64), (257, 67), split=True)
+    with pytest.raises(ValueError, match=r"1 <= n <= 16, got shape \(17, 9, 2\)"):
+        pit_jax.index_from_tiles(jnp.ones((17, 9, 2), bool), (32, 64), (257, 67), split=True)
+    with pytest.raises(TypeError, match="live_tiles must be float32, bfloat16, float16 or bool, got int32"):
+        pit_jax.index_from_tiles(jnp.ones((2, 9, 2), jnp.int32), (32, 64), (257, 67), split=True)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_index_split_target_refuses_bad_results(platform):
+    """The raw FFI target checks its results against x: a hand-written call with the
+    wrong number of results or a wrong entry size is an error, not a crash."""
+    x = jnp.ones((2, 4, 3), bool)
+    attrs = dict(tile_h=np.int64(1), tile_w=np.int64(1), group_rows=False, group_cols=True)
+    entry = [jax.ShapeDtypeStruct(s, jnp.int32) for s in ((12,), (), (0, 0), (0,), (3, 4), (3,))]
+    scratch = jax.ShapeDtypeStruct((2,), jnp.int32)
+    short = lambda: jax.ffi.ffi_call("pit_index_split", entry + [scratch])(x, **attrs)
+    assert_call_raises(platform, "6 results per entry", short)
+    wrong = entry[:4] + [jax.ShapeDtypeStruct((3, 5), jnp.int32), entry[5]]
+    bad_size = lambda: jax.ffi.ffi_call("pit_index_split", wrong + entry + [scratch])(x, **attrs)
+    assert_call_raises(platform, "col_tiles \\[tile_cols, tile_rows\\]", lambda: bad_size())
+    ok = jax.jit(lambda: jax.ffi.ffi_call("pit_index_split", entry + entry + [scratch])(put(platform, x), **attrs))()
+    np.testing.assert_array_equal(np.asarray(ok[1]), 12)  # entry 0's count: every tile live
 
 
 def test_index_from_tiles_errors():

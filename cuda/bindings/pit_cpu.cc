@@ -8,6 +8,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
   m.def("registrations", []() {
     pybind11::dict targets;
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCpu);
+    targets["pit_index_split"] = pit::HandlerCapsule(PitIndexSplitCpu);
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCpu);
     targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCpu);
     targets["pit_row_layer_norm"] = pit::HandlerCapsule(PitRowLayerNormCpu);

@@ -12,6 +12,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
   m.def("registrations", []() {
     pybind11::dict targets;
     targets["pit_index"] = pit::HandlerCapsule(PitIndexCuda);
+    targets["pit_index_split"] = pit::HandlerCapsule(PitIndexSplitCuda);
     targets["pit_sread"] = pit::HandlerCapsule(PitSreadCuda);
     targets["pit_sread_live"] = pit::HandlerCapsule(PitSreadLiveCuda);
     targets["pit_row_layer_norm"] = pit::HandlerCapsule(PitRowLayerNormCuda);

@@ -10,6 +10,10 @@
 // flat list's capacity (those are dropped). Slots past a count are negative: in the
 // flat list at full capacity (capacity == tiles per matrix) they hold the DEAD tiles as
 // -1 - id, from the back (consumers zero their outputs in the same launch); elsewhere -1.
+//
+// Split results (pit_index_split): each batch entry's lists and counts in buffers of their
+// own (split_*[b]), so that consumers taking one entry each need no slice copies; `dead`
+// stays one [batch] buffer. Code reaches entry b's lists through the accessors below only.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +39,28 @@ struct IndexParams {
   int32_t* col_tiles = nullptr;  // [batch, tile_cols, tile_rows], or null
   int32_t* col_count = nullptr;  // [batch, tile_cols]
 
+  static constexpr int kMaxSplit = 16;  // batch entries of a split build (kernel parameter space)
+  int split = 0;                         // 0: batched buffers above; else == batch
+  int32_t* split_tiles[kMaxSplit] = {};
+  int32_t* split_count[kMaxSplit] = {};
+  int32_t* split_row_tiles[kMaxSplit] = {};
+  int32_t* split_row_count[kMaxSplit] = {};
+  int32_t* split_col_tiles[kMaxSplit] = {};
+  int32_t* split_col_count[kMaxSplit] = {};
+
   PIT_HOST_DEVICE bool full_capacity() const { return capacity == tile_rows * tile_cols; }
+  // Entry b's flat list [capacity], count [1], row lists [tile_rows, tile_cols] and counts
+  // [tile_rows], column lists [tile_cols, tile_rows] and counts [tile_cols].
+  PIT_HOST_DEVICE int32_t* Tiles(int64_t b) const { return split ? split_tiles[b] : tiles + b * capacity; }
+  PIT_HOST_DEVICE int32_t* Count(int64_t b) const { return split ? split_count[b] : count + b; }
+  PIT_HOST_DEVICE int32_t* RowTiles(int64_t b) const {
+    return split ? split_row_tiles[b] : row_tiles + b * tile_rows * tile_cols;
+  }
+  PIT_HOST_DEVICE int32_t* RowCount(int64_t b) const { return split ? split_row_count[b] : row_count + b * tile_rows; }
+  PIT_HOST_DEVICE int32_t* ColTiles(int64_t b) const {
+    return split ? split_col_tiles[b] : col_tiles + b * tile_cols * tile_rows;
+  }
+  PIT_HOST_DEVICE int32_t* ColCount(int64_t b) const { return split ? split_col_count[b] : col_count + b * tile_cols; }
 };
 
 }  // namespace pit

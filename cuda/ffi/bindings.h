@@ -56,6 +56,16 @@ auto Index(B b) {
 }
 
 template <class B>
+auto IndexSplit(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // x [n, rows, cols]
+      .RemainingRets()  // per entry: tiles, count, row_tiles, row_count, col_tiles, col_count; then scratch [n]
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w")
+      .template Attr<bool>("group_rows")
+      .template Attr<bool>("group_cols");
+}
+
+template <class B>
 auto MoeIndex(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // expert_ids [..., T, k] (s32)
       .template Ret<AnyBuffer>()  // lists [..., E+1, T*k] (s32)

@@ -17,8 +17,8 @@ struct IndexResults {
   S32Result tiles, count, row_tiles, row_count, col_tiles, col_count, scratch;
 };
 
-inline ffi::ErrorOr<IndexParams> DecodeIndexArgs(ffi::AnyBuffer x, IndexResults out, int64_t tile_h,
-                                                 int64_t tile_w, bool group_rows, bool group_cols) {
+// x and the micro-tile: the part of IndexParams both forms of the call share.
+inline ffi::ErrorOr<IndexParams> DecodeIndexInput(ffi::AnyBuffer x, int64_t tile_h, int64_t tile_w) {
   IndexParams p;
   switch (x.element_type()) {
     case ffi::DataType::PRED: p.elem_bytes = 1; break;
@@ -39,8 +39,16 @@ inline ffi::ErrorOr<IndexParams> DecodeIndexArgs(ffi::AnyBuffer x, IndexResults 
   p.tile_w = tile_w;
   p.tile_rows = CeilDiv(p.rows, tile_h);
   p.tile_cols = CeilDiv(p.cols, tile_w);
+  if (p.tile_rows * p.tile_cols >= (int64_t{1} << 31)) return InvalidArg("pit_index: more than 2^31 micro-tiles per matrix");
+  return p;
+}
+
+inline ffi::ErrorOr<IndexParams> DecodeIndexArgs(ffi::AnyBuffer x, IndexResults out, int64_t tile_h,
+                                                 int64_t tile_w, bool group_rows, bool group_cols) {
+  auto decoded = DecodeIndexInput(x, tile_h, tile_w);
+  if (decoded.has_error()) return decoded;
+  IndexParams p = *decoded;
   const int64_t per_matrix = p.tile_rows * p.tile_cols;
-  if (per_matrix >= (int64_t{1} << 31)) return InvalidArg("pit_index: more than 2^31 micro-tiles per matrix");
 
   const auto tdims = out.tiles->dimensions();
   if (tdims.size() < 1 || LeadingProduct(tdims, tdims.size() - 1) != p.batch)
@@ -67,6 +75,56 @@ inline ffi::ErrorOr<IndexParams> DecodeIndexArgs(ffi::AnyBuffer x, IndexResults 
     p.col_tiles = out.col_tiles->typed_data();
     p.col_count = out.col_count->typed_data();
   }
+  return p;
+}
+
+// pit_index_split: x [n, rows, cols] (n <= IndexParams::kMaxSplit); results, per entry b,
+// tiles [capacity], count [], row_tiles, row_count, col_tiles, col_count (a grouping not
+// asked for: empty), then scratch [n].
+inline ffi::ErrorOr<IndexParams> DecodeIndexSplitArgs(ffi::AnyBuffer x, ffi::RemainingRets rets, int64_t tile_h,
+                                                      int64_t tile_w, bool group_rows, bool group_cols) {
+  auto decoded = DecodeIndexInput(x, tile_h, tile_w);
+  if (decoded.has_error()) return decoded;
+  IndexParams p = *decoded;
+  const int64_t n = p.batch, per_matrix = p.tile_rows * p.tile_cols;
+  if (n < 1 || n > IndexParams::kMaxSplit)
+    return InvalidArg("pit_index_split: x must be [n, rows, cols] with 1 <= n <= 16");
+  if (static_cast<int64_t>(rets.size()) != 6 * n + 1)
+    return InvalidArg("pit_index_split: expected 6 results per entry of x and a scratch result");
+  int32_t* lists[6][IndexParams::kMaxSplit];
+  for (int64_t b = 0; b < n; ++b) {
+    for (int k = 0; k < 6; ++k) {
+      auto r = rets.get<ffi::Buffer<ffi::S32>>(6 * b + k);
+      if (r.has_error()) return ffi::Unexpected<ffi::Error>(r.error());
+      const int64_t got = static_cast<int64_t>((*r)->element_count());
+      // tiles: capacity (any, the same for every entry); count: 1; groupings: full or empty.
+      const int64_t want[6] = {b == 0 ? got : p.capacity, 1, group_rows ? per_matrix : 0,
+                               group_rows ? p.tile_rows : 0, group_cols ? per_matrix : 0, group_cols ? p.tile_cols : 0};
+      if (got != want[k])
+        return InvalidArg("pit_index_split: an entry's results must be tiles [capacity], count [], row_tiles [tile_rows, "
+                          "tile_cols], row_count [tile_rows], col_tiles [tile_cols, tile_rows], col_count [tile_cols]");
+      if (b == 0 && k == 0) p.capacity = got;
+      lists[k][b] = (*r)->typed_data();
+    }
+  }
+  auto scratch = rets.get<ffi::Buffer<ffi::S32>>(6 * n);
+  if (scratch.has_error()) return ffi::Unexpected<ffi::Error>(scratch.error());
+  if (static_cast<int64_t>((*scratch)->element_count()) != n) return InvalidArg("pit_index_split: scratch must be [n]");
+  p.dead = (*scratch)->typed_data();
+  p.split = static_cast<int>(n);
+  for (int64_t b = 0; b < n; ++b) {
+    p.split_tiles[b] = lists[0][b];
+    p.split_count[b] = lists[1][b];
+    p.split_row_tiles[b] = lists[2][b];
+    p.split_row_count[b] = lists[3][b];
+    p.split_col_tiles[b] = lists[4][b];
+    p.split_col_count[b] = lists[5][b];
+  }
+  // The batched pointers say which groupings are built (the kernels test them for null).
+  p.tiles = p.split_tiles[0];
+  p.count = p.split_count[0];
+  if (group_rows) p.row_tiles = p.split_row_tiles[0], p.row_count = p.split_row_count[0];
+  if (group_cols) p.col_tiles = p.split_col_tiles[0], p.col_count = p.split_col_count[0];
   return p;
 }
 

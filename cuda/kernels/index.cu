@@ -66,17 +66,18 @@ __device__ __forceinline__ bool AnyIn(const uint4& v, int first, int n) {
 __global__ void InitKernel(IndexParams p) {
   const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t grid_tiles = p.batch * p.tile_rows * p.tile_cols;
-  for (int64_t i = start; i < p.batch; i += stride) p.count[i] = 0, p.dead[i] = 0;
+  const int64_t per_matrix = p.tile_rows * p.tile_cols;
+  // Element i of every entry's list, entries one after another (split or batched alike).
+  for (int64_t i = start; i < p.batch; i += stride) *p.Count(i) = 0, p.dead[i] = 0;
   if (!p.full_capacity())
-    for (int64_t i = start; i < p.batch * p.capacity; i += stride) p.tiles[i] = -1;
+    for (int64_t i = start; i < p.batch * p.capacity; i += stride) p.Tiles(i / p.capacity)[i % p.capacity] = -1;
   if (p.row_tiles) {
-    for (int64_t i = start; i < p.batch * p.tile_rows; i += stride) p.row_count[i] = 0;
-    for (int64_t i = start; i < grid_tiles; i += stride) p.row_tiles[i] = -1;
+    for (int64_t i = start; i < p.batch * p.tile_rows; i += stride) p.RowCount(i / p.tile_rows)[i % p.tile_rows] = 0;
+    for (int64_t i = start; i < p.batch * per_matrix; i += stride) p.RowTiles(i / per_matrix)[i % per_matrix] = -1;
   }
   if (p.col_tiles) {
-    for (int64_t i = start; i < p.batch * p.tile_cols; i += stride) p.col_count[i] = 0;
-    for (int64_t i = start; i < grid_tiles; i += stride) p.col_tiles[i] = -1;
+    for (int64_t i = start; i < p.batch * p.tile_cols; i += stride) p.ColCount(i / p.tile_cols)[i % p.tile_cols] = 0;
+    for (int64_t i = start; i < p.batch * per_matrix; i += stride) p.ColTiles(i / per_matrix)[i % per_matrix] = -1;
   }
 }
 
@@ -103,9 +104,9 @@ __device__ __forceinline__ void Compact(const IndexParams& p, int64_t b, int64_t
   const int excl = BlockExclusiveSum<kThreads>(n_live | (n_dead << 16), s_scan, &total);
   const int live_total = total & 0xffff, dead_total = total >> 16;
   if (threadIdx.x == 0) {
-    s_base[0] = live_total ? atomicAdd(p.count + b, live_total) : 0;
+    s_base[0] = live_total ? atomicAdd(p.Count(b), live_total) : 0;
     s_base[1] = dead_total ? atomicAdd(p.dead + b, dead_total) : 0;
-    s_base[2] = (p.row_tiles && one_row && live_total) ? atomicAdd(p.row_count + b * p.tile_rows + first_row, live_total)
+    s_base[2] = (p.row_tiles && one_row && live_total) ? atomicAdd(p.RowCount(b) + first_row, live_total)
                                                        : 0;
   }
   __syncthreads();
@@ -114,21 +115,17 @@ __device__ __forceinline__ void Compact(const IndexParams& p, int64_t b, int64_t
   for_each([&](int64_t tr, int64_t tc, bool live) {
     const int32_t id = static_cast<int32_t>(tr * p.tile_cols + tc);
     if (!live) {
-      if (record_dead) p.tiles[b * p.capacity + p.capacity - 1 - (base_dead + di)] = -1 - id;
+      if (record_dead) p.Tiles(b)[p.capacity - 1 - (base_dead + di)] = -1 - id;
       ++di;
       return;
     }
     const int64_t slot = base_live + li;
-    if (slot < p.capacity) p.tiles[b * p.capacity + slot] = id;
+    if (slot < p.capacity) p.Tiles(b)[slot] = id;
     if (p.row_tiles) {
-      const int64_t g = b * p.tile_rows + tr;
-      const int64_t rslot = one_row ? base_row + li : atomicAdd(p.row_count + g, 1);
-      p.row_tiles[g * p.tile_cols + rslot] = static_cast<int32_t>(tc);
+      const int64_t rslot = one_row ? base_row + li : atomicAdd(p.RowCount(b) + tr, 1);
+      p.RowTiles(b)[tr * p.tile_cols + rslot] = static_cast<int32_t>(tc);
     }
-    if (p.col_tiles) {
-      const int64_t g = b * p.tile_cols + tc;
-      p.col_tiles[g * p.tile_rows + atomicAdd(p.col_count + g, 1)] = static_cast<int32_t>(tr);
-    }
+    if (p.col_tiles) p.ColTiles(b)[tc * p.tile_rows + atomicAdd(p.ColCount(b) + tc, 1)] = static_cast<int32_t>(tr);
     ++li;
   });
 }
@@ -337,9 +334,9 @@ __global__ void __launch_bounds__(kThreads) IndexRowsKernel(IndexParams p, int64
     const int n_live = __popc(live), n_dead = record_dead ? ntr - n_live : 0;
     int base_live = 0, base_dead = 0, base_col = 0;
     if (lane == 0) {
-      if (n_live) base_live = atomicAdd(p.count + b, n_live);
+      if (n_live) base_live = atomicAdd(p.Count(b), n_live);
       if (n_dead) base_dead = atomicAdd(p.dead + b, n_dead);
-      if (p.col_tiles && n_live) base_col = atomicAdd(p.col_count + b, n_live);  // the one tile column
+      if (p.col_tiles && n_live) base_col = atomicAdd(p.ColCount(b), n_live);  // the one tile column
     }
     base_live = __shfl_sync(0xffffffffu, base_live, 0);
     base_dead = __shfl_sync(0xffffffffu, base_dead, 0);
@@ -349,15 +346,14 @@ __global__ void __launch_bounds__(kThreads) IndexRowsKernel(IndexParams p, int64
       const int below = __popc(live & ((1u << lane) - 1));
       if ((live >> lane) & 1) {
         const int64_t slot = base_live + below;
-        if (slot < p.capacity) p.tiles[b * p.capacity + slot] = id;
+        if (slot < p.capacity) p.Tiles(b)[slot] = id;
         if (p.row_tiles) {  // each tile row holds its one tile
-          const int64_t g = b * p.tile_rows + tr0 + lane;
-          p.row_tiles[g] = 0;
-          p.row_count[g] = 1;
+          p.RowTiles(b)[tr0 + lane] = 0;
+          p.RowCount(b)[tr0 + lane] = 1;
         }
-        if (p.col_tiles) p.col_tiles[b * p.tile_rows + base_col + below] = id;
+        if (p.col_tiles) p.ColTiles(b)[base_col + below] = id;
       } else if (record_dead) {
-        p.tiles[b * p.capacity + p.capacity - 1 - (base_dead + lane - below)] = -1 - id;
+        p.Tiles(b)[p.capacity - 1 - (base_dead + lane - below)] = -1 - id;
       }
     }
   }

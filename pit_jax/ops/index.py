@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from pit_jax import config, reference
 from pit_jax.pit_index import GROUPS, INDEX_DTYPES, MicroTileSpec, PitIndex, _static_int, normalize_micro_tile
 from pit_jax.primitives.index import pit_index_p
+from pit_jax.primitives.index_split import MAX_SPLIT, pit_index_split_p
 
 _MAX_TILES = 2**31 - 1
 _MAX_DIM = 2**31 - 1  # the CUDA kernel's row / column offsets inside an item are 32-bit
@@ -44,28 +45,8 @@ def index(
     """
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         x = jnp.asarray(x)
-    if x.ndim < 2:
-        raise ValueError(f"pit_jax.index: x must have rank >= 2 ([..., rows, cols]), got shape {tuple(x.shape)}")
-    if x.dtype not in [jnp.dtype(d) for d in INDEX_DTYPES]:
-        raise TypeError(f"pit_jax.index: x must be float32, bfloat16, float16 or bool, got {x.dtype}")
-    rows, cols = x.shape[-2:]
-    if rows > _MAX_DIM or cols > _MAX_DIM:
-        raise ValueError(f"pit_jax.index: x's last two dimensions must be below 2^31, got {(rows, cols)}")
-    tile_h, tile_w = normalize_micro_tile(micro_tile, (rows, cols))
-    tile_rows, tile_cols = math.ceil(rows / tile_h), math.ceil(cols / tile_w)
-    num_tiles = tile_rows * tile_cols
-    if num_tiles > _MAX_TILES:
-        raise ValueError(f"pit_jax.index: {num_tiles} micro-tiles per matrix; at most {_MAX_TILES} are supported")
-    if capacity is None:
-        capacity = num_tiles
-    else:
-        capacity = _static_int(capacity, "capacity")
-        if not 1 <= capacity <= num_tiles:
-            raise ValueError(f"pit_jax.index: capacity must be in [1, {num_tiles}] (the number of tiles), got {capacity}")
-    if group_by not in GROUPS:
-        raise ValueError(f"pit_jax.index: group_by must be None, 'row', 'col' or 'both', got {group_by!r}")
-    group_rows, group_cols = GROUPS[group_by]
-    params = dict(tile_h=tile_h, tile_w=tile_w, capacity=capacity, group_rows=group_rows, group_cols=group_cols)
+    rows, cols, params = _params(x, micro_tile, capacity, group_by, "pit_jax.index")
+    tile_h, tile_w = params["tile_h"], params["tile_w"]
     if config.reference_enabled("index"):
         outs = reference.index(x, **params)
     else:
@@ -80,7 +61,8 @@ def index_from_tiles(
     *,
     capacity: Optional[int] = None,
     group_by: Optional[str] = None,
-) -> PitIndex:
+    split: bool = False,
+) -> Union[PitIndex, Tuple[PitIndex, ...]]:
     """The index of a [..., rows, cols] matrix given which of its micro-tiles are live.
 
     `index(x, micro_tile)` reduces every element of x to find the live micro-tiles; when
@@ -96,6 +78,11 @@ def index_from_tiles(
       micro_tile: (h, w) on the matrix, None = whole extent, as for `index`.
       shape: (rows, cols) of the matrix the index describes.
       capacity, group_by: as for `index`.
+      split: live_tiles is [n, tile rows, tile cols] (1 <= n <= 16) and the result is a
+        tuple of n indexes, entry i's arrays in buffers of their own: built in the same
+        one pass, but a consumer of entry i reads it in place, where slicing entry i out
+        of the batched index makes XLA copy it (one copy per array). For stacks of
+        kernels that are then used one by one (a model's layers).
     """
     if not hasattr(live_tiles, "shape") or not hasattr(live_tiles, "dtype"):
         live_tiles = jnp.asarray(live_tiles)
@@ -113,5 +100,49 @@ def index_from_tiles(
         )
     # The lists name tiles by their place in the tile grid only, so the index of the
     # tile mask with 1x1 micro-tiles is the matrix's index; only the geometry differs.
-    idx = index(live_tiles, (1, 1), capacity=capacity, group_by=group_by)
-    return PitIndex(*idx.arrays, shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)
+    geometry = dict(shape=(rows, cols), micro_tile=(tile_h, tile_w), group_by=group_by)
+    if not split:
+        idx = index(live_tiles, (1, 1), capacity=capacity, group_by=group_by)
+        return PitIndex(*idx.arrays, **geometry)
+    if live_tiles.ndim != 3 or not 1 <= live_tiles.shape[0] <= MAX_SPLIT:
+        raise ValueError(
+            f"pit_jax.index_from_tiles: with split=True, live_tiles must be [n, {grid[0]}, {grid[1]}] with "
+            f"1 <= n <= {MAX_SPLIT}, got shape {tuple(live_tiles.shape)}"
+        )
+    params = _params(live_tiles, (1, 1), capacity, group_by, "pit_jax.index_from_tiles", "live_tiles")[2]
+    n = live_tiles.shape[0]
+    if config.reference_enabled("index"):
+        outs = reference.index(live_tiles, **params)
+        entries = [[o[i] for o in outs[:6]] for i in range(n)]
+    else:
+        outs = pit_index_split_p.bind(live_tiles, **params)
+        entries = [outs[6 * i: 6 * i + 6] for i in range(n)]
+    return tuple(PitIndex(*e, **geometry) for e in entries)
+
+
+def _params(x, micro_tile, capacity, group_by, op, arg="x"):
+    """(rows, cols, pit_index's params) of an index of x, checked; `op` and `arg` name the
+    caller and x in the errors."""
+    if x.ndim < 2:
+        raise ValueError(f"{op}: {arg} must have rank >= 2 ([..., rows, cols]), got shape {tuple(x.shape)}")
+    if x.dtype not in [jnp.dtype(d) for d in INDEX_DTYPES]:
+        raise TypeError(f"{op}: {arg} must be float32, bfloat16, float16 or bool, got {x.dtype}")
+    rows, cols = x.shape[-2:]
+    if rows > _MAX_DIM or cols > _MAX_DIM:
+        raise ValueError(f"{op}: {arg}'s last two dimensions must be below 2^31, got {(rows, cols)}")
+    tile_h, tile_w = normalize_micro_tile(micro_tile, (rows, cols))
+    tile_rows, tile_cols = math.ceil(rows / tile_h), math.ceil(cols / tile_w)
+    num_tiles = tile_rows * tile_cols
+    if num_tiles > _MAX_TILES:
+        raise ValueError(f"{op}: {num_tiles} micro-tiles per matrix; at most {_MAX_TILES} are supported")
+    if capacity is None:
+        capacity = num_tiles
+    else:
+        capacity = _static_int(capacity, "capacity")
+        if not 1 <= capacity <= num_tiles:
+            raise ValueError(f"{op}: capacity must be in [1, {num_tiles}] (the number of tiles), got {capacity}")
+    if group_by not in GROUPS:
+        raise ValueError(f"{op}: group_by must be None, 'row', 'col' or 'both', got {group_by!r}")
+    group_rows, group_cols = GROUPS[group_by]
+    params = dict(tile_h=tile_h, tile_w=tile_w, capacity=capacity, group_rows=group_rows, group_cols=group_cols)
+    return rows, cols, params

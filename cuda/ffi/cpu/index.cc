@@ -19,22 +19,24 @@ inline bool NonZero(uint32_t w) { return (w & 0x7fffffffu) != 0; }
 
 template <typename Word>
 void BuildIndex(const IndexParams& p) {
-  std::fill(p.tiles, p.tiles + p.batch * p.capacity, -1);
-  std::fill(p.count, p.count + p.batch, 0);
+  const int64_t per_matrix = p.tile_rows * p.tile_cols;
   std::fill(p.dead, p.dead + p.batch, 0);
-  const int64_t grid_tiles = p.batch * p.tile_rows * p.tile_cols;
-  if (p.row_tiles) {
-    std::fill(p.row_tiles, p.row_tiles + grid_tiles, -1);
-    std::fill(p.row_count, p.row_count + p.batch * p.tile_rows, 0);
-  }
-  if (p.col_tiles) {
-    std::fill(p.col_tiles, p.col_tiles + grid_tiles, -1);
-    std::fill(p.col_count, p.col_count + p.batch * p.tile_cols, 0);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    std::fill(p.Tiles(b), p.Tiles(b) + p.capacity, -1);
+    *p.Count(b) = 0;
+    if (p.row_tiles) {
+      std::fill(p.RowTiles(b), p.RowTiles(b) + per_matrix, -1);
+      std::fill(p.RowCount(b), p.RowCount(b) + p.tile_rows, 0);
+    }
+    if (p.col_tiles) {
+      std::fill(p.ColTiles(b), p.ColTiles(b) + per_matrix, -1);
+      std::fill(p.ColCount(b), p.ColCount(b) + p.tile_cols, 0);
+    }
   }
   const Word* x = static_cast<const Word*>(p.x);
   std::vector<uint8_t> live(p.tile_cols);
   for (int64_t b = 0; b < p.batch; ++b) {
-    int32_t* count = p.count + b;
+    int32_t* count = p.Count(b);
     for (int64_t tr = 0; tr < p.tile_rows; ++tr) {
       std::fill(live.begin(), live.end(), 0);
       const int64_t r1 = std::min(p.rows, (tr + 1) * p.tile_h);
@@ -47,29 +49,19 @@ void BuildIndex(const IndexParams& p) {
         if (!live[tc]) {
           // At full capacity the dead tiles fill the flat list from the back.
           if (p.full_capacity())
-            p.tiles[b * p.capacity + p.capacity - 1 - p.dead[b]++] = -1 - static_cast<int32_t>(tr * p.tile_cols + tc);
+            p.Tiles(b)[p.capacity - 1 - p.dead[b]++] = -1 - static_cast<int32_t>(tr * p.tile_cols + tc);
           continue;
         }
         const int64_t slot = (*count)++;
-        if (slot < p.capacity) p.tiles[b * p.capacity + slot] = static_cast<int32_t>(tr * p.tile_cols + tc);
-        if (p.row_tiles) {
-          const int64_t g = b * p.tile_rows + tr;
-          p.row_tiles[g * p.tile_cols + p.row_count[g]++] = static_cast<int32_t>(tc);
-        }
-        if (p.col_tiles) {
-          const int64_t g = b * p.tile_cols + tc;
-          p.col_tiles[g * p.tile_rows + p.col_count[g]++] = static_cast<int32_t>(tr);
-        }
+        if (slot < p.capacity) p.Tiles(b)[slot] = static_cast<int32_t>(tr * p.tile_cols + tc);
+        if (p.row_tiles) p.RowTiles(b)[tr * p.tile_cols + p.RowCount(b)[tr]++] = static_cast<int32_t>(tc);
+        if (p.col_tiles) p.ColTiles(b)[tc * p.tile_rows + p.ColCount(b)[tc]++] = static_cast<int32_t>(tr);
       }
     }
   }
 }
 
-ffi::Error IndexCpu(ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles, S32Result row_count,
-                    S32Result col_tiles, S32Result col_count, S32Result scratch, int64_t tile_h, int64_t tile_w, bool group_rows,
-                    bool group_cols) {
-  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w, group_rows,
-                           group_cols);
+ffi::Error Build(const ffi::ErrorOr<IndexParams>& p) {
   if (p.has_error()) return p.error();
   switch (p->elem_bytes) {
     case 1: BuildIndex<uint8_t>(*p); break;
@@ -79,8 +71,22 @@ ffi::Error IndexCpu(ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Resul
   return ffi::Error::Success();
 }
 
+ffi::Error IndexCpu(ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles, S32Result row_count,
+                    S32Result col_tiles, S32Result col_count, S32Result scratch, int64_t tile_h, int64_t tile_w, bool group_rows,
+                    bool group_cols) {
+  return Build(DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w,
+                               group_rows, group_cols));
+}
+
+ffi::Error IndexSplitCpu(ffi::AnyBuffer x, ffi::RemainingRets rets, int64_t tile_h, int64_t tile_w, bool group_rows,
+                         bool group_cols) {
+  return Build(DecodeIndexSplitArgs(x, rets, tile_h, tile_w, group_rows, group_cols));
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCpu, pit::IndexCpu,
                               pit::bind::Index(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexSplitCpu, pit::IndexSplitCpu,
+                              pit::bind::IndexSplit(xla::ffi::Ffi::Bind()));

@@ -25,9 +25,22 @@ ffi::Error IndexCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Result tiles, S32
   return ffi::Error::Success();
 }
 
+ffi::Error IndexSplitCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingRets rets, int64_t tile_h, int64_t tile_w,
+                          bool group_rows, bool group_cols) {
+  ++HandlerCalls();
+  auto p = DecodeIndexSplitArgs(x, rets, tile_h, tile_w, group_rows, group_cols);
+  if (p.has_error()) return p.error();
+  const cudaError_t err = LaunchIndex(*p, stream);
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string("pit_index_split: ") + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace pit
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexCuda, pit::IndexCuda,
                               pit::bind::Index(pit::gpu::Binding()),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitIndexSplitCuda, pit::IndexSplitCuda,
+                              pit::bind::IndexSplit(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
