@@ -290,16 +290,31 @@ def test_sparse_training_matches_masked_dense(tile):
     assert dead == 0.0
 
 
-def test_weight_indexes_batched_per_shape():
-    """`pruning.weight_indexes` builds one index per kernel shape and slices it: each
-    kernel's index lists the same live blocks (counts equal, lists equal as sets, unused
-    slots past the count ignored) as that kernel's own `index_from_tiles`."""
+@pytest.mark.parametrize("stacked", [False, True])
+def test_weight_indexes_batched_per_shape(stacked):
+    """`pruning.weight_indexes` builds one index per kernel shape, each kernel's in buffers
+    of its own (one pit_index_split call per shape, no slices): each kernel's index lists
+    the same live blocks (counts equal, lists equal as sets, unused slots past the count
+    ignored) as that kernel's own `index_from_tiles`. The masks come per kernel, or
+    stacked per shape (`live_blocks_by_shape`), whose live fraction is the per-kernel one."""
     rng = np.random.default_rng(11)
     tile = (32, 64)
-    shapes = {"a/qkv": (96, 192), "b/qkv": (96, 192), "a/out": (64, 96), "b/out": (64, 96), "c/out": (64, 96)}
+    shapes = {"a/qkv": (96, 192), "b/qkv": (96, 192), "a/out": (64, 100), "b/out": (64, 100), "c/out": (64, 100)}
     blocks = {n: jnp.asarray(rng.random((-(-k // 32), -(-m // 64))) < 0.4) for n, (k, m) in shapes.items()}
     blocks["c/out"] = jnp.zeros_like(blocks["c/out"])  # an empty kernel among live ones
-    got = jax.jit(lambda b: pruning.weight_indexes(b, tile, shapes))(blocks)
+    by_shape = pruning.stack(blocks, shapes)
+    assert pruning.unstack(by_shape).keys() == blocks.keys()
+    if stacked:  # the names are static: only the stacked masks are traced
+        names = {k: v[0] for k, v in by_shape.items()}
+        build = lambda b: pruning.weight_indexes({k: (names[k], v) for k, v in b.items()}, tile)
+        arg = {k: v[1] for k, v in by_shape.items()}
+    else:
+        build, arg = (lambda b: pruning.weight_indexes(b, tile, shapes)), blocks
+    got = jax.jit(build)(arg)
+    hlo = jax.jit(build).lower(arg).as_text()
+    assert hlo.count("@pit_index_split(") == 2 and "@pit_index(" not in hlo and "slice" not in hlo
+    np.testing.assert_allclose(float(pruning.live_fraction(by_shape, tile)),
+                               float(pruning.live_fraction(blocks, tile, shapes)), rtol=1e-6)
     for n, b in blocks.items():
         want = pit_jax.index_from_tiles(b, tile, shapes[n], group_by="both")
         g = got[n]

@@ -89,23 +89,42 @@ def names_by_shape(shapes) -> Dict[tuple, list]:
     return out
 
 
-def live_blocks(params, density, tile, *, impl="jax") -> Dict[str, jax.Array]:
-    """{"layer_i/<linear>": bool [tk, tn]}: each pruned kernel's live blocks. The kernels
-    of one shape (the same linear in every layer) are decided together, 4 calls a step,
-    not 48. impl "jax": XLA's block sums and one batched sort per shape (what a JAX user
-    writes); "pit": `pit_jax.block_topk` (the same blocks, by a radix select on the
-    device, the kernels read once and not stacked)."""
+def live_blocks_by_shape(params, density, tile, *, impl="jax") -> Dict[tuple, Tuple[list, jax.Array]]:
+    """{(K, N): (names, bool [len(names), tk, tn])}: the live blocks of the pruned kernels
+    of each shape (the same linear in every layer), decided together, 4 calls a step, not
+    48, and kept stacked for the consumers that take them that way (`weight_indexes`,
+    `live_fraction`): a per-kernel slice they would stack again is one more kernel each.
+    impl "jax": XLA's block sums and one batched sort per shape (what a JAX user writes);
+    "pit": `pit_jax.block_topk` (the same blocks, by a radix select on the device, the
+    kernels read once and not stacked)."""
     if impl not in ("jax", "pit"):
         raise ValueError(f"live_blocks: impl must be 'jax' or 'pit', got {impl!r}")
     kernels = pruned_kernels(params)
     out = {}
-    for names in names_by_shape({n: w.shape for n, w in kernels.items()}).values():
+    for shape, names in names_by_shape({n: w.shape for n, w in kernels.items()}).items():
         if impl == "pit":
             live = pit_jax.block_topk([kernels[n] for n in names], tile, density).live
         else:
             live = top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density)
-        out.update({n: live[i] for i, n in enumerate(names)})
+        out[shape] = (names, live)
     return out
+
+
+def live_blocks(params, density, tile, *, impl="jax") -> Dict[str, jax.Array]:
+    """{"layer_i/<linear>": bool [tk, tn]}: each pruned kernel's live blocks
+    (`live_blocks_by_shape`, one entry per kernel)."""
+    return unstack(live_blocks_by_shape(params, density, tile, impl=impl))
+
+
+def stack(blocks, shapes) -> Dict[tuple, Tuple[list, jax.Array]]:
+    """{(K, N): (names, bool [n, tk, tn])} of {name: bool [tk, tn]} and {name: (K, N)}."""
+    return {shape: (names, jnp.stack([blocks[n] for n in names]))
+            for shape, names in names_by_shape({n: shapes[n] for n in blocks}).items()}
+
+
+def unstack(by_shape) -> Dict[str, jax.Array]:
+    """{name: bool [tk, tn]} of {(K, N): (names, bool [n, tk, tn])}."""
+    return {n: live[i] for names, live in by_shape.values() for i, n in enumerate(names)}
 
 
 def element_masks(blocks, tile, shapes) -> Dict[str, jax.Array]:
@@ -118,17 +137,22 @@ def masks(params, density, tile) -> Dict[str, jax.Array]:
     return element_masks(live_blocks(params, density, tile), tile, kernel_shapes(params))
 
 
-def weight_indexes(blocks, tile, shapes, *, train=True):
-    """PitIndexes (W axis) of the live blocks ({name: bool [tk, tn]}, {name: (K, N)}):
-    column lists feed the forward, row lists dx. Built from the block masks directly
-    (`pit_jax.index_from_tiles`), with no element mask: one batched build per kernel
-    shape (4 a step for BERT, not 48), each kernel's index a slice of it."""
+def weight_indexes(blocks, tile, shapes=None, *, train=True):
+    """PitIndexes (W axis) of the live blocks, column lists for the forward, row lists
+    for dx, built from the block masks directly (`pit_jax.index_from_tiles`, no element
+    mask), one build per kernel shape (4 a step for BERT, not 48). `blocks`:
+    {(K, N): (names, bool [n, tk, tn])} (`live_blocks_by_shape`), or {name: bool [tk, tn]}
+    with `shapes` {name: (K, N)} (stacked here). Each kernel's index is written to buffers
+    of its own (`split=True`, up to 16 kernels a build): a slice of one batched index is
+    a copy per array in XLA (144 a step for BERT)."""
+    if shapes is not None:
+        blocks = stack(blocks, shapes)
     group_by = "both" if train else "col"
     out = {}
-    for shape, names in names_by_shape({n: shapes[n] for n in blocks}).items():
-        idx = pit_jax.index_from_tiles(jnp.stack([blocks[n] for n in names]), tile, shape, group_by=group_by)
-        for i, n in enumerate(names):
-            out[n] = pit_jax.PitIndex(*(a[i] for a in idx.arrays), idx.shape, idx.micro_tile, idx.group_by)
+    for shape, (names, live) in blocks.items():
+        for i in range(0, len(names), 16):
+            idx = pit_jax.index_from_tiles(live[i:i + 16], tile, shape, group_by=group_by, split=True)
+            out.update(zip(names[i:i + 16], idx))
     return out
 
 
@@ -148,16 +172,20 @@ def apply_masks(params, mask_dict):
 
 
 def live_fraction(mask_dict, tile=None, shapes=None) -> jax.Array:
-    """Live fraction of the pruned weights: of element masks, or of block masks with the
-    blocks' areas (`tile`, `shapes`: edge blocks are partial)."""
+    """Live fraction of the pruned weights: of element masks ({name: bool [K, N]}), or of
+    block masks with the blocks' areas (edge blocks are partial): {name: bool [tk, tn]}
+    with `tile` and `shapes` {name: (K, N)}, or {(K, N): (names, bool [n, tk, tn])}
+    (`live_blocks_by_shape`) with `tile`, one sum per shape."""
     if tile is None:
         total = sum(m.size for m in mask_dict.values())
         return sum(jnp.sum(m) for m in mask_dict.values()) / total
+    if shapes is not None:
+        mask_dict = stack(mask_dict, shapes)
     live, total = 0.0, 0
-    for name, b in mask_dict.items():
-        (k, n), (bk, bn) = shapes[name], tile
-        h = jnp.minimum(bk, k - bk * jnp.arange(b.shape[0]))
-        w = jnp.minimum(bn, n - bn * jnp.arange(b.shape[1]))
+    for (k, n), (names, b) in mask_dict.items():
+        bk, bn = tile
+        h = jnp.minimum(bk, k - bk * jnp.arange(b.shape[-2]))
+        w = jnp.minimum(bn, n - bn * jnp.arange(b.shape[-1]))
         live = live + jnp.sum(jnp.where(b, h[:, None] * w[None, :], 0))
-        total += k * n
+        total += k * n * len(names)
     return live / total
