@@ -135,17 +135,26 @@ def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_ma
     """{linear: "w" | "dense"}: the STile the optimizer (`pit_jax.plan`, the device's
     database) expects fastest for each linear, from layer 0's mask at this density as the
     sample. Called outside jit (it reads the mask on the host): re-plan when the density
-    moves. "w" only when the W-axis product with this pruning tile (index included) is
-    expected `dense_margin` faster than the dense one; micro-tiles the database does not
-    cost for the W axis go dense."""
+    moves. A "w" linear runs both its forward and its dx on the W axis, so both are
+    costed: the forward x @ (w o mask), and the dx dy @ (w o mask)^T as a W-axis product
+    on w^T with the same tile (w^T's blocks are the transposed tile, so this coarser cover
+    over-prices the dx: the route errs towards dense). "w" only when the two together are
+    expected `dense_margin` faster than the two dense products; micro-tiles the database
+    does not cost for the W axis go dense. The index is not costed (`include_index=False`):
+    the step builds it from the block masks, once per kernel shape (`weight_indexes`), not
+    from the weight's values on every call as the database's W-axis entries assume."""
     kernels = pruning.pruned_kernels(params)
     routes = {}
     for lin in bert.LINEARS:
         m = np.asarray(pruning.block_mask(kernels[f"layer_0/{lin}"], density, tile))
-        plan = pit_jax.plan(m, dtype=dtype, operand="w", x_shape=(tokens, m.shape[0]), axes=("w",),
-                            database=database, dense_margin=dense_margin)
-        same = [c for c in plan.candidates if c.axis == "w" and tuple(c.micro_tile) == tuple(tile)]
-        routes[lin] = "w" if same and same[0].expected_ms < (1 - dense_margin) * plan.dense_ms else "dense"
+        sparse, dense = 0.0, 0.0
+        for mask in (m, np.ascontiguousarray(m.T)):  # forward, dx
+            plan = pit_jax.plan(mask, dtype=dtype, operand="w", x_shape=(tokens, mask.shape[0]), axes=("w",),
+                                include_index=False, database=database, dense_margin=dense_margin)
+            same = [c for c in plan.candidates if c.axis == "w" and tuple(c.micro_tile) == tuple(tile)]
+            sparse += same[0].expected_ms if same else float("inf")
+            dense += plan.dense_ms
+        routes[lin] = "w" if sparse < (1 - dense_margin) * dense else "dense"
     return routes
 
 
