@@ -63,21 +63,34 @@ __device__ __forceinline__ bool AnyIn(const uint4& v, int first, int n) {
   return any;
 }
 
+// Sets the n elements of every entry's array (entry b's at `at(b)`) to v. Batched, the
+// entries are one run of batch * n elements; split, element i % n of entry i / n (one
+// loop over all entries: a loop per entry measured twice as slow, 7 against 3.4 us for 12
+// entries of 1152 tiles on the H200).
+template <typename At>
+__device__ __forceinline__ void Fill(const IndexParams& p, At at, int64_t n, int32_t v, int64_t start, int64_t stride) {
+  if (!p.split) {
+    int32_t* a = at(0);
+    for (int64_t i = start; i < p.batch * n; i += stride) a[i] = v;
+  } else {
+    for (int64_t i = start; i < p.split * n; i += stride) at(i / n)[i % n] = v;
+  }
+}
+
 __global__ void InitKernel(IndexParams p) {
   const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t per_matrix = p.tile_rows * p.tile_cols;
-  // Element i of every entry's list, entries one after another (split or batched alike).
-  for (int64_t i = start; i < p.batch; i += stride) *p.Count(i) = 0, p.dead[i] = 0;
-  if (!p.full_capacity())
-    for (int64_t i = start; i < p.batch * p.capacity; i += stride) p.Tiles(i / p.capacity)[i % p.capacity] = -1;
+  for (int64_t i = start; i < p.batch; i += stride) p.dead[i] = 0;
+  Fill(p, [&](int64_t b) { return p.Count(b); }, 1, 0, start, stride);
+  if (!p.full_capacity()) Fill(p, [&](int64_t b) { return p.Tiles(b); }, p.capacity, -1, start, stride);
   if (p.row_tiles) {
-    for (int64_t i = start; i < p.batch * p.tile_rows; i += stride) p.RowCount(i / p.tile_rows)[i % p.tile_rows] = 0;
-    for (int64_t i = start; i < p.batch * per_matrix; i += stride) p.RowTiles(i / per_matrix)[i % per_matrix] = -1;
+    Fill(p, [&](int64_t b) { return p.RowCount(b); }, p.tile_rows, 0, start, stride);
+    Fill(p, [&](int64_t b) { return p.RowTiles(b); }, per_matrix, -1, start, stride);
   }
   if (p.col_tiles) {
-    for (int64_t i = start; i < p.batch * p.tile_cols; i += stride) p.ColCount(i / p.tile_cols)[i % p.tile_cols] = 0;
-    for (int64_t i = start; i < p.batch * per_matrix; i += stride) p.ColTiles(i / per_matrix)[i % per_matrix] = -1;
+    Fill(p, [&](int64_t b) { return p.ColCount(b); }, p.tile_cols, 0, start, stride);
+    Fill(p, [&](int64_t b) { return p.ColTiles(b); }, per_matrix, -1, start, stride);
   }
 }
 
