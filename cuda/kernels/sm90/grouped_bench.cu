@@ -161,6 +161,8 @@ struct Variant {
 };
 using pit::sm90_grouped::kDiagLag;
 using pit::sm90_grouped::kDiagNoStore;
+using pit::sm90_grouped::kDiagStampFwd;
+void PrintFwdStamps(const char* what);  // below
 // auto = the launcher's default (c1.b8). cN: N-CTA cluster; .bN: bands of N items (.rf: one
 // band per expert, row tiles fastest); .noStore: no epilogue stores (wrong results);
 // .lag: warps 1-3 of warpgroup 1 sleep before every tile they skip, so warp 0 runs ahead
@@ -169,7 +171,7 @@ static const Variant kVariants[] = {{"auto", 0, 0, 0},      {"c1", 1, 0, 0},    
                                     {"c2.b2", 2, 2, 0},     {"c2.b4", 2, 4, 0},       {"c2.b8", 2, 8, 0},
                                     {"c2.rf", 2, 1 << 20, 0}, {"c1.b4", 1, 4, 0},     {"c1.b16", 1, 16, 0},
                                     {"c2.noStore", 2, 0, kDiagNoStore}, {"c1.b8.noStore", 1, 8, kDiagNoStore},
-                                    {"c1.b8.lag", 1, 8, kDiagLag},
+                                    {"c1.b8.lag", 1, 8, kDiagLag}, {"c1.b8.stamp", 1, 8, kDiagStampFwd},
                                     {"generic", -1, 0, 0}};
 static std::vector<std::string> g_only;  // --only=a,b: just these variants
 bool Selected(const Variant& v) {
@@ -442,6 +444,13 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (it >= 5) ms_v[i].push_back(ms);
       }
+    for (const Variant* v : vs)
+      if (v->diag & kDiagStampFwd) {
+        pit::sm90_grouped_testing::WgradStamps(nullptr, 0, true);
+        LaunchV(*v, p, stream);
+        CK(cudaStreamSynchronize(stream));
+        PrintFwdStamps(cs.name.c_str());
+      }
     double oracle_ms = -1;
     for (int i = 0; i < n; ++i) {
       if (!ok[i] || ms_v[i].empty()) continue;
@@ -516,6 +525,40 @@ __global__ void CompareAll(const T* x, const float* ref, int64_t n, Stats* st) {
   atomicAdd(&st->d2, d2);
   atomicAdd(&st->r2, r2);
   if (bad) atomicAdd(&st->bad_live, bad);
+}
+
+// Timestamps of the last c1.b8.stamp launch of the forward (grouped_gemm.cuh, FwdStamp).
+void PrintFwdStamps(const char* what) {
+  constexpr int kSlots = 24;  // sm90_rg::kStampSlots
+  std::vector<unsigned long long> st(1024 * kSlots);
+  if (pit::sm90_grouped_testing::WgradStamps(st.data(), 1024, false) != cudaSuccess) return;
+  unsigned long long t0 = ~0ull;
+  std::vector<int> ctas;
+  for (int c = 0; c < 1024; ++c)
+    if (st[c * kSlots]) t0 = std::min(t0, st[c * kSlots]), ctas.push_back(c);
+  if (ctas.empty()) return;
+  auto us = [&](int c, int slot) { return (st[c * kSlots + slot] - t0) * 1e-3; };
+  auto q = [](std::vector<double> v, double f) { std::sort(v.begin(), v.end()); return v[size_t(f * (v.size() - 1))]; };
+  std::vector<double> entry, prefix, first_b, end, tiles, dur_first, dur_mid;
+  double last = 0;
+  for (int c : ctas) last = std::max(last, us(c, 23));
+  double idle = 0;
+  for (int c : ctas) {
+    entry.push_back(us(c, 0)), prefix.push_back(us(c, 1)), first_b.push_back(us(c, 21)), end.push_back(us(c, 23));
+    const int n = int(st[c * kSlots + 22]);
+    tiles.push_back(n);
+    if (n > 0) dur_first.push_back(us(c, 2) - us(c, 1));
+    for (int i = 1; i < std::min(n, 19); ++i) dur_mid.push_back(us(c, 2 + i) - us(c, 1 + i));
+    idle += last - us(c, 23) + us(c, 0);
+  }
+  printf("       fwd stamps %s: %zu CTAs, tiles %g / %g / %g; us from the first entry (min / p10 / median / p90 / max)\n",
+         what, ctas.size(), q(tiles, 0), q(tiles, .5), q(tiles, 1));
+  auto row = [&](const char* name, const std::vector<double>& v) {
+    printf("         %-22s %7.2f %7.2f %7.2f %7.2f %7.2f\n", name, q(v, 0), q(v, .1), q(v, .5), q(v, .9), q(v, 1));
+  };
+  row("entry", entry), row("prefix built", prefix), row("first B landed", first_b);
+  row("first tile (dur)", dur_first), row("later tiles (dur)", dur_mid), row("consumer done", end);
+  printf("         SM time idle (before entry + after done) %.1f %%\n", 100 * idle / (last * ctas.size()));
 }
 
 // Phase timestamps of the last v3.stamp launch (grouped_wgrad.cuh): per slot, min / median

@@ -81,6 +81,15 @@ struct Args {
 
 using sm90_rg::SmemAddr;
 
+// Timestamps of the forward for the bench (Args::diag & kDiagStampFwd, bench builds only):
+// slot 0 entry, 1 prefix built, 2 + i end of tile i's epilogue (i < 19), 21 first B stage
+// landed, 22 tiles walked, 23 consumer done (consumer warpgroup 0, thread 0).
+__device__ __forceinline__ void FwdStamp(const Args& g, int slot, unsigned long long v = ~0ull) {
+#ifdef PIT_RG_EXPERIMENTS
+  if (g.diag & kDiagStampFwd) sm90_rg::Stamp<sm90_rg::kDiagStamp>(slot, v);
+#endif
+}
+
 // Count of group (b, e) of batch entry b's index, clamped to [0, A].
 __device__ __forceinline__ int GroupCount(const Args& g, int b, int e) {
   int c = __ldg(g.counts + static_cast<int64_t>(b / g.idx_div) * (g.E + 1) + e);
@@ -281,6 +290,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
   ALoader<kCluster> loader(prefix, g);
   loader.Start(g, prefix, wg, warp, lane);
   for (int s = 0; s < L::kStagesA; ++s) loader.Issue(g, prefix, base, wg, warp, lane);  // fill every stage
+  int walked = 0;
   for (int t = w.first; t < w.total; t += w.step) {
     Tile tile;
     w.Decode(g, prefix, t, tile);
@@ -307,6 +317,7 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
     for (int kb = 0; kb < g.num_kb; ++kb) {
       sm90_rg::MbarWait(base + L::kFullA + (wg * L::kStagesA + pa.stage) * 8, pa.phase);
       sm90_rg::MbarWait(base + L::kFullB + pb.stage * 8, pb.phase);
+      if (walked == 0 && kb == 0 && wg == 0 && tid == 0) FwdStamp(g, 21);
       if (math) {
         // cp.async writes are generic-proxy writes that wgmma reads through the async proxy.
         sm90_rg::FenceProxyAsync();
@@ -400,7 +411,10 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
     }
     if constexpr (kKind != kTf32) __syncwarp();  // the warp's staging reads are done before its refill lands there
     loader.Issue(g, prefix, base, wg, warp, lane);
+    if (wg == 0 && tid == 0 && walked < 19) FwdStamp(g, 2 + walked);
+    ++walked;
   }
+  if (wg == 0 && tid == 0) FwdStamp(g, 22, walked), FwdStamp(g, 23);
   sm90_rg::CpAsyncWaitAll();
 }
 
@@ -429,9 +443,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
   }
+  if (threadIdx.x == 0) FwdStamp(g, 0);
   BuildPrefix<kCluster>(g, prefix, reinterpret_cast<int*>(smem + L::kScanOffset));
   if constexpr (kCluster == 1) {
     __syncthreads();
+    if (threadIdx.x == 0) FwdStamp(g, 1);
   } else {
     sm90_rg::ClusterSync();  // the peers' barriers are initialized before any multicast or remote arrive
   }

@@ -27,6 +27,7 @@ namespace sm90_grouped {
 // Args::diag of the grouped GEMM (experiments: LaunchVariant, the bench, LagWarps below).
 constexpr int kDiagNoStore = 1;  // skip the epilogue's stores (timing only: wrong results)
 constexpr int kDiagLag = 2;      // warps 1-3 of warpgroup 1 sleep 20 us before a tile they skip
+constexpr int kDiagStampFwd = 4; // record phase timestamps (bench builds with -DPIT_RG_EXPERIMENTS)
 }  // namespace sm90_grouped
 
 cudaError_t LaunchGroupedGemmSm90(const GroupedMatmulParams& p, cudaStream_t stream);
