@@ -110,10 +110,12 @@ def test_index_from_tiles_is_the_matrix_index(platform, micro_tile, shape):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("micro_tile,shape,n", [((32, 64), (768, 2304), 12), ((32, 64), (257, 67), 1),
-                                                ((32, 1), (100, 130), 16), ((3, 5), (40, 52), 5)])
+                                                ((32, 1), (100, 130), 16), ((3, 5), (40, 52), 5),
+                                                ((32, 64), (96, 200), 35)])
 def test_index_from_tiles_split(platform, micro_tile, shape, n):
     """split=True: entry i's index is the index of matrix i, in buffers of its own, from
-    one pit_index_split call with no slices after it."""
+    one pit_index_split call per 16 entries with no slices after it (more than 16: the
+    mask is cut into 16-entry parts before the calls)."""
     rng, seed = fresh_rng()
     tile = resolve(micro_tile, shape)
     density = [0.0, 0.2, 0.5, 1.0][seed % 4]
@@ -130,7 +132,8 @@ def test_index_from_tiles_split(platform, micro_tile, shape, n):
             assert idx.capacity == (full if capacity is None else capacity)
             check_index(idx, x[i], tile, f"seed={seed} density={density} group_by={group_by} entry {i}")
         hlo = f.lower(live).as_text()
-        assert hlo.count("@pit_index_split(") == 1 and "@pit_index(" not in hlo and "slice" not in hlo
+        assert hlo.count("@pit_index_split(") == -(-n // 16) and "@pit_index(" not in hlo
+        assert ("slice" in hlo) == (n > 16)
     # vmap over a leading dim: each entry keeps it.
     mapped = jax.jit(jax.vmap(lambda t: pit_jax.index_from_tiles(t, micro_tile, shape, group_by="both", split=True)))
     got = mapped(put(platform, np.stack([live, live[::-1]])))
@@ -144,10 +147,12 @@ def test_index_from_tiles_split(platform, micro_tile, shape, n):
 
 
 def test_index_from_tiles_split_errors():
-    with pytest.raises(ValueError, match=r"split=True, live_tiles must be \[n, 9, 2\] with 1 <= n <= 16"):
+    with pytest.raises(ValueError, match=r"split=True, live_tiles must be \[n, 9, 2\] with n >= 1, got shape \(9, 2\)"):
         pit_jax.index_from_tiles(jnp.ones((9, 2), bool), (32, 64), (257, 67), split=True)
-    with pytest.raises(ValueError, match=r"1 <= n <= 16, got shape \(17, 9, 2\)"):
-        pit_jax.index_from_tiles(jnp.ones((17, 9, 2), bool), (32, 64), (257, 67), split=True)
+    with pytest.raises(ValueError, match=r"n >= 1, got shape \(0, 9, 2\)"):
+        pit_jax.index_from_tiles(jnp.ones((0, 9, 2), bool), (32, 64), (257, 67), split=True)
+    with pytest.raises(ValueError, match=r"n >= 1, got shape \(2, 3, 9, 2\)"):
+        pit_jax.index_from_tiles(jnp.ones((2, 3, 9, 2), bool), (32, 64), (257, 67), split=True)
     with pytest.raises(TypeError, match="live_tiles must be float32, bfloat16, float16 or bool, got int32"):
         pit_jax.index_from_tiles(jnp.ones((2, 9, 2), jnp.int32), (32, 64), (257, 67), split=True)
 

@@ -143,16 +143,14 @@ def weight_indexes(blocks, tile, shapes=None, *, train=True):
     mask), one build per kernel shape (4 a step for BERT, not 48). `blocks`:
     {(K, N): (names, bool [n, tk, tn])} (`live_blocks_by_shape`), or {name: bool [tk, tn]}
     with `shapes` {name: (K, N)} (stacked here). Each kernel's index is written to buffers
-    of its own (`split=True`, up to 16 kernels a build): a slice of one batched index is
-    a copy per array in XLA (144 a step for BERT)."""
+    of its own (`split=True`): a slice of one batched index is a copy per array in XLA
+    (144 a step for BERT)."""
     if shapes is not None:
         blocks = stack(blocks, shapes)
     group_by = "both" if train else "col"
     out = {}
     for shape, (names, live) in blocks.items():
-        for i in range(0, len(names), 16):
-            idx = pit_jax.index_from_tiles(live[i:i + 16], tile, shape, group_by=group_by, split=True)
-            out.update(zip(names[i:i + 16], idx))
+        out.update(zip(names, pit_jax.index_from_tiles(live, tile, shape, group_by=group_by, split=True)))
     return out
 
 

@@ -78,11 +78,12 @@ def index_from_tiles(
       micro_tile: (h, w) on the matrix, None = whole extent, as for `index`.
       shape: (rows, cols) of the matrix the index describes.
       capacity, group_by: as for `index`.
-      split: live_tiles is [n, tile rows, tile cols] (1 <= n <= 16) and the result is a
-        tuple of n indexes, entry i's arrays in buffers of their own: built in the same
-        one pass, but a consumer of entry i reads it in place, where slicing entry i out
-        of the batched index makes XLA copy it (one copy per array). For stacks of
-        kernels that are then used one by one (a model's layers).
+      split: live_tiles is [n, tile rows, tile cols] and the result is a tuple of n
+        indexes, entry i's arrays in buffers of their own: built in one pass (one per 16
+        entries: the kernel takes the entries' buffers as parameters), and a consumer of
+        entry i reads it in place, where slicing entry i out of the batched index makes
+        XLA copy it (one copy per array). For stacks of kernels that are then used one
+        by one (a model's layers).
     """
     if not hasattr(live_tiles, "shape") or not hasattr(live_tiles, "dtype"):
         live_tiles = jnp.asarray(live_tiles)
@@ -104,10 +105,10 @@ def index_from_tiles(
     if not split:
         idx = index(live_tiles, (1, 1), capacity=capacity, group_by=group_by)
         return PitIndex(*idx.arrays, **geometry)
-    if live_tiles.ndim != 3 or not 1 <= live_tiles.shape[0] <= MAX_SPLIT:
+    if live_tiles.ndim != 3 or live_tiles.shape[0] < 1:
         raise ValueError(
             f"pit_jax.index_from_tiles: with split=True, live_tiles must be [n, {grid[0]}, {grid[1]}] with "
-            f"1 <= n <= {MAX_SPLIT}, got shape {tuple(live_tiles.shape)}"
+            f"n >= 1, got shape {tuple(live_tiles.shape)}"
         )
     params = _params(live_tiles, (1, 1), capacity, group_by, "pit_jax.index_from_tiles", "live_tiles")[2]
     n = live_tiles.shape[0]
@@ -115,8 +116,11 @@ def index_from_tiles(
         outs = reference.index(live_tiles, **params)
         entries = [[o[i] for o in outs[:6]] for i in range(n)]
     else:
-        outs = pit_index_split_p.bind(live_tiles, **params)
-        entries = [outs[6 * i: 6 * i + 6] for i in range(n)]
+        entries = []
+        for start in range(0, n, MAX_SPLIT):  # one build per MAX_SPLIT entries
+            part = live_tiles if n <= MAX_SPLIT else live_tiles[start:start + MAX_SPLIT]
+            outs = pit_index_split_p.bind(part, **params)
+            entries += [outs[6 * i: 6 * i + 6] for i in range(part.shape[0])]
     return tuple(PitIndex(*e, **geometry) for e in entries)
 
 
