@@ -30,6 +30,10 @@ CASES = [
     ((), 64, 64, (64, 64)),
     ((), 1, 1, (1, 1)),
     ((), 20, 48, (32, 64)),  # one partial block
+    # the 16-byte column walk (rows whole 16-byte vectors, blocks whole vectors wide): two
+    # chunks and a partial one, a partial block column; blocks one vector wide
+    ((), 40, 2056, (32, 64)),
+    ((2,), 64, 96, (16, 8)),
 ]
 
 
