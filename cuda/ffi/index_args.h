@@ -88,10 +88,13 @@ inline ffi::ErrorOr<IndexParams> DecodeIndexSplitArgs(ffi::AnyBuffer x, ffi::Rem
   IndexParams p = *decoded;
   const int64_t n = p.batch, per_matrix = p.tile_rows * p.tile_cols;
   if (n < 1 || n > IndexParams::kMaxSplit)
-    return InvalidArg("pit_index_split: x must be [n, rows, cols] with 1 <= n <= 16");
+    return InvalidArg("pit_index_split: x must be [n, rows, cols] with 1 <= n <= " +
+                      std::to_string(IndexParams::kMaxSplit) + ", got n = " + std::to_string(n));
   if (static_cast<int64_t>(rets.size()) != 6 * n + 1)
     return InvalidArg("pit_index_split: expected 6 results per entry of x and a scratch result");
-  int32_t* lists[6][IndexParams::kMaxSplit];
+  // Result k of entry b goes to slot b of the k-th per-entry array.
+  int32_t** slots[6] = {p.split_tiles,     p.split_count,     p.split_row_tiles,
+                        p.split_row_count, p.split_col_tiles, p.split_col_count};
   for (int64_t b = 0; b < n; ++b) {
     for (int k = 0; k < 6; ++k) {
       auto r = rets.get<ffi::Buffer<ffi::S32>>(6 * b + k);
@@ -104,7 +107,7 @@ inline ffi::ErrorOr<IndexParams> DecodeIndexSplitArgs(ffi::AnyBuffer x, ffi::Rem
         return InvalidArg("pit_index_split: an entry's results must be tiles [capacity], count [], row_tiles [tile_rows, "
                           "tile_cols], row_count [tile_rows], col_tiles [tile_cols, tile_rows], col_count [tile_cols]");
       if (b == 0 && k == 0) p.capacity = got;
-      lists[k][b] = (*r)->typed_data();
+      slots[k][b] = (*r)->typed_data();
     }
   }
   auto scratch = rets.get<ffi::Buffer<ffi::S32>>(6 * n);
@@ -112,14 +115,6 @@ inline ffi::ErrorOr<IndexParams> DecodeIndexSplitArgs(ffi::AnyBuffer x, ffi::Rem
   if (static_cast<int64_t>((*scratch)->element_count()) != n) return InvalidArg("pit_index_split: scratch must be [n]");
   p.dead = (*scratch)->typed_data();
   p.split = static_cast<int>(n);
-  for (int64_t b = 0; b < n; ++b) {
-    p.split_tiles[b] = lists[0][b];
-    p.split_count[b] = lists[1][b];
-    p.split_row_tiles[b] = lists[2][b];
-    p.split_row_count[b] = lists[3][b];
-    p.split_col_tiles[b] = lists[4][b];
-    p.split_col_count[b] = lists[5][b];
-  }
   // The batched pointers say which groupings are built (the kernels test them for null).
   p.tiles = p.split_tiles[0];
   p.count = p.split_count[0];
