@@ -1,17 +1,20 @@
-"""(32, 64) weight-block products at BERT-base training sizes on the GPU: the forward
-x @ (w o m), the dx dy @ (w o m)^T and the weight gradient (x^T @ dy) o m through
-`pit_jax.sparse_dense(axis="w")` and its vjp (index prebuilt from a random block mask,
-outside the timed function), against the dense cuBLAS products in the same process (for
-the weight gradient also the masked dense product written in JAX; pit's own weight
-gradient over 4096 tokens takes that route too, `sdd_matmul._dense_is_faster`).
+"""Weight-block products (32 x 64 blocks; `--tile` for others, e.g. 1x32 / 32x1 strips) at
+BERT-base training sizes on the GPU: the forward x @ (w o m), the dx dy @ (w o m)^T and
+the weight gradient (x^T @ dy) o m through `pit_jax.sparse_dense(axis="w")` and its vjp
+(index prebuilt from a random block mask, outside the timed function), against the dense
+cuBLAS products in the same process (for the weight gradient also the masked dense product
+written in JAX; pit's own weight gradient over 4096 tokens takes that route too,
+`sdd_matmul._dense_is_faster`).
 Writes benchmarks/results/wblock_<device>_<date>.json.
 
-    python -m benchmarks.bench_wblock [--densities 0.02,0.1,0.5] [--m 4096] [--check]
+    python -m benchmarks.bench_wblock [--densities 0.02,0.1,0.5] [--m 4096] [--tile 32x64] [--check]
     python -m benchmarks.bench_wblock --small      # tiny shapes (a CPU smoke test)
 
 On an H100 the products run on cuda/kernels/sm90/wblock_gemm.cu; PIT_JAX_WBLOCK=0 turns
 that kernel off (the forward then runs on the older STile kernel, the dx on the generic
-one, since the lowering no longer transposes w for it).
+one, since the lowering no longer transposes w for it). Strips take the lowering's routes
+for them (docs/kernels.md): a 1x32 forward x transposed for the Hopper STile kernel, the
+other products of strips the masked dense product.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--densities", default="0.02,0.1,0.5")
     ap.add_argument("--m", type=int, default=4096)
+    ap.add_argument("--tile", default="32x64", help="the micro-tile of w, e.g. 32x64, 1x32, 32x1")
     ap.add_argument("--check", action="store_true", help="compare each product with a float32 reference")
     ap.add_argument("--small", action="store_true", help="tiny shapes, few repeats")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
@@ -41,6 +45,7 @@ def main(argv=None):
     shapes, reps = ([(64, 128), (128, 64)], 3) if args.small else (SHAPES, 15)
     if args.small:
         args.m = 256
+    bk, bn = (int(v) for v in args.tile.split("x"))
     rows = []
     for k, n in shapes:
         key = jax.random.PRNGKey(k * 7 + n)
@@ -53,9 +58,9 @@ def main(argv=None):
         pairs = [(x, dy) for x, dy in zip(xs, dys)]
         dense_w = common.time_op(lambda x, dy: x.T @ dy, pairs, reps=reps)["median_ms"]
         for d in (float(v) for v in args.densities.split(",")):
-            live = rng.random((-(-k // 32), -(-n // 64))) < d
-            idx = jax.jit(lambda t: pit_jax.index_from_tiles(t, (32, 64), (k, n), group_by="both"))(jnp.asarray(live))
-            mask = np.repeat(np.repeat(live, 32, 0), 64, 1)[:k, :n]  # the live blocks' elements
+            live = rng.random((-(-k // bk), -(-n // bn))) < d
+            idx = jax.jit(lambda t: pit_jax.index_from_tiles(t, (bk, bn), (k, n), group_by="both"))(jnp.asarray(live))
+            mask = np.repeat(np.repeat(live, bk, 0), bn, 1)[:k, :n]  # the live blocks' elements
             fwd = lambda x, w: pit_jax.sparse_dense(x, w, idx, axis="w")
             bwd = lambda dy, w: jax.vjp(lambda x: pit_jax.sparse_dense(x, w, idx, axis="w"), jnp.zeros((args.m, k), jnp.bfloat16))[1](dy)[0]
             tf = common.time_op(fwd, [(x, w) for x in xs], reps=reps)["median_ms"]
@@ -84,7 +89,7 @@ def main(argv=None):
             print(json.dumps(row), flush=True)
     print(common.table(rows, list(rows[0])))
     meta = common.device_info()
-    meta.update(m=args.m, dtype="bfloat16", micro_tile=[32, 64], pattern="random live blocks",
+    meta.update(m=args.m, dtype="bfloat16", micro_tile=[bk, bn], pattern="random live blocks",
                 timing="common.time_op: medians of back-to-back jitted calls over rotated inputs")
     path = common.write_results("wblock", {"meta": meta, "rows": rows}, args.out)
     print("wrote", path)
