@@ -100,8 +100,9 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
         routed = lambda n: n.split("/", 1)[1] in dense_linears
         w_axis = {k: v for k, v in by_shape.items() if not any(map(routed, v[0]))}
         blocks = pruning.unstack({k: v for k, v in by_shape.items() if k not in w_axis})
-        wi = pruning.weight_indexes({n: b for n, b in blocks.items() if not routed(n)}, tile, shapes)
-        wi.update(pruning.weight_indexes(w_axis, tile))
+        # one index build per shape: the all-W shapes as stacked, the others' W-axis kernels restacked
+        w_blocks = {**w_axis, **pruning.stack({n: b for n, b in blocks.items() if not routed(n)}, shapes)}
+        wi = pruning.weight_indexes(w_blocks, tile)
         ms = pruning.element_masks({n: b for n, b in blocks.items() if routed(n)}, tile, shapes)
         wi.update({n: bert.DENSE_ROUTE for n in ms})
         loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, pruning.apply_masks(q, ms), t, ln, y, wi))(p)
