@@ -263,14 +263,18 @@ def device_limit_mb():
     return stats["bytes_limit"] / 2**20 if stats and stats.get("bytes_limit") else None
 
 
+BERT_VARIANTS = ("dense", "dense_cudnn", "pit", "pit_unspecified")  # bert_models' keys
+
+
 def bert_models(cfg, attn):
     """The BERT variants that bench_workloads, kernel_profile and train_loop compare, by
-    name: "dense" (the dense twin: XLA attention over the padded batch), "dense_cudnn" (the
-    best JAX alternative: attention `attn`, e.g. cuDNN's with sequence lengths), "pit" and
-    "pit_unspecified" (the padding rows of every op after the attention left unwritten)."""
-    return {"dense": bert.BertClassifier(cfg, "dense", "xla"), "dense_cudnn": bert.BertClassifier(cfg, "dense", attn),
-            "pit": bert.BertClassifier(cfg, "pit", attn),
-            "pit_unspecified": bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified")}
+    name (BERT_VARIANTS): "dense" (the dense twin: XLA attention over the padded batch),
+    "dense_cudnn" (the best JAX alternative: attention `attn`, e.g. cuDNN's with sequence
+    lengths), "pit" and "pit_unspecified" (the padding rows of every op after the attention
+    left unwritten)."""
+    models = (bert.BertClassifier(cfg, "dense", "xla"), bert.BertClassifier(cfg, "dense", attn),
+              bert.BertClassifier(cfg, "pit", attn), bert.BertClassifier(cfg, "pit", attn, dead_rows="unspecified"))
+    return dict(zip(BERT_VARIANTS, models))
 
 
 def _train_step(loss_fn, tx):

@@ -30,10 +30,8 @@ import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from benchmarks.bench_workloads import _train_step, bert_models  # noqa: E402
+from benchmarks.bench_workloads import BERT_VARIANTS as IMPLS, _train_step, bert_models  # noqa: E402
 from benchmarks.kernel_profile import _bert_batch  # noqa: E402
-
-IMPLS = ("dense", "dense_cudnn", "pit", "pit_unspecified")
 
 
 def run(impl, *, small=False, warmup=20, steps=100, rounds=3):
