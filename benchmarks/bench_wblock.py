@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,9 @@ import numpy as np
 
 import pit_jax
 from benchmarks import common
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from pit_models.pruning import parse_tile  # noqa: E402
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # BERT-base linears (K, N)
 
@@ -45,7 +50,10 @@ def main(argv=None):
     shapes, reps = ([(64, 128), (128, 64)], 3) if args.small else (SHAPES, 15)
     if args.small:
         args.m = 256
-    bk, bn = (int(v) for v in args.tile.split("x"))
+    try:
+        bk, bn = parse_tile(args.tile)
+    except ValueError as e:
+        ap.error(str(e))
     rows = []
     for k, n in shapes:
         key = jax.random.PRNGKey(k * 7 + n)
