@@ -450,15 +450,18 @@ def prune_case(suite, small, tiles=None):
             # unpruned dense step in every case, so that each case's ratios come from the
             # same interleaved rounds.
             routes = sparse_training.plan_routes(params, d, tile, batch * seq, cfg.dtype)
+            # the pit steps' state: with the partial block scores the last update would have left
+            scored = (params, sparse_training.init_state("pit", params, opt_state, tile, routes), *args[2:])
+            scored_w = (params, sparse_training.init_state("pit", params, opt_state, tile), *args[2:])
             # pit_rownorm: pit's routes with the layer norms by pit_jax's row kernels (a
             # gain of those kernels, not of the pruning; issue 7 counts pit);
             # dense_rownorm: the unpruned step on those kernels, pit_rownorm's own baseline.
             variants = [("dense", steps["dense"], args, None), ("dense_masked", steps["dense_masked"], args, twin_loss),
-                        ("pit", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes), args, chk),
-                        ("pit_rownorm", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes, True), args,
+                        ("pit", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes), scored, chk),
+                        ("pit_rownorm", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes, True), scored,
                          chk), ("dense_rownorm", steps["dense_rownorm"], args, None)]
             if any(r != "w" for r in routes.values()):
-                variants.append(("pit_w", steps["pit"], args, chk))
+                variants.append(("pit_w", steps["pit"], scored_w, chk))
             suite.run_interleaved(dict(base, routes=routes), variants)
 
 

@@ -158,14 +158,19 @@ def _prune(small, tile_name, density):
     params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
     args = (params, jax.jit(tx.init)(params), *data, jnp.float32(density))
     routes = sparse_training.plan_routes(params, density, tile, batch * seq, cfg.dtype)
+    # the pit steps' state carries the partial block scores the last update would have left
+    scored = (params, sparse_training.init_state("pit", params, args[1], tile, routes), *args[2:])
+    scored_w = (params, sparse_training.init_state("pit", params, args[1], tile), *args[2:])
     cache = {}
     planned = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes)
     rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, row_norms=True)
     w_rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, {}, row_norms=True)  # {}: W axis everywhere
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
-            "pit_w": (jax.jit(steps["pit"]), args), "pit": (planned, args), "pit_rownorm": (rownorm, args),
-            "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (w_rownorm, args)}
+            "pit_w": (jax.jit(steps["pit"]), scored_w), "pit": (planned, scored), "pit_rownorm": (rownorm, scored),
+            "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (w_rownorm, scored_w),
+            # the pit step scoring the kernels themselves (a plain optimizer state)
+            "pit_unscored": (planned, args)}
 
 
 def profile(fn, args, *, calls, top):

@@ -69,6 +69,12 @@ ROUTES = ("w", "dense")
 def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
     """{variant: step(params, opt_state, tokens, lengths, labels, density) -> (params, opt_state, loss, live)}.
 
+    The pit step also takes a `pruning.ScoredState` as its state (`init_state`), and
+    returns one: the next step's block scores of its W-axis linears then come
+    half-summed out of the update (no pass over those weights to score them); with a
+    plain optimizer state it scores the kernels themselves. The masks are the same
+    either way.
+
     `routes` {linear: "w" | "dense"} (`bert.LINEARS`; default "w" for each) sets the pit
     step's STile per linear: "w" runs the W-axis product on the live blocks' index,
     "dense" multiplies the kernel by its mask and runs the dense product (the choice
@@ -82,20 +88,26 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
     bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
     if bad:
         raise ValueError(f"make_steps: routes must map {bert.LINEARS} to one of {ROUTES}, got {bad}")
+    scored_linears = scored_in_update(routes)
     dense_linears = frozenset(k for k, v in routes.items() if v == "dense")
     pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=row_norms)
     dense = bert.BertClassifier(cfg, "dense", attention)
     rownorm = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=True)
 
     def finish(p, s, loss, g, live):
-        u, s = tx.update(g, s, p)
-        return optax.apply_updates(p, u), s, loss, live
+        scored = isinstance(s, pruning.ScoredState)
+        u, o = tx.update(g, s.opt if scored else s, p)
+        p = optax.apply_updates(p, u)
+        # the next step's scores, half-summed inside the update's kernels (XLA fuses them)
+        return p, pruning.scored_state(p, o, tile, scored_linears) if scored else o, loss, live
 
     def pit_step(p, s, t, ln, y, density):
-        # recomputed from the current weights, by pit_jax.block_topk (no sort)
+        # recomputed from the current weights, by pit_jax.block_topk (no sort): from the
+        # partial scores the last update left in a ScoredState, else from the kernels.
         # The masks stay stacked per kernel shape where their consumers take them so (the
         # W-axis indexes, the live fraction): per-kernel slices would be 48 more kernels.
-        by_shape = pruning.live_blocks_by_shape(p, density, tile, impl="pit")
+        partials = s.partials if isinstance(s, pruning.ScoredState) else None
+        by_shape = pruning.live_blocks_by_shape(p, density, tile, impl="pit", partials=partials)
         shapes = pruning.kernel_shapes(p)
         routed = lambda n: n.split("/", 1)[1] in dense_linears
         w_axis = {k: v for k, v in by_shape.items() if not any(map(routed, v[0]))}
@@ -130,6 +142,27 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
 
     return {"pit": pit_step, "dense_masked": masked_step, "dense": dense_step,
             "dense_rownorm": dense_rownorm_step}, pit, dense
+
+
+def scored_in_update(routes):
+    """The linears whose next block scores the pit step half-sums in the update
+    (`pruning.ScoredState`): those on the W axis. A dense-routed linear's 12 kernels get
+    their gradients from one kind of product at once, and XLA updates them in one
+    kernel per shape; the sums split that into slower reduction kernels (H200, 50 %
+    density, every linear dense: +0.07 ms a step), so those are scored from the kernels."""
+    return tuple(lin for lin in bert.LINEARS if routes.get(lin, "w") == "w")
+
+
+def init_state(variant, params, opt_state, tile, routes=None):
+    """The state `variant`'s step (`make_steps` with `routes`) takes first: for "pit"
+    the optimizer's state with the partial block scores of the W-axis linears' kernels
+    (`pruning.ScoredState`), else `opt_state` itself. Re-made when the routes change
+    (`opt_state` may be a ScoredState then)."""
+    if isinstance(opt_state, pruning.ScoredState):
+        opt_state = opt_state.opt
+    if variant != "pit":
+        return opt_state
+    return pruning.scored_state(params, opt_state, tile, scored_in_update(dict(routes or {})))
 
 
 def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_margin=0.05):
@@ -238,10 +271,12 @@ def main(argv=None):
     if not args.no_timing:
         def timed(name, density):
             try:
-                fn = steps_fns[name]
+                fn, routes = steps_fns[name], None
                 if name == "pit":
-                    fn, plans[density] = pit_step_for(density, params)
-                return common.train_step_ms(fn, (params, opt_state, *data, jnp.float32(density)))["median_ms"]
+                    fn, routes = pit_step_for(density, params)
+                    plans[density] = routes
+                state = init_state(name, params, opt_state, tile, routes)
+                return common.train_step_ms(fn, (params, state, *data, jnp.float32(density)))["median_ms"]
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the others
                 print(f"  {name} at density {density:g} failed: {type(e).__name__}: {e}", file=sys.stderr)
                 return None
@@ -260,7 +295,8 @@ def main(argv=None):
     for i in range(steps):
         density = schedule(i, steps, 0.5, densities[-1])
         if planned_at is None or abs(density - planned_at) > 0.1 * planned_at:  # re-plan as the density moves
-            step, _ = pit_step_for(density, p)
+            step, routes = pit_step_for(density, p)
+            s = init_state("pit", p, s, tile, routes)
             planned_at = density
         p, s, loss, live = step(p, s, *data, jnp.float32(density))
         losses.append(float(loss))
