@@ -1,7 +1,5 @@
 // pit_index on the GPU: decode, validate, launch on XLA's stream. No host sync and no
 // allocation, so the handler is safe to capture in a command buffer (CUDA graph).
-#include <string>
-
 #include <cuda_runtime.h>
 
 #include "cuda/ffi/bindings.h"
@@ -13,26 +11,25 @@
 namespace pit {
 namespace {
 
+// The decoded call's launch (both targets share the kernels and IndexParams).
+ffi::Error Launch(const char* target, const ffi::ErrorOr<IndexParams>& p, cudaStream_t stream) {
+  ++HandlerCalls();
+  if (p.has_error()) return p.error();
+  return gpu::LaunchStatus(target, LaunchIndex(*p, stream));
+}
+
 ffi::Error IndexCuda(cudaStream_t stream, ffi::AnyBuffer x, S32Result tiles, S32Result count, S32Result row_tiles,
                      S32Result row_count, S32Result col_tiles, S32Result col_count, S32Result scratch, int64_t tile_h, int64_t tile_w,
                      bool group_rows, bool group_cols) {
-  ++HandlerCalls();
-  auto p = DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w, group_rows,
-                           group_cols);
-  if (p.has_error()) return p.error();
-  const cudaError_t err = LaunchIndex(*p, stream);
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string("pit_index: ") + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return Launch("pit_index",
+                DecodeIndexArgs(x, {tiles, count, row_tiles, row_count, col_tiles, col_count, scratch}, tile_h, tile_w,
+                                group_rows, group_cols),
+                stream);
 }
 
 ffi::Error IndexSplitCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingRets rets, int64_t tile_h, int64_t tile_w,
                           bool group_rows, bool group_cols) {
-  ++HandlerCalls();
-  auto p = DecodeIndexSplitArgs(x, rets, tile_h, tile_w, group_rows, group_cols);
-  if (p.has_error()) return p.error();
-  const cudaError_t err = LaunchIndex(*p, stream);
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string("pit_index_split: ") + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return Launch("pit_index_split", DecodeIndexSplitArgs(x, rets, tile_h, tile_w, group_rows, group_cols), stream);
 }
 
 }  // namespace
