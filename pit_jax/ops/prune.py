@@ -50,6 +50,12 @@ def block_topk(
       for a list, stacked over the list ([len(list) * ..., tk, tn]). No gradient
       flows through them. Feed `live` to `pit_jax.index_from_tiles` for the W axis.
       Under `pit_jax.use_reference(ops=("index",))` the sort-based reference runs.
+
+    The L1 norm adds up, so partly summed scores select the same blocks: each row's sum
+    of |w| over a block's columns ([..., K, ceil(N / w)]) with micro_tile (h, 1). A
+    training step can compute those sums in the optimizer update that writes the weights
+    (XLA fuses the reduction there) and skip reading the weights again here
+    (examples/pit_models/pruning.py, `partial_scores`).
     """
     single = not isinstance(matrices, (list, tuple))
     mats = [matrices] if single else list(matrices)
