@@ -9,7 +9,8 @@ product, which measured faster than kernels over the live blocks). Compares, in 
   pit          SparseDense on the W axis with the recomputed index (or, where the
                optimizer expects it faster, the dense product on the masked kernel);
                the mask by pit_jax.block_topk (block norms and a radix select on the
-               device, no sort)
+               device, no sort; the W-axis linears' norms half-summed by the last
+               step's optimizer update, `pruning.ScoredState`)
   dense_masked nn.Dense on w * mask (the same mask recomputed every step, by XLA's
                block sums and a sort): what a JAX user writes for pruning, and the
                alternative
