@@ -109,6 +109,38 @@ def test_block_topk_ties_at_the_cut(platform):
         check_topk(out, x, (4, 4), density, f"seed={seed} density={density}")
 
 
+# Matrices with many blocks: on Hopper the select splits each over a cluster of CTAs
+# (up to 8; 3 for 19200 blocks), their slices kept in shared memory, or re-read from
+# memory every pass where a slice is too large (the last two); an odd block count leaves
+# the last CTA a short slice.
+MANY = [
+    ((2,), 768, 3072, (32, 1), jnp.float32),
+    ((), 64, 300, (1, 1), jnp.bfloat16),
+    ((), 3001, 131, (1, 4), jnp.float32),
+    ((), 4100, 1030, (1, 32), jnp.float16),
+]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("lead,k,n,tile,dtype", MANY, ids=[f"{c[1]}x{c[2]}_tile{c[3][0]}x{c[3][1]}" for c in MANY])
+def test_block_topk_many_blocks(platform, lead, k, n, tile, dtype):
+    rng, seed = fresh_rng()
+    x = randn(rng, (*lead, k, n), dtype)
+    for density in (0.02, 0.5):
+        out = jax.jit(lambda x: pit_jax.block_topk(x, tile, density))(put(platform, x))
+        check_topk(out, x, tile, density, f"seed={seed} density={density}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_block_topk_ties_across_a_cluster(platform):
+    """Ties at the cut spread over every CTA of a matrix's cluster (60000 blocks)."""
+    rng, seed = fresh_rng()
+    x = rng.integers(-3, 4, size=(2, 200, 300)).astype(np.float32)
+    for density in (0.1, 0.5, 0.9):
+        out = jax.jit(lambda x: pit_jax.block_topk(x, (1, 1), density))(put(platform, x))
+        check_topk(out, x, (1, 1), density, f"seed={seed} density={density}")
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_block_topk_traced_density_and_edges(platform):
     """density is traced (one compilation for every value); NaN keeps one block, values

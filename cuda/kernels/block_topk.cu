@@ -8,14 +8,18 @@
 // Every block's score is summed in a fixed order: the same on every run. (One 4- or
 // 2-byte load per thread and row moved ~2.6 TB/s in the pruned BERT step on the H200.)
 //
-// TopkSelectKernel: block = matrix. The scores are non-negative floats, so their bits
-// order as unsigned ints; three radix passes (shared-memory histograms of the candidates
-// that share the digits found so far) find the exact keep-th largest, which no sort
-// needs. Then live = score >= cut, as `scores >= sorted[n - keep]` in jnp.
+// TopkSelectKernel: a matrix per CTA, or per cluster of up to 8 CTAs on Hopper (each a
+// slice of its scores). The scores are non-negative
+// floats, so their bits order as unsigned ints; three radix passes (histograms of the
+// candidates that share the digits found so far, summed over the cluster through
+// distributed shared memory) find the exact keep-th largest, which no sort needs. Then
+// live = score >= cut, as `scores >= sorted[n - keep]` in jnp.
 #include "cuda/kernels/block_topk.h"
 
 #include <algorithm>
 #include <cstdint>
+
+#include <cooperative_groups.h>
 
 #include "cuda/kernels/elem_types.cuh"
 
@@ -38,17 +42,33 @@ int64_t CeilDivHost(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ int PartSlot(int band, int col) { return band * kPartStride + col + col / 32; }
 
+// |f| summed as the band walk sums one row: V / 4 values in each of 4 running sums.
+template <int V>
+__device__ __forceinline__ float RowSum(const float (&f)[V]) {
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < V; ++j) a[j % 4] += fabsf(f[j]);
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
 // V columns a thread reads per row: 1 (one word), or 16 / sizeof(T) (one 16-byte load).
 // The chunk is whole block columns: tile_w * floor(V * 256 / tile_w), or one block column
 // when tile_w > V * 256; thread t owns vector t of it (and t + 256, ... in the wide case),
 // so all its columns lie in one block column (with V > 1 the launcher checks tile_w % V).
-template <typename T, int V>
-__global__ void __launch_bounds__(kScoreThreads)
+template <int V>
+constexpr int ScoreLoadsInFlight() { return V == 1 ? 16 : 8; }
+
+// kThin: bands thinner than the loads in flight (1x32 strips: one-row bands). Walking
+// band by band would leave one load in flight per band (~1.5 TB/s, 224 us of a pruned
+// BERT step on the H200); these loads run across the group's bands instead (127 us).
+// kDeep = 2: twice the loads in flight, for bands at least that thick (the launcher).
+template <typename T, int V, bool kThin, int kDeep = 1>
+__global__ void __launch_bounds__(kScoreThreads, kDeep == 2 ? 3 : 0)
     BlockScoresKernel(const BlockTopkParams p, const MatrixTable table, int64_t first, int64_t chunk,
                       int64_t bands_per_group, int64_t groups) {
-  // Loads issued before any add (16 words or 8 vectors), then 4 running sums in a fixed
-  // order (one dependent sum read ~2.2 TB/s on the H200, 16 words ~2.8).
-  constexpr int kInFlight = V == 1 ? 16 : 8;
+  // Loads issued before any add (16 words or 8 vectors, times kDeep), then 4 running sums
+  // in a fixed order (one dependent sum read ~2.2 TB/s on the H200, 16 words ~2.8).
+  constexpr int kInFlight = ScoreLoadsInFlight<V>() * kDeep;
   __shared__ float part[kGroupRows * kPartStride];
   const int t = threadIdx.x;
   const int64_t n = p.cols, k = p.rows, bh = p.tile_h, bw = p.tile_w;
@@ -67,11 +87,9 @@ __global__ void __launch_bounds__(kScoreThreads)
     for (int b = 0; b < nb; ++b) part[PartSlot(b, t)] = 0.f;
     for (int64_t c = c0 + int64_t{V} * t; c < cend; c += span) {
       const T* col = w + row0 * n + c;
-      for (int b = 0; b < nb; ++b) {
-        const int64_t r1 = Min64((b + 1) * bh, rows);
-        int64_t r = b * bh;
-        float a[4] = {0.f, 0.f, 0.f, 0.f};
-        for (; r + kInFlight <= r1; r += kInFlight) {
+      if constexpr (kThin) {
+        int64_t r = 0;
+        for (; r + kInFlight <= rows; r += kInFlight) {
           gemm::Words<T, V> v[kInFlight];
 #pragma unroll
           for (int i = 0; i < kInFlight; ++i) gemm::LoadWords<T, V>(col + (r + i) * n, v[i]);
@@ -79,17 +97,39 @@ __global__ void __launch_bounds__(kScoreThreads)
           for (int i = 0; i < kInFlight; ++i) {
             float f[V];
             gemm::ToFloats<T, V>(v[i], f);
-#pragma unroll
-            for (int j = 0; j < V; ++j) a[(i * V + j) % 4] += fabsf(f[j]);
+            part[PartSlot(static_cast<int>((r + i) / bh), t)] += RowSum<V>(f);
           }
         }
-        for (; r < r1; ++r) {
+        for (; r < rows; ++r) {
           float f[V];
           gemm::LoadF<T, V>(col + r * n, f);
-#pragma unroll
-          for (int j = 0; j < V; ++j) a[j % 4] += fabsf(f[j]);
+          part[PartSlot(static_cast<int>(r / bh), t)] += RowSum<V>(f);
         }
-        part[PartSlot(b, t)] += (a[0] + a[1]) + (a[2] + a[3]);
+      } else {
+        for (int b = 0; b < nb; ++b) {
+          const int64_t r1 = Min64((b + 1) * bh, rows);
+          int64_t r = b * bh;
+          float a[4] = {0.f, 0.f, 0.f, 0.f};
+          for (; r + kInFlight <= r1; r += kInFlight) {
+            gemm::Words<T, V> v[kInFlight];
+#pragma unroll
+            for (int i = 0; i < kInFlight; ++i) gemm::LoadWords<T, V>(col + (r + i) * n, v[i]);
+#pragma unroll
+            for (int i = 0; i < kInFlight; ++i) {
+              float f[V];
+              gemm::ToFloats<T, V>(v[i], f);
+#pragma unroll
+              for (int j = 0; j < V; ++j) a[(i * V + j) % 4] += fabsf(f[j]);
+            }
+          }
+          for (; r < r1; ++r) {
+            float f[V];
+            gemm::LoadF<T, V>(col + r * n, f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) a[j % 4] += fabsf(f[j]);
+          }
+          part[PartSlot(b, t)] += (a[0] + a[1]) + (a[2] + a[3]);
+        }
       }
     }
     __syncthreads();
@@ -111,32 +151,88 @@ __global__ void __launch_bounds__(kScoreThreads)
 // every score), so three passes over the scores.
 constexpr int kSelectBins = 2048;
 constexpr int kSelectPasses = 3;
+// On Hopper a matrix's scores are split over a cluster of CTAs (one per kSelectScoresPerCta,
+// at most 8) that sum their histograms through distributed shared memory. One CTA per
+// matrix walked the 32x1 strips' 74k-score matrices at L2 latency on 12 SMs: 77 us a pruned
+// BERT step on the H200; in clusters of 4-5, 58-63 us (their barriers and remote reads
+// cost ~1.5 us a pass: 8 CTAs were no faster than 4).
+constexpr int kSelectMaxCluster = 8;
+constexpr int64_t kSelectScoresPerCta = 16384;
+constexpr int kSelectUnroll = 4;  // word loads in flight per thread (odd block counts)
 __device__ __forceinline__ int DigitShift(int pass) { return pass == 0 ? 21 : (pass == 1 ? 10 : 0); }
 __device__ __forceinline__ unsigned DigitMask(int pass) { return pass == 2 ? 1023u : 2047u; }
 
+// (Adding a warp's equal digits once, by ballots, made the first pass slower, not faster:
+// the shared-memory atomics' conflicts are not what bounds it.)
 __device__ __forceinline__ void CountDigit(unsigned* hist, unsigned b, unsigned mask, unsigned prefix, int shift,
                                            unsigned dmask) {
   if ((b & mask) == prefix) atomicAdd(&hist[(b >> shift) & dmask], 1u);
 }
 
-__global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTopkParams p) {
-  __shared__ unsigned hist[kSelectBins];
+__device__ __forceinline__ unsigned WarpInclusiveSum(unsigned v, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const unsigned u = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += u;
+  }
+  return v;
+}
+
+// Bins 2t and 2t + 1 summed over the cluster's histograms, in rank order: every CTA finds
+// the same digit. One 8-byte load per rank, all in flight at once. Clusters are launched
+// on sm_90 only.
+__device__ __forceinline__ void ClusterBins(unsigned* hist, int cluster, int t, unsigned& c0, unsigned& c1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  cl.sync();  // every CTA's counts are in
+  uint2 h[kSelectMaxCluster];
+#pragma unroll
+  for (int q = 0; q < kSelectMaxCluster; ++q)
+    h[q] = q < cluster ? *reinterpret_cast<const uint2*>(cl.map_shared_rank(hist, q) + 2 * t) : make_uint2(0u, 0u);
+  c0 = 0;
+  c1 = 0;
+#pragma unroll
+  for (int q = 0; q < kSelectMaxCluster; ++q) {
+    c0 += h[q].x;
+    c1 += h[q].y;
+  }
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ClusterSync() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __trap();
+#endif
+}
+
+// grid.x = matrices * cluster; CTA r of a matrix's cluster takes its scores [r * per,
+// (r + 1) * per) (per a multiple of 4). Two histograms alternate between passes: a CTA
+// clears one only after the cluster barrier that follows every CTA's reads of it.
+__global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTopkParams p, int cluster, int64_t per) {
+  __shared__ __align__(16) unsigned hists[2][kSelectBins];
   __shared__ unsigned warp_sums[kSelectThreads / 32];
   __shared__ unsigned s_digit, s_below;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t nb = p.tile_rows * p.tile_cols;
-  const int64_t m = blockIdx.x;
-  const float* scores = p.scores + m * nb;
+  const int64_t m = blockIdx.x / cluster;
+  const int r = static_cast<int>(blockIdx.x % cluster);  // the CTA's rank in its cluster (1-D)
+  const int64_t s0 = Min64(r * per, nb), len = Min64(s0 + per, nb) - s0;
+  const float* scores = p.scores + m * nb + s0;
   const unsigned* bits = reinterpret_cast<const unsigned*>(scores);
-  // Four scores per load where the matrix's scores start 16-byte aligned.
-  const bool vec = (nb % 4) == 0;
-  const int64_t n4 = vec ? nb / 4 : 0;
+  // 16-byte loads where the matrices' scores are whole vectors (then so is every slice).
+  const bool vec = nb % 4 == 0;
+  const int64_t n4 = vec ? len / 4 : 0;
   // The cut's rank among the scores in ascending order (0-based).
   unsigned rank = static_cast<unsigned>(nb - TopkKeep(*p.density, nb));
   unsigned prefix = 0, mask = 0;
   for (int pass = 0; pass < kSelectPasses; ++pass) {
     const int shift = DigitShift(pass);
     const unsigned dmask = DigitMask(pass);
+    unsigned* hist = hists[pass & 1];
     for (int i = t; i < kSelectBins; i += kSelectThreads) hist[i] = 0;
     __syncthreads();
     // Two 16-byte loads in flight per thread: the pass is bound by L2 latency.
@@ -160,21 +256,33 @@ __global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTo
       CountDigit(hist, a.z, mask, prefix, shift, dmask);
       CountDigit(hist, a.w, mask, prefix, shift, dmask);
     }
-    for (int64_t r = 4 * n4 + t; r < nb; r += kSelectThreads) CountDigit(hist, bits[r], mask, prefix, shift, dmask);
-    __syncthreads();
-    // The digit whose bin holds the rank: a block-wide scan, two bins per thread.
-    const unsigned c0 = hist[2 * t], c1 = hist[2 * t + 1];
-    unsigned incl = c0 + c1;
+    for (int64_t j0 = 4 * n4 + t; j0 < len; j0 += int64_t{kSelectUnroll} * kSelectThreads) {
+      unsigned b[kSelectUnroll];
 #pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
+      for (int u = 0; u < kSelectUnroll; ++u) {
+        const int64_t j = j0 + u * kSelectThreads;
+        b[u] = j < len ? bits[j] : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kSelectUnroll; ++u)
+        if (j0 + u * kSelectThreads < len) CountDigit(hist, b[u], mask, prefix, shift, dmask);
     }
+    // The matrix's histogram: the sum of its cluster's.
+    unsigned c0, c1;
+    if (cluster > 1) {
+      ClusterBins(hist, cluster, t, c0, c1);
+    } else {
+      __syncthreads();
+      c0 = hist[2 * t];
+      c1 = hist[2 * t + 1];
+    }
+    // The digit whose bin holds the rank: a block-wide scan, two bins per thread (a scan
+    // of each warp, then of the 32 warps' sums).
+    unsigned incl = WarpInclusiveSum(c0 + c1, lane);
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
-    unsigned before = 0;
-    for (int w = 0; w < warp; ++w) before += warp_sums[w];
-    incl += before;
+    const unsigned ws = warp_sums[lane];
+    incl += __shfl_sync(0xffffffffu, WarpInclusiveSum(ws, lane) - ws, warp);
     const unsigned below = incl - c0 - c1;
     if (below <= rank && rank < incl) {
       if (rank < below + c0) {
@@ -189,20 +297,33 @@ __global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTo
     rank -= s_below;
     prefix |= s_digit << shift;
     mask |= dmask << shift;
-    __syncthreads();  // hist, warp_sums, s_digit and s_below are rewritten by the next pass
+    __syncthreads();  // warp_sums, s_digit and s_below are rewritten by the next pass
   }
   const float cut = __uint_as_float(prefix);
-  if (t == 0) p.thresholds[m] = cut;
-  bool* live = p.live + m * nb;
+  if (t == 0 && r == 0) p.thresholds[m] = cut;
+  bool* live = p.live + m * nb + s0;
   if (vec) {
     for (int64_t i = t; i < n4; i += kSelectThreads) {
       const float4 v = reinterpret_cast<const float4*>(scores)[i];
       const uchar4 o = make_uchar4(v.x >= cut, v.y >= cut, v.z >= cut, v.w >= cut);
-      *reinterpret_cast<uchar4*>(live + 4 * i) = o;  // live + m * nb is 4-byte aligned: nb % 4 == 0
+      *reinterpret_cast<uchar4*>(live + 4 * i) = o;  // 4-byte aligned: nb % 4 == 0, s0 % 4 == 0
     }
   } else {
-    for (int64_t i = t; i < nb; i += kSelectThreads) live[i] = scores[i] >= cut;
+    for (int64_t i = t; i < len; i += kSelectThreads) live[i] = scores[i] >= cut;
   }
+  // No CTA leaves while another may still read its histogram.
+  if (cluster > 1) ClusterSync();
+}
+
+// Thread block clusters (compute capability 9.0 and up), per device, queried once.
+bool HasClusters() {
+  constexpr int kMaxDevices = 64;
+  static int major[kMaxDevices] = {};  // 0: not yet asked
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return false;
+  return major[dev] >= 9;
 }
 
 unsigned GridDim(int64_t v, int64_t cap) { return static_cast<unsigned>(std::max<int64_t>(1, std::min(v, cap))); }
@@ -226,20 +347,43 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
     const int64_t chunk = p.tile_w <= span ? p.tile_w * (span / p.tile_w) : p.tile_w;
     const dim3 grid(GridDim(CeilDivHost(p.cols, chunk), 0x7fffffff), GridDim(groups, 65535),
                     static_cast<unsigned>(count));
-    auto kernel = vec ? BlockScoresKernel<T, kVec> : BlockScoresKernel<T, 1>;
+    // Thick bands of 16-byte loads take 16 in flight (two round trips a 32-row band, 3
+    // CTAs an SM): 32x64 blocks of BERT's float32 kernels 99 -> 90 us a step (H200).
+    // Thin bands keep 8 (16 made 1x32 strips slower: 127 -> 139 us).
+    const bool thin = p.tile_h < (vec ? ScoreLoadsInFlight<kVec>() : ScoreLoadsInFlight<1>());
+    auto kernel = vec ? (thin ? BlockScoresKernel<T, kVec, true>
+                              : (p.tile_h >= 2 * ScoreLoadsInFlight<kVec>() ? BlockScoresKernel<T, kVec, false, 2>
+                                                                            : BlockScoresKernel<T, kVec, false>))
+                      : (thin ? BlockScoresKernel<T, 1, true> : BlockScoresKernel<T, 1, false>);
     kernel<<<grid, kScoreThreads, 0, stream>>>(p, table, first, chunk, bands_per_group, groups);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
+  // The select: a cluster of CTAs per matrix where the device has clusters (sm_90) and the
+  // matrix has more than kSelectScoresPerCta scores.
+  const int64_t nb = p.tile_rows * p.tile_cols;
+  const int cluster = HasClusters() ? static_cast<int>(std::min<int64_t>(
+                                          kSelectMaxCluster, std::max<int64_t>(1, CeilDivHost(nb, kSelectScoresPerCta))))
+                                    : 1;
+  const int64_t per = CeilDivHost(CeilDivHost(nb, cluster), 4) * 4;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kSelectThreads);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster > 1 ? 1 : 0;
   for (int64_t first = 0; first < p.matrices; first += 65535) {
     BlockTopkParams q = p;  // matrices [first, first + 65535) of the select
     const int64_t count = std::min<int64_t>(65535, p.matrices - first);
-    const int64_t nb = p.tile_rows * p.tile_cols;
     q.scores = p.scores + first * nb;
     q.live = p.live + first * nb;
     q.thresholds = p.thresholds + first;
-    TopkSelectKernel<<<static_cast<unsigned>(count), kSelectThreads, 0, stream>>>(q);
-    const cudaError_t err = cudaGetLastError();
+    cfg.gridDim = dim3(static_cast<unsigned>(count * cluster));
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, TopkSelectKernel, q, cluster, per);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
