@@ -34,6 +34,11 @@ CASES = [
     # chunks and a partial one, a partial block column; blocks one vector wide
     ((), 40, 2056, (32, 64)),
     ((2,), 64, 96, (16, 8)),
+    # blocks narrower than a 16-byte vector, whole blocks per vector (32x1-like strips; a
+    # partial last band; 16-bit only at tile_w 4)
+    ((2,), 96, 64, (32, 2)),
+    ((), 70, 40, (8, 4)),
+    ((), 50, 1024, (16, 1)),
 ]
 
 

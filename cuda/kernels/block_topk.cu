@@ -7,6 +7,7 @@
 // partial sum per band in shared memory; the partials then add per block in column order.
 // Every block's score is summed in a fixed order: the same on every run. (One 4- or
 // 2-byte load per thread and row moved ~2.6 TB/s in the pruned BERT step on the H200.)
+// NarrowBlockScoresKernel takes blocks narrower than a vector (32x1 strips).
 //
 // TopkSelectKernel: a matrix per CTA, or per cluster of up to 8 CTAs on Hopper (each a
 // slice of its scores). The scores are non-negative
@@ -144,6 +145,63 @@ __global__ void __launch_bounds__(kScoreThreads, kDeep == 2 ? 3 : 0)
       scores[(band0 + b) * p.tile_cols + tc] = s;
     }
     __syncthreads();  // part is reused by the next group
+  }
+}
+
+// Blocks narrower than a 16-byte vector (32x1 strips; V a multiple of tile_w): thread t
+// sums each of its V columns over a band's rows (4 running sums per column, as the
+// one-column walk) and writes the V / tile_w scores of its columns itself: no partials to
+// combine across threads. Bands at least ScoreLoadsInFlight<V>() rows thick. (32x1 strips
+// of BERT's float32 kernels read one word per load before: 128 us a step on the H200.)
+template <typename T, int V>
+__global__ void __launch_bounds__(kScoreThreads)
+    NarrowBlockScoresKernel(const BlockTopkParams p, const MatrixTable table, int64_t first, int64_t bands_per_group,
+                            int64_t groups) {
+  constexpr int kInFlight = ScoreLoadsInFlight<V>();
+  const int64_t n = p.cols, k = p.rows, bh = p.tile_h;
+  const int bw = static_cast<int>(p.tile_w);
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kScoreThreads + threadIdx.x) * V;
+  if (c >= n) return;  // no barriers below
+  const T* __restrict__ w = static_cast<const T*>(table.base[blockIdx.z]);
+  float* __restrict__ scores = p.scores + (first + blockIdx.z) * p.tile_rows * p.tile_cols;
+  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {
+    const int64_t band0 = g * bands_per_group;
+    const int64_t bands = Min64(bands_per_group, p.tile_rows - band0);
+    for (int64_t b = band0; b < band0 + bands; ++b) {
+      const int64_t r1 = Min64((b + 1) * bh, k);
+      float a[V][4];
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
+      int64_t r = b * bh;
+      for (; r + kInFlight <= r1; r += kInFlight) {
+        gemm::Words<T, V> v[kInFlight];
+#pragma unroll
+        for (int i = 0; i < kInFlight; ++i) gemm::LoadWords<T, V>(w + (r + i) * n + c, v[i]);
+#pragma unroll
+        for (int i = 0; i < kInFlight; ++i) {
+          float f[V];
+          gemm::ToFloats<T, V>(v[i], f);
+#pragma unroll
+          for (int j = 0; j < V; ++j) a[j][i % 4] += fabsf(f[j]);
+        }
+      }
+      for (; r < r1; ++r) {
+        float f[V];
+        gemm::LoadF<T, V>(w + r * n + c, f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[j][0] += fabsf(f[j]);
+      }
+      // The columns' sums, added per block in column order.
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        s += (a[j][0] + a[j][1]) + (a[j][2] + a[j][3]);
+        if ((j + 1) % bw == 0) {
+          scores[b * p.tile_cols + (c + j) / bw] = s;
+          s = 0.f;
+        }
+      }
+    }
   }
 }
 
@@ -341,8 +399,19 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
       table.base[i] = bases[first + i];
       aligned = aligned && reinterpret_cast<uintptr_t>(bases[first + i]) % 16 == 0;
     }
-    // 16-byte loads where rows are whole vectors and a block column is whole vectors wide.
+    // 16-byte loads where rows are whole vectors and a block column is whole vectors wide,
+    // or a vector whole block columns (narrow: each thread's own blocks).
     const bool vec = aligned && p.cols % kVec == 0 && p.tile_w % kVec == 0;
+    const bool narrow = aligned && p.cols % kVec == 0 && p.tile_w < kVec && kVec % p.tile_w == 0 &&
+                        p.tile_h >= ScoreLoadsInFlight<kVec>();
+    if (narrow) {
+      const dim3 grid(GridDim(CeilDivHost(p.cols, kVec * kScoreThreads), 0x7fffffff), GridDim(groups, 65535),
+                      static_cast<unsigned>(count));
+      NarrowBlockScoresKernel<T, kVec><<<grid, kScoreThreads, 0, stream>>>(p, table, first, bands_per_group, groups);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+      continue;
+    }
     const int64_t span = (vec ? kVec : 1) * kScoreThreads;
     const int64_t chunk = p.tile_w <= span ? p.tile_w * (span / p.tile_w) : p.tile_w;
     const dim3 grid(GridDim(CeilDivHost(p.cols, chunk), 0x7fffffff), GridDim(groups, 65535),
