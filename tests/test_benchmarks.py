@@ -221,3 +221,11 @@ def test_profile_stiles_update_and_refit(tmp_path):
         assert v["kind"] == w["kind"] and v["dtype"] == w["dtype"]
         assert w["product"] == pytest.approx(v["product"])  # same timings, same fit
     dbm.parse(again, out)
+
+
+def test_bench_block_topk_smoke(tmp_path):
+    from benchmarks import bench_block_topk
+
+    rows = bench_block_topk.main(["--small", "--out", str(tmp_path)])
+    assert len(rows) == 6 and all(r["median_ms"] > 0 for r in rows)
+    assert len(list(tmp_path.glob("block_topk_*.json"))) == 1
