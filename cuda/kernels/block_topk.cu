@@ -10,11 +10,11 @@
 // NarrowBlockScoresKernel takes blocks narrower than a vector (32x1 strips).
 //
 // TopkSelectKernel: a matrix per CTA, or per cluster of up to 8 CTAs on Hopper (each a
-// slice of its scores). The scores are non-negative
-// floats, so their bits order as unsigned ints; three radix passes (histograms of the
-// candidates that share the digits found so far, summed over the cluster through
-// distributed shared memory) find the exact keep-th largest, which no sort needs. Then
-// live = score >= cut, as `scores >= sorted[n - keep]` in jnp.
+// slice of its scores). The scores are non-negative floats, so their bits order as
+// unsigned ints; three radix passes (histograms of the candidates that share the digits
+// found so far, summed over the cluster through distributed shared memory) find the
+// exact keep-th largest, which no sort needs. Then live = score >= cut, as
+// `scores >= sorted[n - keep]` in jnp.
 #include "cuda/kernels/block_topk.h"
 
 #include <algorithm>
