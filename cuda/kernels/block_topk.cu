@@ -43,6 +43,13 @@ int64_t CeilDivHost(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ int PartSlot(int band, int col) { return band * kPartStride + col + col / 32; }
 
+// kRows rows of V columns from p (rows n apart), all loads issued before any is used.
+template <typename T, int V, int kRows>
+__device__ __forceinline__ void LoadRowWords(const T* p, int64_t n, gemm::Words<T, V> (&v)[kRows]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) gemm::LoadWords<T, V>(p + i * n, v[i]);
+}
+
 // |f| summed as the band walk sums one row: V / 4 values in each of 4 running sums.
 template <int V>
 __device__ __forceinline__ float RowSum(const float (&f)[V]) {
@@ -92,8 +99,7 @@ __global__ void __launch_bounds__(kScoreThreads, kDeep == 2 ? 3 : 0)
         int64_t r = 0;
         for (; r + kInFlight <= rows; r += kInFlight) {
           gemm::Words<T, V> v[kInFlight];
-#pragma unroll
-          for (int i = 0; i < kInFlight; ++i) gemm::LoadWords<T, V>(col + (r + i) * n, v[i]);
+          LoadRowWords<T, V, kInFlight>(col + r * n, n, v);
 #pragma unroll
           for (int i = 0; i < kInFlight; ++i) {
             float f[V];
@@ -113,8 +119,7 @@ __global__ void __launch_bounds__(kScoreThreads, kDeep == 2 ? 3 : 0)
           float a[4] = {0.f, 0.f, 0.f, 0.f};
           for (; r + kInFlight <= r1; r += kInFlight) {
             gemm::Words<T, V> v[kInFlight];
-#pragma unroll
-            for (int i = 0; i < kInFlight; ++i) gemm::LoadWords<T, V>(col + (r + i) * n, v[i]);
+            LoadRowWords<T, V, kInFlight>(col + r * n, n, v);
 #pragma unroll
             for (int i = 0; i < kInFlight; ++i) {
               float f[V];
@@ -175,8 +180,7 @@ __global__ void __launch_bounds__(kScoreThreads)
       int64_t r = b * bh;
       for (; r + kInFlight <= r1; r += kInFlight) {
         gemm::Words<T, V> v[kInFlight];
-#pragma unroll
-        for (int i = 0; i < kInFlight; ++i) gemm::LoadWords<T, V>(w + (r + i) * n + c, v[i]);
+        LoadRowWords<T, V, kInFlight>(w + r * n + c, n, v);
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) {
           float f[V];
