@@ -23,6 +23,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/sm90/launch_util.h"
 
 namespace pit {
 namespace {
@@ -377,17 +378,6 @@ __global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTo
   if (cluster > 1) ClusterSync();
 }
 
-// Thread block clusters (compute capability 9.0 and up), per device, queried once.
-bool HasClusters() {
-  constexpr int kMaxDevices = 64;
-  static int major[kMaxDevices] = {};  // 0: not yet asked
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return false;
-  return major[dev] >= 9;
-}
-
 unsigned GridDim(int64_t v, int64_t cap) { return static_cast<unsigned>(std::max<int64_t>(1, std::min(v, cap))); }
 
 template <typename T>
@@ -405,9 +395,10 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
     }
     // 16-byte loads where rows are whole vectors and a block column is whole vectors wide,
     // or a vector whole block columns (narrow: each thread's own blocks).
-    const bool vec = aligned && p.cols % kVec == 0 && p.tile_w % kVec == 0;
-    const bool narrow = aligned && p.cols % kVec == 0 && p.tile_w < kVec && kVec % p.tile_w == 0 &&
-                        p.tile_h >= ScoreLoadsInFlight<kVec>();
+    const bool rows_vec = aligned && p.cols % kVec == 0;
+    const bool vec = rows_vec && p.tile_w % kVec == 0;
+    const bool narrow =
+        rows_vec && p.tile_w < kVec && kVec % p.tile_w == 0 && p.tile_h >= ScoreLoadsInFlight<kVec>();
     if (narrow) {
       const dim3 grid(GridDim(CeilDivHost(p.cols, kVec * kScoreThreads), 0x7fffffff), GridDim(groups, 65535),
                       static_cast<unsigned>(count));
@@ -435,28 +426,21 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
   // The select: a cluster of CTAs per matrix where the device has clusters (sm_90) and the
   // matrix has more than kSelectScoresPerCta scores.
   const int64_t nb = p.tile_rows * p.tile_cols;
-  const int cluster = HasClusters() ? static_cast<int>(std::min<int64_t>(
-                                          kSelectMaxCluster, std::max<int64_t>(1, CeilDivHost(nb, kSelectScoresPerCta))))
-                                    : 1;
+  const sm90::DeviceInfo* dev = sm90::GetDeviceInfo();
+  const int cluster = dev != nullptr && dev->sm90
+                          ? static_cast<int>(std::min<int64_t>(kSelectMaxCluster,
+                                                               std::max<int64_t>(1, CeilDivHost(nb, kSelectScoresPerCta))))
+                          : 1;
   const int64_t per = CeilDivHost(CeilDivHost(nb, cluster), 4) * 4;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(kSelectThreads);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  sm90::ClusterLaunch launch(cluster, kSelectThreads, 0, stream);
   for (int64_t first = 0; first < p.matrices; first += 65535) {
     BlockTopkParams q = p;  // matrices [first, first + 65535) of the select
     const int64_t count = std::min<int64_t>(65535, p.matrices - first);
     q.scores = p.scores + first * nb;
     q.live = p.live + first * nb;
     q.thresholds = p.thresholds + first;
-    cfg.gridDim = dim3(static_cast<unsigned>(count * cluster));
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, TopkSelectKernel, q, cluster, per);
+    launch.cfg.gridDim = dim3(static_cast<unsigned>(count * cluster));
+    const cudaError_t err = cudaLaunchKernelEx(&launch.cfg, TopkSelectKernel, q, cluster, per);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
