@@ -114,10 +114,9 @@ def test_block_topk_ties_at_the_cut(platform):
         check_topk(out, x, (4, 4), density, f"seed={seed} density={density}")
 
 
-# Matrices with many blocks: on Hopper the select splits each over a cluster of CTAs
-# (up to 8; 3 for 19200 blocks), their slices kept in shared memory, or re-read from
-# memory every pass where a slice is too large (the last two); an odd block count leaves
-# the last CTA a short slice.
+# Matrices with many blocks: on Hopper the select splits each over a cluster of CTAs, one
+# per 16384 blocks up to 8 (5, 2, 7 and 8 here); an odd block count leaves the last CTA a
+# short slice.
 MANY = [
     ((2,), 768, 3072, (32, 1), jnp.float32),
     ((), 64, 300, (1, 1), jnp.bfloat16),
@@ -138,7 +137,7 @@ def test_block_topk_many_blocks(platform, lead, k, n, tile, dtype):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_block_topk_ties_across_a_cluster(platform):
-    """Ties at the cut spread over every CTA of a matrix's cluster (60000 blocks)."""
+    """Ties at the cut spread over every CTA of a matrix's cluster (60000 blocks: 4 CTAs)."""
     rng, seed = fresh_rng()
     x = rng.integers(-3, 4, size=(2, 200, 300)).astype(np.float32)
     for density in (0.1, 0.5, 0.9):
