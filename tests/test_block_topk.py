@@ -228,3 +228,97 @@ def test_block_topk_reference_is_the_sort():
     want = np.zeros_like(s, bool)
     np.put_along_axis(want, order, True, axis=1)
     np.testing.assert_array_equal(np.asarray(live).reshape(2, -1), want)
+
+
+# block_topk_groups: (lead or list length, K, N, tile, dtype) per group; shapes, dtypes and
+# blocks differ between groups; (96, 8192) 1x32 has 24576 scores a matrix, so on Hopper every
+# group's select runs in clusters of 2 CTAs with it.
+GROUPS = [
+    ([3], 96, 192, (32, 64), jnp.float32),
+    ((2,), 100, 70, (32, 64), jnp.bfloat16),
+    ([2], 768, 230, (32, 1), jnp.float32),
+    ((), 96, 8192, (1, 32), jnp.float32),
+    ((3,), 65, 33, (1, 32), jnp.float16),
+]
+
+
+def make_group(rng, lead, k, n, dtype):
+    """A list of arrays when `lead` is a list ([count]), else one array [*lead, k, n]."""
+    if isinstance(lead, list):
+        return [randn(rng, (k, n), dtype) for _ in range(lead[0])]
+    return randn(rng, (*lead, k, n), dtype)
+
+
+def on(platform, group):
+    return list(put(platform, *group)) if isinstance(group, list) else put(platform, group)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("density", [0.02, 0.5])
+def test_block_topk_groups_match_separate_calls(platform, density):
+    """One call over groups of other shapes, dtypes and blocks (their selects one launch on
+    the GPU) returns exactly what a block_topk call per group does."""
+    rng, seed = fresh_rng()
+    groups = [make_group(rng, lead, k, n, dt) for lead, k, n, _, dt in GROUPS]
+    tiles = [g[3] for g in GROUPS]
+    dev = [on(platform, g) for g in groups]
+    got = jax.jit(lambda gs, d: pit_jax.block_topk_groups(gs, tiles, d))(dev, jnp.float32(density))
+    assert len(got) == len(groups)
+    for i, (g, tile, out) in enumerate(zip(groups, tiles, got)):
+        msg = f"seed={seed} group {i}"
+        x = np.stack(g) if isinstance(g, list) else g
+        check_topk(out, x, tile, density, msg)
+        one = jax.jit(lambda m, d, tile=tile: pit_jax.block_topk(m, tile, d))(dev[i], jnp.float32(density))
+        for a, b in zip(out, one):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=msg)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_block_topk_groups_one_tile_many_groups_and_empty(platform):
+    """One block for every group; the most groups a call takes (16); a group without
+    matrices gets empty results."""
+    rng, seed = fresh_rng()
+    groups = [randn(rng, (2, 8 + 8 * i, 64 + 16 * (i % 3)), jnp.float32) for i in range(15)]
+    groups.append(jnp.zeros((0, 8, 8), jnp.float32))
+    got = jax.jit(lambda gs: pit_jax.block_topk_groups(gs, (8, 16), 0.3))([put(platform, g) for g in groups])
+    for i, (g, out) in enumerate(zip(groups[:-1], got)):
+        check_topk(out, g, (8, 16), 0.3, f"seed={seed} group {i}")
+    assert got[-1].live.shape == (0, 1, 1) and got[-1].thresholds.shape == (0,)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_block_topk_groups_vmap_and_reference(platform):
+    rng, seed = fresh_rng()
+    xs = put(platform, randn(rng, (3, 32, 64), jnp.float32))
+    w = put(platform, randn(rng, (2, 48, 40), jnp.bfloat16))
+    f = lambda x: pit_jax.block_topk_groups([x, [w[0], w[1]]], [(8, 16), (16, 8)], 0.4)  # noqa: E731
+    got = jax.jit(jax.vmap(f))(xs)
+    assert got[0].live.shape == (3, 4, 4) and got[1].live.shape == (3, 2, 3, 5)
+    for i in range(3):
+        one = f(xs[i])
+        for g in range(2):
+            for a, b in zip(got[g], one[g]):
+                np.testing.assert_array_equal(np.asarray(a[i]), np.asarray(b), err_msg=f"seed={seed}")
+    with pit_jax.use_reference(ops=("index",)):
+        ref = jax.jit(f)(xs[0])
+    one = jax.jit(f)(xs[0])
+    for g in range(2):
+        for a, b in zip(ref[g], one[g]):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize(
+    "args,err,match",
+    [
+        (([], (4, 4), 0.5), ValueError, "groups must be a non-empty list"),
+        (([jnp.zeros((8, 8))] * 17, (4, 4), 0.5), ValueError, "at most 16 groups"),
+        (([jnp.zeros((8, 8))] * 2, [(4, 4)] * 3, 0.5), ValueError, "micro_tiles must be one block"),
+        (([jnp.zeros((8, 8)), [jnp.zeros((8, 8)), jnp.zeros((8, 9))]], (4, 4), 0.5), ValueError,
+         r"groups\[1\]\[1\] must match"),
+        (([jnp.zeros((8, 8)), jnp.zeros((8, 8), jnp.int32)], (4, 4), 0.5), TypeError, r"groups\[1\] must be float32"),
+        (([jnp.zeros((8, 8))], [(0, 4)], 0.5), ValueError, "micro_tile must be positive"),
+    ],
+)
+def test_block_topk_groups_bad_input(args, err, match):
+    with pytest.raises(err, match=match):
+        pit_jax.block_topk_groups(*args)

@@ -13,6 +13,9 @@ namespace pit {
 // Matrices handed to one launch of the scores kernel (its parameter block holds their
 // addresses); a call with more launches again.
 constexpr int kTopkMaxMatrices = 64;
+// Groups of matrices (each of one shape, dtype and block) one call takes: their selects
+// run as one launch.
+constexpr int kTopkMaxGroups = 16;
 
 struct BlockTopkParams {
   DType dtype = DType::kF32;  // the matrices' element type

@@ -165,12 +165,11 @@ auto RowActivation(B b) {
 template <class B>
 auto BlockTopk(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // density float32 []
-      .RemainingArgs()  // the matrices [..., K, N], one shape and dtype
-      .template Ret<AnyBuffer>()  // live pred [M, tk, tn]
-      .template Ret<AnyBuffer>()  // scores float32 [M, tk, tn]
-      .template Ret<AnyBuffer>()  // thresholds float32 [M]
-      .template Attr<int64_t>("tile_h")
-      .template Attr<int64_t>("tile_w");
+      .RemainingArgs()  // the groups' matrices [..., K_g, N_g], group after group
+      .RemainingRets()  // per group: live pred [M_g, tk, tn], scores float32 [M_g, tk, tn], thresholds float32 [M_g]
+      .template Attr<::xla::ffi::Span<const int64_t>>("tile_h")  // per group
+      .template Attr<::xla::ffi::Span<const int64_t>>("tile_w")
+      .template Attr<::xla::ffi::Span<const int64_t>>("group_sizes");  // matrix operands per group
 }
 
 template <class B>

@@ -272,25 +272,42 @@ __device__ __forceinline__ void ClusterSync() {
 #endif
 }
 
-// grid.x = matrices * cluster; CTA r of a matrix's cluster takes its scores [r * per,
-// (r + 1) * per) (per a multiple of 4). Two histograms alternate between passes: a CTA
-// clears one only after the cluster barrier that follows every CTA's reads of it.
-__global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTopkParams p, int cluster, int64_t per) {
+// The matrices of one select launch: every group of the call, numbered group after group.
+struct SelectGroups {
+  int count = 0;
+  int64_t first[kTopkMaxGroups + 1] = {};  // each group's first matrix; first[count]: all of them
+  int64_t blocks[kTopkMaxGroups] = {};     // scores a matrix
+  int64_t per[kTopkMaxGroups] = {};        // scores a CTA of a matrix's cluster (a multiple of 4)
+  const float* scores[kTopkMaxGroups] = {};
+  bool* live[kTopkMaxGroups] = {};
+  float* thresholds[kTopkMaxGroups] = {};
+  const float* density = nullptr;
+};
+
+// grid.x = matrices * cluster, matrices [first, first + gridDim.x / cluster) of `groups`;
+// CTA r of a matrix's cluster takes its scores [r * per, (r + 1) * per). Two histograms
+// alternate between passes: a CTA clears one only after the cluster barrier that follows
+// every CTA's reads of it.
+__global__ void __launch_bounds__(kSelectThreads)
+    TopkSelectKernel(const __grid_constant__ SelectGroups groups, int cluster, int64_t first) {
   __shared__ __align__(16) unsigned hists[2][kSelectBins];
   __shared__ unsigned warp_sums[kSelectThreads / 32];
   __shared__ unsigned s_digit, s_below;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t nb = p.tile_rows * p.tile_cols;
-  const int64_t m = blockIdx.x / cluster;
+  const int64_t gm = first + blockIdx.x / cluster;
+  int g = 0;
+  while (g + 1 < groups.count && gm >= groups.first[g + 1]) ++g;
+  const int64_t m = gm - groups.first[g];
+  const int64_t nb = groups.blocks[g], per = groups.per[g];
   const int r = static_cast<int>(blockIdx.x % cluster);  // the CTA's rank in its cluster (1-D)
   const int64_t s0 = Min64(r * per, nb), len = Min64(s0 + per, nb) - s0;
-  const float* scores = p.scores + m * nb + s0;
+  const float* scores = groups.scores[g] + m * nb + s0;
   const unsigned* bits = reinterpret_cast<const unsigned*>(scores);
   // 16-byte loads where the matrices' scores are whole vectors (then so is every slice).
   const bool vec = nb % 4 == 0;
   const int64_t n4 = vec ? len / 4 : 0;
   // The cut's rank among the scores in ascending order (0-based).
-  unsigned rank = static_cast<unsigned>(nb - TopkKeep(*p.density, nb));
+  unsigned rank = static_cast<unsigned>(nb - TopkKeep(*groups.density, nb));
   unsigned prefix = 0, mask = 0;
   for (int pass = 0; pass < kSelectPasses; ++pass) {
     const int shift = DigitShift(pass);
@@ -363,8 +380,8 @@ __global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTo
     __syncthreads();  // warp_sums, s_digit and s_below are rewritten by the next pass
   }
   const float cut = __uint_as_float(prefix);
-  if (t == 0 && r == 0) p.thresholds[m] = cut;
-  bool* live = p.live + m * nb + s0;
+  if (t == 0 && r == 0) groups.thresholds[g][m] = cut;
+  bool* live = groups.live[g] + m * nb + s0;
   if (vec) {
     for (int64_t i = t; i < n4; i += kSelectThreads) {
       const float4 v = reinterpret_cast<const float4*>(scores)[i];
@@ -380,8 +397,9 @@ __global__ void __launch_bounds__(kSelectThreads) TopkSelectKernel(const BlockTo
 
 unsigned GridDim(int64_t v, int64_t cap) { return static_cast<unsigned>(std::max<int64_t>(1, std::min(v, cap))); }
 
+// One group's block scores.
 template <typename T>
-cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStream_t stream) {
+cudaError_t LaunchScores(const BlockTopkParams& p, const void* const* bases, cudaStream_t stream) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   const int64_t bands_per_group = p.tile_h >= kGroupRows ? 1 : kGroupRows / p.tile_h;
   const int64_t groups = CeilDivHost(p.tile_rows, bands_per_group);
@@ -423,24 +441,40 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  // The select: a cluster of CTAs per matrix where the device has clusters (sm_90) and the
-  // matrix has more than kSelectScoresPerCta scores.
-  const int64_t nb = p.tile_rows * p.tile_cols;
+  return cudaSuccess;
+}
+
+// The selects of every group in one launch: a cluster of CTAs per matrix where the device
+// has clusters (sm_90), as many as the group with the most scores needs (one per
+// kSelectScoresPerCta, at most kSelectMaxCluster). The select is latency-bound: four
+// launches for BERT's four kernel shapes cost ~4x one (block_topk_select_launches_*.txt).
+cudaError_t LaunchSelect(const BlockTopkParams* groups, int n_groups, cudaStream_t stream) {
   const sm90::DeviceInfo* dev = sm90::GetDeviceInfo();
-  const int cluster = dev != nullptr && dev->sm90
-                          ? static_cast<int>(std::min<int64_t>(kSelectMaxCluster,
-                                                               std::max<int64_t>(1, CeilDivHost(nb, kSelectScoresPerCta))))
-                          : 1;
-  const int64_t per = CeilDivHost(CeilDivHost(nb, cluster), 4) * 4;
+  const bool clusters = dev != nullptr && dev->sm90;
+  SelectGroups s;
+  s.count = n_groups;
+  s.density = groups[0].density;
+  int cluster = 1;
+  int64_t total = 0;
+  for (int g = 0; g < n_groups; ++g) {
+    const int64_t nb = groups[g].tile_rows * groups[g].tile_cols;
+    if (clusters)
+      cluster = std::max(cluster, static_cast<int>(std::min<int64_t>(
+                                      kSelectMaxCluster, std::max<int64_t>(1, CeilDivHost(nb, kSelectScoresPerCta)))));
+    s.first[g] = total;
+    s.blocks[g] = nb;
+    s.scores[g] = groups[g].scores;
+    s.live[g] = groups[g].live;
+    s.thresholds[g] = groups[g].thresholds;
+    total += groups[g].matrices;
+  }
+  s.first[n_groups] = total;
+  for (int g = 0; g < n_groups; ++g) s.per[g] = CeilDivHost(CeilDivHost(s.blocks[g], cluster), 4) * 4;
   sm90::ClusterLaunch launch(cluster, kSelectThreads, 0, stream);
-  for (int64_t first = 0; first < p.matrices; first += 65535) {
-    BlockTopkParams q = p;  // matrices [first, first + 65535) of the select
-    const int64_t count = std::min<int64_t>(65535, p.matrices - first);
-    q.scores = p.scores + first * nb;
-    q.live = p.live + first * nb;
-    q.thresholds = p.thresholds + first;
+  for (int64_t first = 0; first < total; first += 65535) {
+    const int64_t count = std::min<int64_t>(65535, total - first);
     launch.cfg.gridDim = dim3(static_cast<unsigned>(count * cluster));
-    const cudaError_t err = cudaLaunchKernelEx(&launch.cfg, TopkSelectKernel, q, cluster, per);
+    const cudaError_t err = cudaLaunchKernelEx(&launch.cfg, TopkSelectKernel, s, cluster, first);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -448,8 +482,17 @@ cudaError_t Launch(const BlockTopkParams& p, const void* const* bases, cudaStrea
 
 }  // namespace
 
-cudaError_t LaunchBlockTopk(const BlockTopkParams& p, const void* const* bases, cudaStream_t stream) {
-  return WithFloatType(p.dtype, [&](auto t) { return Launch<decltype(t)>(p, bases, stream); });
+cudaError_t LaunchBlockTopk(const BlockTopkParams* groups, int n_groups, const void* const* bases,
+                            cudaStream_t stream) {
+  if (n_groups < 1 || n_groups > kTopkMaxGroups) return cudaErrorInvalidValue;
+  for (int g = 0; g < n_groups; ++g) {
+    const BlockTopkParams& p = groups[g];
+    const cudaError_t err =
+        WithFloatType(p.dtype, [&](auto t) { return LaunchScores<decltype(t)>(p, bases, stream); });
+    if (err != cudaSuccess) return err;
+    bases += p.matrices;
+  }
+  return LaunchSelect(groups, n_groups, stream);
 }
 
 }  // namespace pit

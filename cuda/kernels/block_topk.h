@@ -11,7 +11,10 @@
 
 namespace pit {
 
-// `bases`: the p.matrices matrices' addresses (host array, read before returning).
-cudaError_t LaunchBlockTopk(const BlockTopkParams& p, const void* const* bases, cudaStream_t stream);
+// `groups`: n_groups groups of matrices (each one shape, dtype and block), each group's
+// scores by launches of its own, the selects of all of them by one launch. `bases`: the
+// matrices' addresses, group after group (host array, read before returning).
+cudaError_t LaunchBlockTopk(const BlockTopkParams* groups, int n_groups, const void* const* bases,
+                            cudaStream_t stream);
 
 }  // namespace pit

@@ -9,10 +9,14 @@ from typing import NamedTuple, Sequence, Union
 import jax
 import jax.numpy as jnp
 
-from pit_jax import config, reference
+from pit_jax import config
 from pit_jax.pit_index import MicroTileSpec, normalize_micro_tile
 from pit_jax.primitives._products import FLOATS
-from pit_jax.primitives.block_topk import block_topk_p
+from pit_jax.primitives.block_topk import block_topk_p, reference_groups
+
+
+# Groups one pit_block_topk call takes (cuda/common/block_topk_params.h, kTopkMaxGroups).
+MAX_GROUPS = 16
 
 
 class TopBlocks(NamedTuple):
@@ -57,46 +61,110 @@ def block_topk(
     (XLA fuses the reduction there) and skip reading the weights again here
     (examples/pit_models/pruning.py, `partial_scores`).
     """
+    return _block_topk_groups("pit_jax.block_topk", "matrices", [matrices], [micro_tile], density)[0]
+
+
+def block_topk_groups(
+    groups: Sequence[Union[jax.Array, Sequence[jax.Array]]],
+    micro_tiles: Union[MicroTileSpec, Sequence[MicroTileSpec]],
+    density,
+) -> list:
+    """`block_topk` of several groups of matrices in one call: a model's kernels of every
+    shape, say, each group what `block_topk` takes (an array, or a list of arrays of one
+    trailing shape and dtype). The groups may differ in shape, dtype and block; the
+    density is shared. On the GPU each group's scores run as before and the selects of
+    all of them as one launch (the select is latency-bound: BERT-base's four kernel
+    shapes cost ~22 us a step as four launches, docs/workloads.md).
+
+    Args:
+      groups: a non-empty sequence of at most 16 groups.
+      micro_tiles: one block (h, w) for every group, or a sequence of one per group.
+      density: as for `block_topk`.
+
+    Returns:
+      A list of `TopBlocks`, one per group: exactly what `block_topk(groups[g],
+      micro_tiles[g], density)` returns.
+    """
+    if not isinstance(groups, (list, tuple)) or not groups:
+        raise ValueError("pit_jax.block_topk_groups: groups must be a non-empty list of arrays or lists of arrays")
+    if len(groups) > MAX_GROUPS:
+        raise ValueError(f"pit_jax.block_topk_groups: at most {MAX_GROUPS} groups, got {len(groups)}")
+    per_group = not _is_tile_spec(micro_tiles)
+    if per_group and (not isinstance(micro_tiles, (list, tuple)) or len(micro_tiles) != len(groups)):
+        raise ValueError(
+            f"pit_jax.block_topk_groups: micro_tiles must be one block (h, w) or a list of one per group "
+            f"({len(groups)}), got {micro_tiles!r}"
+        )
+    tiles = list(micro_tiles) if per_group else [micro_tiles] * len(groups)
+    return _block_topk_groups("pit_jax.block_topk_groups", "groups", list(groups), tiles, density)
+
+
+def _is_tile_spec(t) -> bool:
+    """Whether `t` is one micro-tile spec (None, a name, or (h, w) of ints / None)."""
+    return t is None or isinstance(t, str) or (
+        isinstance(t, (tuple, list)) and len(t) == 2 and all(v is None or isinstance(v, int) for v in t)
+    )
+
+
+def _group(fn, arg, index, matrices, micro_tile):
+    """(single, mats, (tile_h, tile_w), grid) of one group, validated; `arg` names it."""
     single = not isinstance(matrices, (list, tuple))
     mats = [matrices] if single else list(matrices)
+    name = arg if index is None else f"{arg}[{index}]"
     if not mats:
-        raise ValueError("pit_jax.block_topk: matrices must be an array or a non-empty list of arrays")
+        raise ValueError(f"{fn}: {name} must be an array or a non-empty list of arrays")
     mats = [m if hasattr(m, "shape") and hasattr(m, "dtype") else jnp.asarray(m) for m in mats]
     first = mats[0]
     for i, m in enumerate(mats):
-        what = "matrices" if single else f"matrices[{i}]"
+        what = name if single else f"{name}[{i}]"
         if m.ndim < 2:
-            raise ValueError(f"pit_jax.block_topk: {what} must have rank >= 2 ([..., K, N]), got shape {tuple(m.shape)}")
+            raise ValueError(f"{fn}: {what} must have rank >= 2 ([..., K, N]), got shape {tuple(m.shape)}")
         if m.dtype not in FLOATS:
-            raise TypeError(f"pit_jax.block_topk: {what} must be float32, bfloat16 or float16, got {m.dtype}")
+            raise TypeError(f"{fn}: {what} must be float32, bfloat16 or float16, got {m.dtype}")
         if m.shape[-2:] != first.shape[-2:] or m.dtype != first.dtype:
             raise ValueError(
-                f"pit_jax.block_topk: {what} must match matrices[0]'s trailing shape {tuple(first.shape[-2:])} "
+                f"{fn}: {what} must match {name}[0]'s trailing shape {tuple(first.shape[-2:])} "
                 f"and dtype {first.dtype}, got {tuple(m.shape[-2:])} {m.dtype}"
             )
     k, n = first.shape[-2:]
     if k < 1 or n < 1:
-        raise ValueError(f"pit_jax.block_topk: the matrices must not be empty, got [..., {k}, {n}]")
+        raise ValueError(f"{fn}: the matrices must not be empty, got [..., {k}, {n}]")
     if isinstance(micro_tile, (tuple, list)) and len(micro_tile) == 2:
         # A block wider or taller than the matrix covers its whole extent (one partial
         # block), as jnp's padded block sums have it.
         micro_tile = tuple(min(v, d) if isinstance(v, int) and v >= 1 else v for v, d in zip(micro_tile, (k, n)))
-    tile_h, tile_w = normalize_micro_tile(micro_tile, (k, n), "pit_jax.block_topk: micro_tile")
+    tile_h, tile_w = normalize_micro_tile(micro_tile, (k, n), f"{fn}: micro_tile")
     grid = (math.ceil(k / tile_h), math.ceil(n / tile_w))
     if grid[0] * grid[1] > 2**30:
-        raise ValueError("pit_jax.block_topk: at most 2^30 blocks per matrix are supported")
+        raise ValueError(f"{fn}: at most 2^30 blocks per matrix are supported")
+    return single, mats, (tile_h, tile_w), grid
+
+
+def _block_topk_groups(fn, arg, groups, micro_tiles, density) -> list:
+    parts = [_group(fn, arg, None if arg == "matrices" else g, m, t)
+             for g, (m, t) in enumerate(zip(groups, micro_tiles))]
     density = jnp.asarray(density)
     if density.shape != () or not jnp.issubdtype(density.dtype, jnp.floating):
-        raise TypeError(f"pit_jax.block_topk: density must be a float scalar, got {density.dtype}{list(density.shape)}")
+        raise TypeError(f"{fn}: density must be a float scalar, got {density.dtype}{list(density.shape)}")
     density = density.astype(jnp.float32)
-    total = sum(math.prod(m.shape[:-2]) for m in mats)
-    if total == 0:
-        outs = (jnp.zeros((0, *grid), jnp.bool_), jnp.zeros((0, *grid), jnp.float32), jnp.zeros((0,), jnp.float32))
-    elif config.reference_enabled("index"):
-        outs = reference.block_topk(density, *mats, tile_h=tile_h, tile_w=tile_w)
-    else:
-        outs = block_topk_p.bind(density, *(jax.lax.stop_gradient(m) for m in mats), tile_h=tile_h, tile_w=tile_w)
-    if single:
-        lead = tuple(first.shape[:-2])
-        outs = (outs[0].reshape(*lead, *grid), outs[1].reshape(*lead, *grid), outs[2].reshape(lead))
-    return TopBlocks(*outs)
+    # Groups without matrices (a leading dim of 0) get empty results and stay out of the call.
+    live_groups = [g for g, (_, mats, _, _) in enumerate(parts) if sum(math.prod(m.shape[:-2]) for m in mats) > 0]
+    outs = {}
+    if live_groups:
+        mats = [m for g in live_groups for m in parts[g][1]]
+        tiles = tuple(parts[g][2] for g in live_groups)
+        sizes = tuple(len(parts[g][1]) for g in live_groups)
+        if config.reference_enabled("index"):
+            flat = reference_groups(density, *mats, tiles=tiles, groups=sizes)
+        else:
+            flat = block_topk_p.bind(density, *(jax.lax.stop_gradient(m) for m in mats), tiles=tiles, groups=sizes)
+        outs = {g: tuple(flat[3 * i:3 * i + 3]) for i, g in enumerate(live_groups)}
+    results = []
+    for g, (single, mats, _, grid) in enumerate(parts):
+        out = outs.get(g) or (jnp.zeros((0, *grid), jnp.bool_), jnp.zeros((0, *grid), jnp.float32),
+                              jnp.zeros((0,), jnp.float32))
+        if single:
+            lead = tuple(mats[0].shape[:-2])
+            out = (out[0].reshape(*lead, *grid), out[1].reshape(*lead, *grid), out[2].reshape(lead))
+        results.append(TopBlocks(*out))
+    return results

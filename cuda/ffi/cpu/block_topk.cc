@@ -2,6 +2,7 @@
 // |w|, the exact keep-th largest score per matrix, live = score >= it).
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "cuda/ffi/bindings.h"
@@ -12,7 +13,7 @@
 namespace pit {
 namespace {
 
-void BlockTopk(const BlockTopkParams& p, const std::vector<const void*>& bases) {
+void BlockTopk(const BlockTopkParams& p, const void* const* bases) {
   const int64_t n = p.cols, nb = p.tile_rows * p.tile_cols;
   std::vector<float> row(static_cast<size_t>(n));
   std::vector<uint32_t> bits(static_cast<size_t>(nb));
@@ -34,16 +35,20 @@ void BlockTopk(const BlockTopkParams& p, const std::vector<const void*>& bases) 
   }
 }
 
-ffi::Error BlockTopkCpu(ffi::AnyBuffer density, ffi::RemainingArgs mats, ffi::Result<ffi::AnyBuffer> live,
-                        ffi::Result<ffi::AnyBuffer> scores, ffi::Result<ffi::AnyBuffer> thresholds, int64_t tile_h,
-                        int64_t tile_w) {
+ffi::Error BlockTopkCpu(ffi::AnyBuffer density, ffi::RemainingArgs mats, ffi::RemainingRets rets,
+                        ffi::Span<const int64_t> tile_h, ffi::Span<const int64_t> tile_w,
+                        ffi::Span<const int64_t> group_sizes) {
+  std::vector<BlockTopkParams> groups;
   std::vector<const void*> bases;
-  auto p = DecodeBlockTopk(density, mats, live, scores, thresholds, tile_h, tile_w, bases);
-  if (p.has_error()) return p.error();
-  cpu::Poison(live->untyped_data(), live->size_bytes());
-  cpu::Poison(scores->untyped_data(), scores->size_bytes());
-  cpu::Poison(thresholds->untyped_data(), thresholds->size_bytes());
-  BlockTopk(*p, bases);
+  std::vector<std::pair<void*, size_t>> outputs;
+  ffi::Error err = DecodeBlockTopk(density, mats, rets, tile_h, tile_w, group_sizes, groups, bases, outputs);
+  if (err.failure()) return err;
+  for (const auto& o : outputs) cpu::Poison(o.first, o.second);
+  const void* const* group_bases = bases.data();
+  for (const BlockTopkParams& p : groups) {
+    BlockTopk(p, group_bases);
+    group_bases += p.matrices;
+  }
   return ffi::Error::Success();
 }
 

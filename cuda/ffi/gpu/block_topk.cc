@@ -1,5 +1,6 @@
 // pit_block_topk on the GPU: decode and validate (shared with the CPU handler), then launch
 // on XLA's stream (no host sync, no allocation: command-buffer compatible).
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -14,16 +15,19 @@ namespace pit {
 namespace {
 
 ffi::Error BlockTopkCuda(cudaStream_t stream, ffi::AnyBuffer density, ffi::RemainingArgs mats,
-                         ffi::Result<ffi::AnyBuffer> live, ffi::Result<ffi::AnyBuffer> scores,
-                         ffi::Result<ffi::AnyBuffer> thresholds, int64_t tile_h, int64_t tile_w) {
+                         ffi::RemainingRets rets, ffi::Span<const int64_t> tile_h, ffi::Span<const int64_t> tile_w,
+                         ffi::Span<const int64_t> group_sizes) {
   ++HandlerCalls();
+  std::vector<BlockTopkParams> groups;
   std::vector<const void*> bases;
-  auto p = DecodeBlockTopk(density, mats, live, scores, thresholds, tile_h, tile_w, bases);
-  if (p.has_error()) return p.error();
-  cudaError_t status = gpu::Poison(live->untyped_data(), live->size_bytes(), stream);
-  if (status == cudaSuccess) status = gpu::Poison(scores->untyped_data(), scores->size_bytes(), stream);
-  if (status == cudaSuccess) status = gpu::Poison(thresholds->untyped_data(), thresholds->size_bytes(), stream);
-  if (status == cudaSuccess) status = LaunchBlockTopk(*p, bases.data(), stream);
+  std::vector<std::pair<void*, size_t>> outputs;
+  ffi::Error err = DecodeBlockTopk(density, mats, rets, tile_h, tile_w, group_sizes, groups, bases, outputs);
+  if (err.failure()) return err;
+  cudaError_t status = cudaSuccess;
+  for (const auto& o : outputs)
+    if (status == cudaSuccess) status = gpu::Poison(o.first, o.second, stream);
+  if (status == cudaSuccess)
+    status = LaunchBlockTopk(groups.data(), static_cast<int>(groups.size()), bases.data(), stream);
   return gpu::LaunchStatus("pit_block_topk", status);
 }
 
