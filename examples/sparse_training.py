@@ -8,9 +8,10 @@ and dx (the weight gradient is zero off the live blocks; on CUDA it is the maske
 product, which measured faster than kernels over the live blocks). Compares, in one run:
   pit          SparseDense on the W axis with the recomputed index (or, where the
                optimizer expects it faster, the dense product on the masked kernel);
-               the mask by pit_jax.block_topk (block norms and a radix select on the
-               device, no sort; the W-axis linears' norms half-summed by the last
-               step's optimizer update, `pruning.ScoredState`)
+               the mask by pit_jax.block_topk_groups (block norms and a radix select on
+               the device, no sort, one call for every kernel shape; the W-axis
+               linears' norms half-summed by the last step's optimizer update,
+               `pruning.ScoredState`)
   dense_masked nn.Dense on w * mask (the same mask recomputed every step, by XLA's
                block sums and a sort): what a JAX user writes for pruning, and the
                alternative
@@ -103,8 +104,9 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
         return p, pruning.scored_state(p, o, tile, scored_linears) if scored else o, loss, live
 
     def pit_step(p, s, t, ln, y, density):
-        # recomputed from the current weights, by pit_jax.block_topk (no sort): from the
-        # partial scores the last update left in a ScoredState, else from the kernels.
+        # recomputed from the current weights, by pit_jax.block_topk_groups (no sort, one
+        # call for the four kernel shapes): from the partial scores the last update left
+        # in a ScoredState, else from the kernels.
         # The masks stay stacked per kernel shape where their consumers take them so (the
         # W-axis indexes, the live fraction): per-kernel slices would be 48 more kernels.
         partials = s.partials if isinstance(s, pruning.ScoredState) else None

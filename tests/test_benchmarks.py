@@ -227,5 +227,6 @@ def test_bench_block_topk_smoke(tmp_path):
     from benchmarks import bench_block_topk
 
     rows = bench_block_topk.main(["--small", "--out", str(tmp_path)])
-    assert len(rows) == 6 and all(r["median_ms"] > 0 for r in rows)
+    assert len(rows) == 9 and all(r["median_ms"] > 0 for r in rows)
+    assert {r["impl"] for r in rows} == {"pit_jax", "pit_jax one call", "jnp sums+sort"}
     assert len(list(tmp_path.glob("block_topk_*.json"))) == 1

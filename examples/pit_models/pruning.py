@@ -143,8 +143,9 @@ def live_blocks_by_shape(params, density, tile, *, impl="jax", partials=None) ->
     48, and kept stacked for the consumers that take them that way (`weight_indexes`,
     `live_fraction`): a per-kernel slice they would stack again is one more kernel each.
     impl "jax": XLA's block sums and one batched sort per shape (what a JAX user writes);
-    "pit": `pit_jax.block_topk` (the same blocks, by a radix select on the device, the
-    kernels read once and not stacked). `partials` ({name: `partial_scores`} of these
+    "pit": `pit_jax.block_topk_groups`, one call for all the shapes (the same blocks, by a
+    radix select on the device, the kernels read once and not stacked, the selects one
+    launch). `partials` ({name: `partial_scores`} of these
     params, e.g. `ScoredState.partials`): "pit" finishes their sums instead of reading
     the kernels, for each shape whose kernels all have them."""
     if impl not in ("jax", "pit"):
@@ -152,16 +153,21 @@ def live_blocks_by_shape(params, density, tile, *, impl="jax", partials=None) ->
     if partials is not None and impl != "pit":
         raise ValueError("live_blocks: partials are read by impl='pit' only")
     kernels = pruned_kernels(params)
-    out = {}
-    for shape, names in names_by_shape({n: w.shape for n, w in kernels.items()}).items():
+    by_shape = names_by_shape({n: w.shape for n, w in kernels.items()})
+    if impl == "jax":
+        return {shape: (names, top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density))
+                for shape, names in by_shape.items()}
+    # One call for every shape: their selects run as one launch on the GPU.
+    groups, tiles = [], []
+    for names in by_shape.values():
         if partials is not None and all(n in partials for n in names):
-            live = pit_jax.block_topk([partials[n] for n in names], partial_tile(tile), density).live
-        elif impl == "pit":
-            live = pit_jax.block_topk([kernels[n] for n in names], tile, density).live
+            groups.append([partials[n] for n in names])
+            tiles.append(partial_tile(tile))
         else:
-            live = top_blocks(jnp.stack([block_scores(kernels[n], tile) for n in names]), density)
-        out[shape] = (names, live)
-    return out
+            groups.append([kernels[n] for n in names])
+            tiles.append(tile)
+    tops = pit_jax.block_topk_groups(groups, tiles, density)
+    return {shape: (names, top.live) for (shape, names), top in zip(by_shape.items(), tops)}
 
 
 def live_blocks(params, density, tile, *, impl="jax") -> Dict[str, jax.Array]:
