@@ -39,6 +39,10 @@ CASES = [
     ((2,), 96, 64, (32, 2)),
     ((), 70, 40, (8, 4)),
     ((), 50, 1024, (16, 1)),
+    # one-row blocks 2-8 vectors wide, N a multiple of them (1x32 strips): the flat row
+    # walk; a partial last group of 8 rows
+    ((2,), 37, 256, (1, 32)),
+    ((), 8, 64, (1, 16)),
 ]
 
 

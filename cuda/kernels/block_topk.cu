@@ -7,7 +7,8 @@
 // partial sum per band in shared memory; the partials then add per block in column order.
 // Every block's score is summed in a fixed order: the same on every run. (One 4- or
 // 2-byte load per thread and row moved ~2.6 TB/s in the pruned BERT step on the H200.)
-// NarrowBlockScoresKernel takes blocks narrower than a vector (32x1 strips).
+// NarrowBlockScoresKernel takes blocks narrower than a vector (32x1 strips),
+// RowBlockScoresKernel one-row blocks a few vectors wide (1x32 strips).
 //
 // TopkSelectKernel: a matrix per CTA, or per cluster of up to 8 CTAs on Hopper (each a
 // slice of its scores). The scores are non-negative floats, so their bits order as
@@ -69,7 +70,8 @@ constexpr int ScoreLoadsInFlight() { return V == 1 ? 16 : 8; }
 
 // kThin: bands thinner than the loads in flight (1x32 strips: one-row bands). Walking
 // band by band would leave one load in flight per band (~1.5 TB/s, 224 us of a pruned
-// BERT step on the H200); these loads run across the group's bands instead (127 us).
+// BERT step on the H200); these loads run across the group's bands instead (127 us;
+// RowBlockScoresKernel now takes one-row blocks where N is a multiple of the block).
 // kDeep = 2: twice the loads in flight, for bands at least that thick (the launcher).
 template <typename T, int V, bool kThin, int kDeep = 1>
 __global__ void __launch_bounds__(kScoreThreads, kDeep == 2 ? 3 : 0)
@@ -207,6 +209,49 @@ __global__ void __launch_bounds__(kScoreThreads)
         }
       }
     }
+  }
+}
+
+// One-row blocks a few vectors wide (1x32 strips: kLanes = tile_w / V of 2, 4 or 8), N a
+// multiple of tile_w: thread i of the flat grid takes vector i % (N / V) of rows 8 (i /
+// (N / V)) .. + 7, all 8 loads in flight, and the kLanes lanes of a block add their row
+// sums by shuffles (a fixed tree): no shared memory, no barrier, no idle columns. (The
+// band kernel's thin variant gave these blocks 127 us of a pruned BERT step on the H200,
+// its last column chunk partly idle, against an 82 us read floor.)
+template <typename T, int V, int kLanes>
+__global__ void __launch_bounds__(kScoreThreads)
+    RowBlockScoresKernel(const BlockTopkParams p, const MatrixTable table, int64_t first) {
+  constexpr int kRows = ScoreLoadsInFlight<V>();
+  const int64_t n = p.cols, k = p.rows, vecs = n / V;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kScoreThreads + threadIdx.x;
+  const int64_t row0 = (i / vecs) * kRows, c = (i % vecs) * V;
+  // Whole warps stay in (kLanes divides 32 and N / V): lanes past the rows add zeros.
+  const T* __restrict__ w = static_cast<const T*>(table.base[blockIdx.y]);
+  float* __restrict__ scores = p.scores + (first + blockIdx.y) * p.tile_rows * p.tile_cols;
+  gemm::Words<T, V> v[kRows];
+  if (row0 + kRows <= k) {
+    LoadRowWords<T, V, kRows>(w + row0 * n + c, n, v);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (row0 + r < k) gemm::LoadWords<T, V>(w + (row0 + r) * n + c, v[r]);
+  }
+  float sum[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float f[V];
+    gemm::ToFloats<T, V>(v[r], f);
+    sum[r] = row0 + r < k ? RowSum<V>(f) : 0.f;
+  }
+#pragma unroll
+  for (int d = 1; d < kLanes; d *= 2)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], d);
+  if (threadIdx.x % kLanes == 0) {
+    const int64_t tc = c / p.tile_w;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (row0 + r < k) scores[(row0 + r) * p.tile_cols + tc] = sum[r];
   }
 }
 
@@ -421,6 +466,18 @@ cudaError_t LaunchScores(const BlockTopkParams& p, const void* const* bases, cud
       const dim3 grid(GridDim(CeilDivHost(p.cols, kVec * kScoreThreads), 0x7fffffff), GridDim(groups, 65535),
                       static_cast<unsigned>(count));
       NarrowBlockScoresKernel<T, kVec><<<grid, kScoreThreads, 0, stream>>>(p, table, first, bands_per_group, groups);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+      continue;
+    }
+    const int64_t lanes = vec ? p.tile_w / kVec : 0;
+    if (p.tile_h == 1 && (lanes == 2 || lanes == 4 || lanes == 8) && p.cols % p.tile_w == 0) {
+      // Every row's blocks from one flat grid of (8-row group, vector) threads.
+      const int64_t threads = CeilDivHost(p.rows, ScoreLoadsInFlight<kVec>()) * (p.cols / kVec);
+      const dim3 grid(GridDim(CeilDivHost(threads, kScoreThreads), 0x7fffffff), static_cast<unsigned>(count));
+      auto kernel = lanes == 2 ? RowBlockScoresKernel<T, kVec, 2>
+                               : (lanes == 4 ? RowBlockScoresKernel<T, kVec, 4> : RowBlockScoresKernel<T, kVec, 8>);
+      kernel<<<grid, kScoreThreads, 0, stream>>>(p, table, first);
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
       continue;
