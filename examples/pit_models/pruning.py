@@ -4,10 +4,10 @@ A kernel [K, N] is cut into micro-tiles (bk, bn) (PIT's weight blocks: 32x64, or
 finer 32x1 / 1x32); each block scores its L1 norm; the `density` fraction of blocks
 with the highest scores stay live. `density` may be a traced scalar (a schedule), since
 the threshold is read from the scores on the device, so changing it does not recompile.
-The block masks (`live_blocks`: per kernel shape, one batched sort, or one
-`pit_jax.block_topk` call) become PitIndexes (W axis) for the PIT model directly
-(`weight_indexes`), or element masks that multiply the kernels for the dense twin
-(`masks`, `apply_masks`): both compute x @ (w * mask).
+The block masks (`live_blocks`: per kernel shape one batched sort, or one
+`pit_jax.block_topk_groups` call for every shape) become PitIndexes (W axis) for the
+PIT model directly (`weight_indexes`), or element masks that multiply the kernels for
+the dense twin (`masks`, `apply_masks`): both compute x @ (w * mask).
 
 The scores can be half-summed where the kernels are written: `ScoredState` carries,
 next to the optimizer's state, each kernel's `partial_scores` of the updated weights,
@@ -139,15 +139,15 @@ def names_by_shape(shapes) -> Dict[tuple, list]:
 
 def live_blocks_by_shape(params, density, tile, *, impl="jax", partials=None) -> Dict[tuple, Tuple[list, jax.Array]]:
     """{(K, N): (names, bool [len(names), tk, tn])}: the live blocks of the pruned kernels
-    of each shape (the same linear in every layer), decided together, 4 calls a step, not
-    48, and kept stacked for the consumers that take them that way (`weight_indexes`,
+    of each shape (the same linear in every layer), decided together (not 48 times) and
+    kept stacked for the consumers that take them that way (`weight_indexes`,
     `live_fraction`): a per-kernel slice they would stack again is one more kernel each.
     impl "jax": XLA's block sums and one batched sort per shape (what a JAX user writes);
     "pit": `pit_jax.block_topk_groups`, one call for all the shapes (the same blocks, by a
     radix select on the device, the kernels read once and not stacked, the selects one
-    launch). `partials` ({name: `partial_scores`} of these
-    params, e.g. `ScoredState.partials`): "pit" finishes their sums instead of reading
-    the kernels, for each shape whose kernels all have them."""
+    launch). `partials` ({name: `partial_scores`} of these params, e.g.
+    `ScoredState.partials`): "pit" finishes their sums instead of reading the kernels,
+    for each shape whose kernels all have them."""
     if impl not in ("jax", "pit"):
         raise ValueError(f"live_blocks: impl must be 'jax' or 'pit', got {impl!r}")
     if partials is not None and impl != "pit":

@@ -61,7 +61,7 @@ def block_topk(
     (XLA fuses the reduction there) and skip reading the weights again here
     (examples/pit_models/pruning.py, `partial_scores`).
     """
-    return _block_topk_groups("pit_jax.block_topk", "matrices", [matrices], [micro_tile], density)[0]
+    return _block_topk_groups("pit_jax.block_topk", ["matrices"], [matrices], [micro_tile], density)[0]
 
 
 def block_topk_groups(
@@ -96,7 +96,8 @@ def block_topk_groups(
             f"({len(groups)}), got {micro_tiles!r}"
         )
     tiles = list(micro_tiles) if per_group else [micro_tiles] * len(groups)
-    return _block_topk_groups("pit_jax.block_topk_groups", "groups", list(groups), tiles, density)
+    names = [f"groups[{g}]" for g in range(len(groups))]
+    return _block_topk_groups("pit_jax.block_topk_groups", names, list(groups), tiles, density)
 
 
 def _is_tile_spec(t) -> bool:
@@ -106,11 +107,10 @@ def _is_tile_spec(t) -> bool:
     )
 
 
-def _group(fn, arg, index, matrices, micro_tile):
-    """(single, mats, (tile_h, tile_w), grid) of one group, validated; `arg` names it."""
+def _group(fn, name, matrices, micro_tile):
+    """(single, mats, (tile_h, tile_w), grid) of one group, validated; `name` names it."""
     single = not isinstance(matrices, (list, tuple))
     mats = [matrices] if single else list(matrices)
-    name = arg if index is None else f"{arg}[{index}]"
     if not mats:
         raise ValueError(f"{fn}: {name} must be an array or a non-empty list of arrays")
     mats = [m if hasattr(m, "shape") and hasattr(m, "dtype") else jnp.asarray(m) for m in mats]
@@ -140,9 +140,8 @@ def _group(fn, arg, index, matrices, micro_tile):
     return single, mats, (tile_h, tile_w), grid
 
 
-def _block_topk_groups(fn, arg, groups, micro_tiles, density) -> list:
-    parts = [_group(fn, arg, None if arg == "matrices" else g, m, t)
-             for g, (m, t) in enumerate(zip(groups, micro_tiles))]
+def _block_topk_groups(fn, names, groups, micro_tiles, density) -> list:
+    parts = [_group(fn, name, m, t) for name, m, t in zip(names, groups, micro_tiles)]
     density = jnp.asarray(density)
     if density.shape != () or not jnp.issubdtype(density.dtype, jnp.floating):
         raise TypeError(f"{fn}: density must be a float scalar, got {density.dtype}{list(density.shape)}")
