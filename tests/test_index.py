@@ -80,6 +80,74 @@ def test_index_matches_numpy(platform, density, dtype, micro_tile, shape):
     check_index(idx, x, tile, f"seed={seed} group_by={group_by}")
 
 
+# Shapes that give the CUDA walk modes (docs/notes/index_kernel.md) several units along
+# both axes: 32x1 tiles over more than one 32-vector chunk of a tile row with a partial last
+# tile row; 32x64 / 16x32 / 1x64 tiles in several strips a tile column with a partial last
+# tile column; a leading batch dimension. bool masks whose rows are not whole 16-byte
+# vectors take the shared mode, as before (1000 x 520 here).
+WALK_CASES = [
+    ((32, 1), (300, 4104)),
+    ((8, 2), (72, 528)),
+    ((32, 64), (1000, 520)),
+    ((16, 32), (3, 200, 264)),
+    ((1, 64), (300, 1008)),
+]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("micro_tile,shape", WALK_CASES, ids=[f"{t}-{s}" for t, s in WALK_CASES])
+def test_walk_shapes_match_numpy(platform, density, dtype, micro_tile, shape):
+    rng, seed = fresh_rng()
+    x, _ = tiled_sparse(rng, shape, micro_tile, density, dtype)
+    group_by = [None, "row", "col", "both"][seed % 4]
+    idx = jax.jit(lambda a: pit_jax.index(a, micro_tile, group_by=group_by))(put(platform, x))
+    check_index(idx, x, micro_tile, f"seed={seed} group_by={group_by}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("micro_tile,shape", WALK_CASES, ids=[f"{t}-{s}" for t, s in WALK_CASES])
+def test_walk_shapes_over_capacity(platform, micro_tile, shape):
+    """A flat list smaller than the live tiles keeps `capacity` distinct live tiles, counts all."""
+    rng, seed = fresh_rng()
+    x, live = tiled_sparse(rng, shape, micro_tile, 0.5, jnp.bfloat16)
+    per_matrix = live.shape[-2] * live.shape[-1]
+    cap = max(1, per_matrix // 5)
+    idx = jax.jit(lambda a: pit_jax.index(a, micro_tile, capacity=cap, group_by="both"))(put(platform, x))
+    count, tiles = np.asarray(idx.count), np.asarray(idx.tiles)
+    lead = live.shape[:-2]
+    for b in np.ndindex(*lead):
+        lv = live[b].ravel()
+        assert int(count[b]) == int(lv.sum()), f"seed={seed} batch {b}"
+        got = tiles[b][: min(cap, int(lv.sum()))]
+        assert len(np.unique(got)) == len(got) and lv[got].all(), f"seed={seed} batch {b}: {got}"
+    check_index(pit_jax.index(put(platform, x), micro_tile, group_by="both"), x, micro_tile, f"seed={seed}")
+
+
+# 2-D tiles live by one element anywhere in the tile (any row, any column): the walk modes
+# read a tile's rows in several lanes and loads.
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32, jnp.bool_], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("micro_tile,shape", [((32, 64), (500, 400)), ((32, 1), (200, 1040)), ((1, 64), (90, 640))],
+                         ids=str)
+def test_block_tiles_live_by_one_element_anywhere(platform, dtype, micro_tile, shape):
+    rng, seed = fresh_rng()
+    rows, cols = shape
+    h, w = micro_tile
+    tr, tc = -(-rows // h), -(-cols // w)
+    live = rng.random((tr, tc)) < 0.3
+    x = np.where(rng.random(shape) < 0.5, -0.0, 0.0).astype(np.float32)
+    for r, c in zip(*np.nonzero(live)):
+        i = rng.integers(r * h, min(rows, (r + 1) * h))
+        j = rng.integers(c * w, min(cols, (c + 1) * w))
+        x[i, j] = rng.choice([-1.5, 2.0])
+    x = x != 0 if dtype == jnp.bool_ else np.asarray(jnp.asarray(x, dtype))
+    idx = jax.jit(lambda a: pit_jax.index(a, micro_tile, group_by="both"))(put(platform, x))
+    check_index(idx, x, micro_tile, f"seed={seed}")
+    assert int(idx.count) == int(live.sum())
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("group_by", [None, "both"])
 def test_batched_leading_dims(platform, group_by):

@@ -2,21 +2,28 @@
 // each list, order free (so no sort and no second pass over x).
 //
 // Two launches: a tiny init kernel (zeroes the counters, fills -1 where a list is not
-// a full permutation) and the pass itself. The pass cuts x into items (batch entry,
-// one or more tile rows, a chunk of tile columns). A block reads its item with
-// 16-byte loads, many in flight per thread, decides which tiles are live, and numbers
-// them with ONE block-wide scan: one atomicAdd per item reserves the slots of all its
-// live tiles (and one more its dead tiles, which fill the flat list from the back).
+// a full permutation) and the pass itself. The pass cuts x into items (a block's, or in
+// the walk and rows modes a warp's: batch entry, one or more tile rows, a chunk of tile
+// columns), reads each with 16-byte loads, many in flight per thread, decides which
+// tiles are live, and numbers them with one scan: one atomicAdd per item reserves the
+// slots of all its live tiles (and one more its dead tiles, which fill the flat list
+// from the back).
 //
-// Two ways to decide liveness:
-//  - register mode, when a 16-byte vector covers whole tiles (tile_w divides it, e.g.
-//    32x1 or 1x8): each thread ORs its column vector over the tile's rows and reads
-//    its tiles' liveness straight from the bits;
-//  - rows mode when tiles span whole 16-byte aligned rows (the M axis's token rows): a
-//    warp per few tiles, no shared memory;
-//  - shared mode otherwise (wide or unaligned tiles): flags in shared memory.
+// Ways to decide liveness (16-byte aligned rows unless noted):
+//  - narrow walk, when a 16-byte vector covers whole tiles of 8 or more rows (32x1): a
+//    warp ORs 32 column vectors down one tile row and numbers its tiles with a warp
+//    scan and one atomicAdd per list, no shared memory and no block barrier;
+//  - register mode, the same tiles with fewer rows (1x8): each thread ORs its column
+//    vectors, a block-wide scan numbers them;
+//  - rows mode when tiles span whole rows (the M axis's token rows): a warp per few
+//    tiles, no shared memory;
+//  - wide walk, when tiles are whole vectors wide, at most 32 of them (32x64, 1x64): a
+//    warp walks a strip of tiles down one tile column and numbers them like the narrow
+//    walk;
+//  - shared mode otherwise (unaligned or very wide tiles): flags in shared memory.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/index.h"
@@ -61,6 +68,15 @@ __device__ __forceinline__ bool AnyIn(const uint4& v, int first, int n) {
 #pragma unroll
   for (int e = 0; e < 16 / static_cast<int>(sizeof(Word)); ++e) any |= (e >= first && e < first + n && w[e] != 0);
   return any;
+}
+
+// Bit t set when tile t of the vector (tiles of w elements) holds a non-zero.
+template <typename Word>
+__device__ __forceinline__ uint32_t TileBits(const uint4& v, int w, int tpv) {
+  uint32_t bits = 0;
+  for (int t = 0; t < tpv; ++t)
+    if (AnyIn<Word>(v, t * w, w)) bits |= 1u << t;
+  return bits;
 }
 
 // Sets the n elements of every entry's array (entry b's at `at(b)`) to v. Batched, the
@@ -372,6 +388,195 @@ __global__ void __launch_bounds__(kThreads) IndexRowsKernel(IndexParams p, int64
   }
 }
 
+// The walk modes (docs/notes/index_kernel.md, "Walk modes"): each warp owns a unit of
+// tiles whose loads it keeps in flight kWalkLoads at a time, decides them with warp
+// reductions and numbers them with one atomicAdd per list; warps never wait for each
+// other (the register and shared modes' block scan and barrier per item: 2.5-5x the read
+// floor on the H200 for 32x1, 32x64 and 1x64 tiles of a 4096^2 matrix).
+constexpr int kWalkLoads = 16;   // 16-byte loads in flight per lane
+
+// Lane 0 reserves n_live slots in the flat list (and in one more list at `extra`, when
+// given) and n_dead dead slots; every lane gets the bases.
+__device__ __forceinline__ void ReserveWarpSlots(const IndexParams& p, int64_t b, int n_live, int n_dead,
+                                                 int32_t* extra, int lane, int& base_live, int& base_dead,
+                                                 int& base_extra) {
+  base_live = base_dead = base_extra = 0;
+  if (lane == 0) {
+    if (n_live) base_live = atomicAdd(p.Count(b), n_live);
+    if (n_dead) base_dead = atomicAdd(p.dead + b, n_dead);
+    if (extra && n_live) base_extra = atomicAdd(extra, n_live);
+  }
+  base_live = __shfl_sync(0xffffffffu, base_live, 0);
+  base_dead = __shfl_sync(0xffffffffu, base_dead, 0);
+  base_extra = __shfl_sync(0xffffffffu, base_extra, 0);
+}
+
+// Narrow walk: V % tile_w == 0, tile_h >= 8. A unit is one tile row of one batch entry
+// across 32 consecutive vectors, lane = vector (2 or 4 rows a load, i.e. more units of
+// fewer loads each, measured slower: 32x1 bf16 4096^2 17.4 / 25.2 us against 14.7). V /
+// tile_w tiles a vector, all in one tile row, so the row list takes one atomicAdd a unit.
+template <typename Word>
+__global__ void __launch_bounds__(kThreads) IndexNarrowWalkKernel(IndexParams p, int64_t chunks) {
+  constexpr int V = 16 / sizeof(Word);
+  const Word* x = static_cast<const Word*>(p.x);
+  const int lane = threadIdx.x & 31;
+  const int w = static_cast<int>(p.tile_w), tpv = V / w;
+  const int64_t nvec = p.cols / V;
+  const int64_t units = p.batch * p.tile_rows * chunks;
+  const int64_t nwarps = (int64_t{gridDim.x} * kThreads) >> 5;
+  const bool record_dead = p.full_capacity();
+  for (int64_t u = (blockIdx.x * int64_t{kThreads} + threadIdx.x) >> 5; u < units; u += nwarps) {
+    const int64_t cc = u % chunks;
+    const int64_t tr = (u / chunks) % p.tile_rows;
+    const int64_t b = u / (chunks * p.tile_rows);
+    const int64_t r0 = tr * p.tile_h;
+    const int nrows = static_cast<int>(std::min<int64_t>(p.tile_h, p.rows - r0));
+    const int64_t cv = cc * 32 + lane;
+    const bool col_ok = cv < nvec;
+    const Word* base = x + (b * p.rows + r0) * p.cols + cv * V;
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    if (col_ok) {
+      int i = 0;
+      for (; i + kWalkLoads <= nrows; i += kWalkLoads) {  // unpredicated
+        uint4 v[kWalkLoads];
+#pragma unroll
+        for (int k = 0; k < kWalkLoads; ++k) v[k] = LoadMasked(base + int64_t{i + k} * p.cols);
+#pragma unroll
+        for (int k = 0; k < kWalkLoads; ++k) acc.x |= v[k].x, acc.y |= v[k].y, acc.z |= v[k].z, acc.w |= v[k].w;
+      }
+#pragma unroll 4
+      for (; i < nrows; ++i) {
+        const uint4 v = LoadMasked(base + int64_t{i} * p.cols);
+        acc.x |= v.x, acc.y |= v.y, acc.z |= v.z, acc.w |= v.w;
+      }
+    }
+    const uint32_t live = col_ok ? TileBits<Word>(acc, w, tpv) : 0u;
+    const int n_live = __reduce_add_sync(0xffffffffu, __popc(live));
+    const int n_dead = record_dead ? __reduce_add_sync(0xffffffffu, col_ok ? tpv : 0) - n_live : 0;
+    int base_live, base_dead, base_row;
+    ReserveWarpSlots(p, b, n_live, n_dead, p.row_tiles ? p.RowCount(b) + tr : nullptr, lane, base_live, base_dead,
+                     base_row);
+    // Tile t of every lane in one pass: consecutive slots across the lanes, so each pass's
+    // stores are coalesced (the lists are order-free).
+    const uint32_t below_me = (1u << lane) - 1;
+    int done_live = 0, done_dead = 0;
+    for (int t = 0; t < tpv; ++t) {
+      const bool is_live = (live >> t) & 1;
+      const uint32_t lb = __ballot_sync(0xffffffffu, is_live);
+      const uint32_t db = __ballot_sync(0xffffffffu, col_ok && !is_live);
+      const int64_t tc = cv * tpv + t;
+      const int32_t id = static_cast<int32_t>(tr * p.tile_cols + tc);
+      if (is_live) {
+        const int li = done_live + __popc(lb & below_me);
+        const int64_t slot = base_live + li;
+        if (slot < p.capacity) p.Tiles(b)[slot] = id;
+        if (p.row_tiles) p.RowTiles(b)[tr * p.tile_cols + base_row + li] = static_cast<int32_t>(tc);
+        if (p.col_tiles) p.ColTiles(b)[tc * p.tile_rows + atomicAdd(p.ColCount(b) + tc, 1)] = static_cast<int32_t>(tr);
+      } else if (col_ok && record_dead) {
+        p.Tiles(b)[p.capacity - 1 - (base_dead + done_dead + __popc(db & below_me))] = -1 - id;
+      }
+      done_live += __popc(lb);
+      done_dead += __popc(db);
+    }
+  }
+}
+
+// Wide walk: tile_w = wv vectors, wv dividing 32. A unit is a strip of up to
+// 32 * kStripWords tiles down one tile column of one batch entry; the lanes cover 32 / wv
+// rows x wv vectors a load. The flat and column lists take one atomicAdd a strip.
+constexpr int kMaxStripWords = 4;
+
+struct WideWalkPlan {
+  int wv, strip;
+  int64_t strips_per_col, units;
+};
+
+template <typename Word, int kStripWords>
+__global__ void __launch_bounds__(kThreads) IndexWideWalkKernel(IndexParams p, WideWalkPlan plan) {
+  constexpr int V = 16 / sizeof(Word);
+  const Word* x = static_cast<const Word*>(p.x);
+  const int lane = threadIdx.x & 31;
+  const int rpl = 32 / plan.wv;  // rows a load
+  const int lr = lane / plan.wv, lv = lane - lr * plan.wv;
+  const int h = static_cast<int>(p.tile_h);
+  const int64_t nvec = p.cols / V;
+  const int64_t nwarps = (int64_t{gridDim.x} * kThreads) >> 5;
+  const bool record_dead = p.full_capacity();
+  for (int64_t u = (blockIdx.x * int64_t{kThreads} + threadIdx.x) >> 5; u < plan.units; u += nwarps) {
+    const int64_t tc = u % p.tile_cols;
+    const int64_t s = (u / p.tile_cols) % plan.strips_per_col;
+    const int64_t b = u / (p.tile_cols * plan.strips_per_col);
+    const int64_t tr0 = s * plan.strip;
+    const int ntr = static_cast<int>(std::min<int64_t>(plan.strip, p.tile_rows - tr0));
+    const int64_t r0 = tr0 * h;
+    const int nrows = static_cast<int>(std::min<int64_t>(int64_t{ntr} * h, p.rows - r0));
+    const int64_t cv = tc * plan.wv + lv;
+    const bool col_ok = cv < nvec;
+    const Word* base = x + (b * p.rows + r0) * p.cols + cv * V;
+    uint32_t bits[kStripWords] = {};  // bit t of word q: a non-zero seen in the strip's tile 32 q + t
+    if (col_ok) {
+      for (int i0 = lr; i0 < nrows; i0 += rpl * kWalkLoads) {
+        uint4 v[kWalkLoads];
+#pragma unroll
+        for (int k = 0; k < kWalkLoads; ++k) {
+          const int i = i0 + rpl * k;
+          v[k] = i < nrows ? LoadMasked(base + int64_t{i} * p.cols) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < kWalkLoads; ++k) {
+          // A branch per load (not a select): ptxas then issues all the loads first.
+          if (v[k].x | v[k].y | v[k].z | v[k].w) {
+            const int t = (i0 + rpl * k) / h;
+#pragma unroll
+            for (int q = 0; q < kStripWords; ++q) bits[q] |= (t >> 5) == q ? 1u << (t & 31) : 0u;
+          }
+        }
+      }
+    }
+    uint32_t live[kStripWords];
+    int n_live = 0;
+#pragma unroll
+    for (int q = 0; q < kStripWords; ++q) {
+      live[q] = __reduce_or_sync(0xffffffffu, bits[q]);
+      n_live += __popc(live[q]);
+    }
+    const int n_dead = record_dead ? ntr - n_live : 0;
+    int base_live, base_dead, base_col;
+    ReserveWarpSlots(p, b, n_live, n_dead, p.col_tiles ? p.ColCount(b) + tc : nullptr, lane, base_live, base_dead,
+                     base_col);
+    int before = 0;  // live tiles in the words before q
+#pragma unroll
+    for (int q = 0; q < kStripWords; ++q) {
+      const int t = 32 * q + lane;
+      if (t < ntr) {
+        const int64_t tr = tr0 + t;
+        const int32_t id = static_cast<int32_t>(tr * p.tile_cols + tc);
+        const int below = before + __popc(live[q] & ((1u << lane) - 1));
+        if ((live[q] >> lane) & 1) {
+          const int64_t slot = base_live + below;
+          if (slot < p.capacity) p.Tiles(b)[slot] = id;
+          if (p.row_tiles)
+            p.RowTiles(b)[tr * p.tile_cols + atomicAdd(p.RowCount(b) + tr, 1)] = static_cast<int32_t>(tc);
+          if (p.col_tiles) p.ColTiles(b)[tc * p.tile_rows + base_col + below] = static_cast<int32_t>(tr);
+        } else if (record_dead) {
+          p.Tiles(b)[p.capacity - 1 - (base_dead + t - below)] = -1 - id;
+        }
+      }
+      before += __popc(live[q]);
+    }
+  }
+}
+
+// PIT_JAX_INDEX_WALK=0 turns the walk modes off (the register and shared modes run):
+// for A/B timing.
+bool WalkModesOn() {
+  static const bool on = [] {
+    const char* e = std::getenv("PIT_JAX_INDEX_WALK");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 int64_t Gcd(int64_t a, int64_t b) { return b == 0 ? a : Gcd(b, a % b); }
 
 template <typename Word>
@@ -379,6 +584,15 @@ cudaError_t LaunchTyped(const IndexParams& p, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(Word);
   const bool vec = p.cols % V == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   const int blocks = DeviceSmCount() * 8;
+  const int warps_per_block = kThreads / 32;
+  const bool walk = WalkModesOn();
+  if (walk && vec && V % p.tile_w == 0 && p.tile_h >= 8) {
+    const int64_t chunks = (p.cols / V + 31) / 32;
+    const int64_t units = p.batch * p.tile_rows * chunks;
+    const int grid = static_cast<int>(std::clamp<int64_t>((units + warps_per_block - 1) / warps_per_block, 1, blocks));
+    IndexNarrowWalkKernel<Word><<<grid, kThreads, 0, stream>>>(p, chunks);
+    return cudaGetLastError();
+  }
   Plan plan{};
   if (vec && V % p.tile_w == 0) {
     const int tiles_per_vec = static_cast<int>(V / p.tile_w);
@@ -400,6 +614,27 @@ cudaError_t LaunchTyped(const IndexParams& p, cudaStream_t stream) {
     const int64_t warps = p.batch * groups_per_entry;
     const int grid = static_cast<int>(std::clamp<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 1, blocks));
     IndexRowsKernel<Word><<<grid, kThreads, 0, stream>>>(p, groups_per_entry);
+    return cudaGetLastError();
+  }
+  if (walk && vec && p.tile_w % V == 0 && 32 % (p.tile_w / V) == 0) {
+    WideWalkPlan wp{};
+    wp.wv = static_cast<int>(p.tile_w / V);
+    // One round of units: about as many strips as warps fit on the GPU at once (two blocks
+    // an SM at the kernel's ~105 registers), so that no SM idles at the end of a second
+    // round; longer strips where there are more tiles (H200, 4096^2 bf16: 32x64 strips of
+    // 2 / 4 / 8 tiles 13.8 / 12.2 / 15.1 us, this rule's 4; 1x64 strips of 32 / 64 / 128
+    // tiles 20.7 / 15.0 / 13.8 us, this rule's 125).
+    const int64_t target_units = int64_t{DeviceSmCount()} * 2 * warps_per_block;
+    const int64_t strips_wanted = std::max<int64_t>(1, target_units / std::max<int64_t>(1, p.batch * p.tile_cols));
+    int64_t strip = (p.tile_rows + strips_wanted - 1) / strips_wanted;
+    wp.strip = static_cast<int>(std::clamp<int64_t>(strip, 1, 32 * kMaxStripWords));
+    const int words = (wp.strip + 31) / 32;
+    wp.strips_per_col = (p.tile_rows + wp.strip - 1) / wp.strip;
+    wp.units = p.batch * wp.strips_per_col * p.tile_cols;
+    const int grid = static_cast<int>(std::clamp<int64_t>((wp.units + warps_per_block - 1) / warps_per_block, 1, blocks));
+    if (words == 1) IndexWideWalkKernel<Word, 1><<<grid, kThreads, 0, stream>>>(p, wp);
+    else if (words == 2) IndexWideWalkKernel<Word, 2><<<grid, kThreads, 0, stream>>>(p, wp);
+    else IndexWideWalkKernel<Word, 4><<<grid, kThreads, 0, stream>>>(p, wp);
     return cudaGetLastError();
   }
   // Shared mode. Chunk width: about `target` elements per tile row, a multiple of V
