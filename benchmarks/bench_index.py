@@ -1,10 +1,15 @@
 """Index construction on the device against the read floor and plain JAX (issue 2).
 
-Cases: a 16384 x 4096 bf16 activation with 10% live rows (row micro-tiles), and a
+Cases: a 16384 x 4096 bf16 activation with 10% live rows (row micro-tiles), a
 4096 x 4096 bool mask with 32x1 micro-tiles at sparsity 0.9 (flat list, and grouped
-per block of 32 rows as the K-axis product needs). The floor is one read of the
-input at the measured copy bandwidth; the plain-JAX way is what a user writes inside
-jit today (`any` + `jnp.nonzero(size=...)`).
+per block of 32 rows as the K-axis product needs), and the indexes `sparse_dense`
+builds from values when given none (issue 4's shapes, 4096 x 4096 at sparsity 0.9):
+an activation's 32x1 tiles grouped by row (K axis), a weight's 32x64 / 1x64 blocks
+grouped by column (W axis), bf16 and float32. The floor is one read of the input at
+the measured copy bandwidth; the plain-JAX way is what a user writes inside jit today
+(`any` + `jnp.nonzero(size=...)`). Device times (profiler trace) where a GPU runs:
+the index is two kernels, an init and the pass. `PIT_JAX_INDEX_WALK=0` runs the
+kernels from before the walk modes (A/B).
 
     python -m benchmarks.bench_index [--out DIR] [--small]
 """
@@ -12,6 +17,7 @@ jit today (`any` + `jnp.nonzero(size=...)`).
 from __future__ import annotations
 
 import argparse
+import os
 
 import jax
 import jax.numpy as jnp
@@ -26,22 +32,38 @@ def jnp_row_index(x):
     return rows, live.sum(dtype=jnp.int32)
 
 
-def jnp_tile_index(mask, h, grouped):
+def jnp_tile_index(mask, h, grouped, w=1, by="row"):
+    """Flat list of the live (h, w) tiles of a [R, C] mask (R, C multiples of the tile),
+    and with `grouped` the per tile row (`by="row"`) or per tile column lists."""
     r, c = mask.shape
-    live = mask.reshape(r // h, h, c).any(axis=1)
+    live = mask.reshape(r // h, h, c // w, w).any(axis=(1, 3))
     (flat,) = jnp.nonzero(live.ravel(), size=live.size, fill_value=-1)
     out = [flat, live.sum(dtype=jnp.int32)]
     if grouped:
-        lists = jax.vmap(lambda row: jnp.nonzero(row, size=c, fill_value=-1)[0])(live)
-        out += [lists, live.sum(axis=1, dtype=jnp.int32)]
+        g = live if by == "row" else live.T
+        lists = jax.vmap(lambda row: jnp.nonzero(row, size=g.shape[1], fill_value=-1)[0])(g)
+        out += [lists, g.sum(axis=1, dtype=jnp.int32)]
     return out
 
 
-def main():
+def matrix_sets(key, n, tile, density, dtype, count):
+    """`count` random [n, n] matrices whose (h, w) tiles are live with `density`."""
+    h, w = tile
+    sets = []
+    for i in range(count):
+        kl, kv = jax.random.split(jax.random.fold_in(key, 200 + i))
+        live = jax.random.uniform(kl, (n // h, n // w)) < density
+        em = jnp.repeat(jnp.repeat(live, h, 0), w, 1)
+        sets.append((jnp.where(em, common.random_normal(kv, (n, n), dtype), 0).astype(dtype),))
+    return sets
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    walk_off = os.environ.get("PIT_JAX_INDEX_WALK", "1").startswith("0")
     meta = common.device_info()
     bw = common.copy_bandwidth_gbs(2**24 if args.small else 2**30)
     print(f"{meta['device']}: copy bandwidth {bw:.0f} GB/s (read + write)")
@@ -79,9 +101,26 @@ def main():
             t = common.time_op(fn, sets)
             rows.append({"case": case, "impl": name, **t, "floor_ms": floor, "x_floor": t["median_ms"] / floor})
 
-    print(common.table(rows, ["case", "impl", "median_ms", "floor_ms", "x_floor"]))
-    path = common.write_results("index", {"meta": {**meta, "copy_gbs": bw}, "results": rows}, args.out)
+    # The indexes sparse_dense builds from values (index=None), one per product.
+    for tile, by, dtype in [((32, 1), "row", jnp.bfloat16), ((32, 64), "col", jnp.bfloat16),
+                            ((1, 64), "col", jnp.bfloat16), ((32, 64), "col", jnp.float32)]:
+        itemsize = jnp.dtype(dtype).itemsize
+        sets = matrix_sets(key, n, tile, 0.1, dtype, common.rotations(n * n * itemsize))
+        floor = n * n * itemsize / (bw * 1e9) * 1e3
+        case = f"{'activation' if by == 'row' else 'weight'} {n}x{n} {jnp.dtype(dtype).name}, {tile[0]}x{tile[1]} tiles, sparsity 0.9, {by} lists"
+        for name, fn in [
+            ("pit_jax.index", lambda x, t=tile, g=by: pit_jax.index(x, t, group_by=g).arrays),
+            ("jnp any+nonzero", lambda x, t=tile, g=by: jnp_tile_index(x != 0, t[0], True, t[1], g)),
+        ]:
+            t = common.time_op(fn, sets, device_calls=20 if name == "pit_jax.index" else 0)
+            rows.append({"case": case, "impl": name, **t, "floor_ms": floor, "x_floor": t["median_ms"] / floor,
+                         **({"x_floor_device": t["device_ms"] / floor} if t.get("device_ms") else {})})
+
+    print(common.table(rows, ["case", "impl", "median_ms", "device_ms", "floor_ms", "x_floor"]))
+    path = common.write_results("index", {"meta": {**meta, "copy_gbs": bw, "walk_modes": not walk_off}, "results": rows},
+                                args.out)
     print("wrote", path)
+    return rows
 
 
 if __name__ == "__main__":

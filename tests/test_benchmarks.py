@@ -230,3 +230,26 @@ def test_bench_block_topk_smoke(tmp_path):
     assert len(rows) == 9 and all(r["median_ms"] > 0 for r in rows)
     assert {r["impl"] for r in rows} == {"pit_jax", "pit_jax one call", "jnp sums+sort"}
     assert len(list(tmp_path.glob("block_topk_*.json"))) == 1
+
+
+def test_bench_index_smoke(tmp_path):
+    from benchmarks import bench_index
+
+    rows = bench_index.main(["--small", "--out", str(tmp_path)])
+    assert len(rows) == 14 and all(r["median_ms"] > 0 for r in rows)
+    assert len(list(tmp_path.glob("index_*.json"))) == 1
+
+
+def test_bench_index_baseline_lists_the_live_tiles():
+    """The plain-JAX baseline builds the same flat and grouped lists as pit_jax.index."""
+    import pit_jax
+    from benchmarks import bench_index
+
+    x = bench_index.matrix_sets(jax.random.PRNGKey(3), 128, (32, 64), 0.3, jnp.float32, 1)[0][0]
+    for by in ("row", "col"):
+        flat, count, lists, counts = bench_index.jnp_tile_index(x != 0, 32, True, 64, by)
+        idx = pit_jax.index(x, (32, 64), group_by=by)
+        assert int(count) == int(idx.count)
+        assert sorted(np.asarray(flat)[: int(count)].tolist()) == sorted(np.asarray(idx.tiles)[: int(count)].tolist())
+        ours = np.asarray(idx.row_count if by == "row" else idx.col_count)
+        np.testing.assert_array_equal(np.asarray(counts), ours)
