@@ -695,18 +695,21 @@ WHY_MISSED = {
         "oracle's operands. Nsight Compute at sparsity 0.5 (sm_90 STile kernel): L2 at 33-54 % and "
         "DRAM at 7-35 % of peak; the cp.async gather's per-warp issue is the limit. 32x64 blocks run "
         "on the weight-block kernel since 2026-11-26 (one CTA per 256-row tile and column group, "
-        "TMA slabs): 1.06x / 1.24x the oracle at sparsity 0.9 / 0.95, and at 0.99 a product's fixed "
-        "cost (its stage chain, ~28 us against the oracle's 19) plus the index dominate. An index "
-        "built from the operand adds 21-48 us (index_ms_inside_jit). docs/notes/sm90_stile.md, "
-        "docs/notes/sm90_wblock.md."
+        "TMA slabs): 1.06x / 1.24x the oracle at sparsity 0.9 / 0.95 on the H100 (2026-11-26), "
+        "0.93x / 1.07x on the H200 (2026-11-29), and at 0.99 a product's fixed cost (its stage "
+        "chain, ~20-28 us against the oracle's 19-23) plus the index dominate. An index built from "
+        "the operand adds 14-18 us of kernel time on the H200 since the walk modes (2026-11-29; "
+        "20-53 us before). docs/notes/sm90_stile.md, docs/notes/sm90_wblock.md, "
+        "docs/notes/index_kernel.md."
     ),
     "kw_vs_dense": (
         "At sparsity 0.5 the per-group re-reads (1.2 GB for weight blocks, 2.3 GB for 32x1 strips at "
         "4096^3) exceed what a dense product with 128 x 256 tiles moves from L2 (1.1-1.6 GB by count, "
         "with or without B multicast), so the gathered product is slower than dense there; 32x64 "
         "blocks on the weight-block kernel (2026-11-26) run the product alone at dense's time "
-        "(0.99x) and the index from w's values makes it 0.91x. From sparsity 0.9 on it is at least "
-        "as fast as dense on every pattern (1.00x for random 32x1 strips at 0.9). "
+        "(0.99x on the H100, where the index from w's values made it 0.91x; 1.07x with the index "
+        "on the H200, 2026-11-29). From sparsity 0.9 on it is at least as fast as dense on every "
+        "pattern (1.00x for random 32x1 strips at 0.9 on the H100). "
         "docs/notes/sm90_stile.md, docs/notes/sm90_wblock.md."
     ),
     "index_share": (
@@ -716,7 +719,8 @@ WHY_MISSED = {
         "against a 124 us product, 4 %, profiler, 2026-11-23). Built from values the index must read "
         "every dead tile of its operand whole: x at 10 % live "
         "rows (121 MB, 41 us at the copy rate, a third of the product), a 4096^2 operand of the K / W "
-        "axes (32 MB, 11 us, 8-15 % of products of 0.07-0.14 ms): 5 % is below one read of the "
+        "axes (32 MB, 8 us at the H200's copy rate, 6-19 % of products of 0.04-0.14 ms; the "
+        "index's two kernels take 14-18 us there, 2026-11-29): 5 % is below one read of the "
         "input. docs/benchmarks.md, docs/notes/index_kernel.md."
     ),
     "m_bwd": (
