@@ -11,8 +11,8 @@
 //
 // Ways to decide liveness (16-byte aligned rows unless noted):
 //  - narrow walk, when a 16-byte vector covers whole tiles of 8 or more rows (32x1): a
-//    warp ORs 32 column vectors down one tile row and numbers its tiles with a warp
-//    scan and one atomicAdd per list, no shared memory and no block barrier;
+//    warp ORs 32 column vectors down one tile row and numbers its tiles with warp sums
+//    and ballots and one atomicAdd per list, no shared memory and no block barrier;
 //  - register mode, the same tiles with fewer rows (1x8): each thread ORs its column
 //    vectors, a block-wide scan numbers them;
 //  - rows mode when tiles span whole rows (the M axis's token rows): a warp per few
