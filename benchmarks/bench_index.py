@@ -46,6 +46,14 @@ def jnp_tile_index(mask, h, grouped, w=1, by="row"):
     return out
 
 
+def result_row(case, impl, timing, floor_ms):
+    """One results row: the timing against the read floor (in device time too, if traced)."""
+    row = {"case": case, "impl": impl, **timing, "floor_ms": floor_ms, "x_floor": timing["median_ms"] / floor_ms}
+    if timing.get("device_ms"):
+        row["x_floor_device"] = timing["device_ms"] / floor_ms
+    return row
+
+
 def matrix_sets(key, n, tile, density, dtype, count):
     """`count` random [n, n] matrices whose (h, w) tiles are live with `density`."""
     h, w = tile
@@ -84,7 +92,7 @@ def main(argv=None):
         ("jnp any+nonzero", jnp_row_index),
     ]:
         t = common.time_op(fn, sets)
-        rows.append({"case": case, "impl": name, **t, "floor_ms": floor, "x_floor": t["median_ms"] / floor})
+        rows.append(result_row(case, name, t, floor))
 
     n = 512 if args.small else 4096
     n_sets = common.rotations(n * n)
@@ -99,7 +107,7 @@ def main(argv=None):
             ("jnp any+nonzero", lambda x, gr=grouped: jnp_tile_index(x, 32, gr)),
         ]:
             t = common.time_op(fn, sets)
-            rows.append({"case": case, "impl": name, **t, "floor_ms": floor, "x_floor": t["median_ms"] / floor})
+            rows.append(result_row(case, name, t, floor))
 
     # The indexes sparse_dense builds from values (index=None), one per product.
     for tile, by, dtype in [((32, 1), "row", jnp.bfloat16), ((32, 64), "col", jnp.bfloat16),
@@ -113,8 +121,7 @@ def main(argv=None):
             ("jnp any+nonzero", lambda x, t=tile, g=by: jnp_tile_index(x != 0, t[0], True, t[1], g)),
         ]:
             t = common.time_op(fn, sets, device_calls=20 if name == "pit_jax.index" else 0)
-            rows.append({"case": case, "impl": name, **t, "floor_ms": floor, "x_floor": t["median_ms"] / floor,
-                         **({"x_floor_device": t["device_ms"] / floor} if t.get("device_ms") else {})})
+            rows.append(result_row(case, name, t, floor))
 
     print(common.table(rows, ["case", "impl", "median_ms", "device_ms", "floor_ms", "x_floor"]))
     path = common.write_results("index", {"meta": {**meta, "copy_gbs": bw, "walk_modes": not walk_off}, "results": rows},
