@@ -8,6 +8,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
     python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
     python -m benchmarks.kernel_profile moe_train --experts 8 --top-k 1   # Switch MoE training step
+    python -m benchmarks.kernel_profile opt --d 5120 --density 0.026     # OPT layer inference (issue 7)
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -114,6 +115,18 @@ def _moe_train(small, experts, top_k):
                    args) for mode in ("dense", "ragged", "pit")}
 
 
+def _opt(small, d, density):
+    """One OPT decoder layer's inference as bench_workloads' opt rows run it (batch 32 x 128,
+    left padding, fc2 input at `density` live 32x1 tiles): dense, pit_m and pit."""
+    import opt_activation
+    from pit_models import opt
+
+    cfg, batch, seq = ((opt.OPTConfig.tiny(dtype=jnp.bfloat16), 4, 64) if small else (opt.OPTConfig.of(d), 32, 128))
+    models, params, x, lengths, _ = opt_activation.build(cfg, batch, seq, density, 0)
+    return {mode: (jax.jit(lambda p, x, ln, m=model: m.apply(p, x, ln)[0]), (params, x, lengths))
+            for mode, model in models.items()}
+
+
 def _short(name):
     """A kernel's name without its return type, namespaces and parameter list, template
     arguments kept whole: kernels that differ only there (the row gather's forms) stay
@@ -203,10 +216,12 @@ def profile(fn, args, *, calls, top):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train"))
+    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train", "opt"))
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default="32x64", help="prune: pruning block")
-    ap.add_argument("--density", type=float, default=0.02, help="prune: live fraction of blocks")
+    ap.add_argument("--density", type=float, default=None,
+                    help="prune: live fraction of blocks (0.02); opt: live 32x1 tiles of fc2's input (0.026)")
+    ap.add_argument("--d", type=int, default=2048, help="opt: model width")
     ap.add_argument("--bf16w", action="store_true", help="bert: weight matrices stored in bf16 (infer_bf16w)")
     ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
     ap.add_argument("--cast-kernels", action="store_true",
@@ -223,8 +238,10 @@ def main(argv=None):
         variants = _bert_train(args.small)
     elif args.workload == "moe_train":
         variants = _moe_train(args.small, args.experts, args.top_k)
+    elif args.workload == "opt":
+        variants = _opt(args.small, args.d, 0.026 if args.density is None else args.density)
     else:
-        variants = _prune(args.small, args.tile, args.density)
+        variants = _prune(args.small, args.tile, 0.02 if args.density is None else args.density)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
     print(f"{args.workload} on {common.device_info()['device']}, jax {jax.__version__}")

@@ -38,7 +38,8 @@ def test_time_op_reports_per_op_over_rotations():
 @pytest.mark.parametrize("argv", [["bert", "--small", "--calls", "2", "--only", "dense,pit"],
                                   ["bert_train", "--small", "--calls", "2", "--only", "pit,adamw_only"],
                                   ["prune", "--small", "--calls", "2", "--density", "0.3", "--only", "pit,pit_w"],
-                                  ["moe_train", "--small", "--calls", "2", "--top-k", "2", "--only", "dense,pit"]])
+                                  ["moe_train", "--small", "--calls", "2", "--top-k", "2", "--only", "dense,pit"],
+                                  ["opt", "--small", "--calls", "2", "--density", "0.1", "--only", "pit,pit_m"]])
 def test_kernel_profile_smoke(argv):
     from benchmarks import kernel_profile
 
