@@ -458,6 +458,44 @@ def test_k_and_weight_blocks_at_kernel_sizes_gpu(density, dtype, axis, xs, ws, t
         assert not np.asarray(y, np.float32).any(), "no live tile: the result must be all zeros"
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "axis,xs,ws,tile,lead",
+    [
+        ("k", (4096, 640), (640, 1032), (32, 1), ()),  # 128 row groups, 3 wide tiles
+        ("k", (1000, 520), (520, 520), (32, 1), (3,)),  # a batch over one w: one table
+        ("k", (32 * 4096, 64), (64, 64), (32, 1), ()),  # 4096 groups: the largest table
+        ("k", (32 * 4100 + 8, 64), (64, 64), (32, 1), ()),  # 4101 groups: no table
+        ("w", (1000, 1024), (1024, 2048), (1, 64), ()),  # 32 column groups
+        ("w", (264, 512), (512, 1000), (32, 32), (2,)),
+    ],
+    ids=["k-groups128", "k-batch3", "k-groups4096", "k-groups4101", "w-1x64", "w-32x32-batch2"],
+)
+def test_k_and_weight_blocks_clustered_groups_gpu(dtype, axis, xs, ws, tile, lead):
+    """Listed groups in clusters, as left padding leaves them (of each 4 consecutive groups
+    only the last one or two listed): the Hopper stile kernel deals the listed groups'
+    tiles over its CTAs from a table (sm90_stile::TileOrder), the others' zero tiles after."""
+    rng, seed = fresh_rng()
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.3, dtype, lead=lead)
+    if axis == "w":  # column groups of w
+        g = np.arange(ws[1]) // tile[1]
+        keep = (g % 4 == 3) | ((g % 4 == 2) & (rng.random(g.shape) < 0.5)[g])
+        w = np.where(keep[None, :], w, 0).astype(w.dtype)
+        mask = mask * keep[None, :]
+    else:  # row groups of x
+        g = np.arange(xs[0]) // tile[0]
+        keep = (g % 4 == 3) | ((g % 4 == 2) & (rng.random(g.shape) < 0.5)[g])
+        x = np.where(keep[:, None], x, 0).astype(x.dtype)
+        mask = mask * keep[:, None]
+    f = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile))
+    y = np.asarray(f(*put("gpu", x, w)), np.float32)
+    assert y.shape == (*lead, xs[0], ws[1])
+    assert rel_err(y, masked_ref(axis, x, w, mask)) < TOL[dtype], f"seed={seed}"
+    if axis == "k":
+        assert not y[..., ~keep, :].any(), "rows of unlisted groups must be exactly zero"
+
+
 # Small problems: check_grads' float32 finite differences are projections onto random
 # directions, whose rounding noise grows with the number of elements summed.
 GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "cuda/kernels/sm90/launch_util.h"
@@ -50,6 +51,15 @@ cudaError_t Launch(const sm90_stile::Args& args, int sms, cudaStream_t stream) {
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// PIT_JAX_STILE_ORDER=0 walks the tiles without the order table (A/B timing).
+bool OrderTableOn() {
+  static const bool on = [] {
+    const char* e = std::getenv("PIT_JAX_STILE_ORDER");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -119,6 +129,9 @@ cudaError_t LaunchStileGemmSm90(const MatmulParams& p, const TileList& lists, bo
   // stays in L2); the weight blocks walk the wide tiles fastest (docs/notes/sm90_stile.md,
   // run 2).
   g.groups_fastest = sparse_b ? 0 : 1;
+  // Listed groups' tiles first (sm90_stile::TileOrder) where the table fits; with groups
+  // fastest only when w is one matrix, since the table walks (wt, b, g) instead of (b, wt, g).
+  g.order = OrderTableOn() && p.batch * groups <= sm90_stile::kMaxOrder && (sparse_b || wid.batch == 1) ? 1 : 0;
   const int sms = info->sms;
   const bool bf16 = p.dtype == DType::kBF16;
 #ifdef PIT_STILE_EXPERIMENTS

@@ -54,7 +54,12 @@ constexpr int kPitchKA = 1040;                // staged C row (K axis): 512 n x 
 constexpr int kStagingBytes = kWideCols * kPitchWB > 64 * kPitchKA ? kWideCols * kPitchWB : 64 * kPitchKA;
 constexpr int kFull = kStaging + kStagingBytes;  // full barriers, then empty barriers
 constexpr int kEmpty = kFull + 8 * kStages;
-constexpr int kSmemBytes = kEmpty + 8 * kStages + 1024;  // + alignment slack
+// The tile order table (Args::order): the batch * groups groups, listed ones first, then
+// 12 warp totals of its scan.
+constexpr int kMaxOrder = 4096;
+constexpr int kOrder = kEmpty + 8 * kStages;
+constexpr int kOrderScan = kOrder + 2 * kMaxOrder;
+constexpr int kSmemBytes = kOrderScan + 64 + 1024;  // + alignment slack
 #ifndef PIT_STILE_CONSUMER_WIDE
 #define PIT_STILE_CONSUMER_WIDE 1
 #endif
@@ -88,16 +93,94 @@ struct Args {
   int wide_tiles = 1;   // ceil(wide_cols / 512)
   int tiles = 0;        // batch * groups * wide_tiles
   int groups_fastest = 0;  // tile order: groups fastest instead of wide tiles
+  int order = 0;  // 1: the tiles of listed groups first, in a table of batch * groups <= kMaxOrder
 };
 
-// Tile t = (b * groups + g) * wide_tiles + wt (wide tiles fastest: the CTAs running at
-// once share the narrow rows of a few groups).
+// Groups with rows > 0 (count and capacity > 0).
+__device__ __forceinline__ bool Listed(const Args& a, int bg) {
+  const int b = bg / a.groups;
+  return a.capacity > 0 && __ldg(a.counts + static_cast<int64_t>(b / a.idx_div) * a.groups + (bg - b * a.groups)) > 0;
+}
+
+// Without a table the tiles are walked t = 0, 1, ... over (b, g, wt) with wt fastest, or
+// (b, wt, g) with g fastest (groups_fastest). A static round-robin of that walk over the
+// CTAs gives each CTA groups of one residue class, and where the listed groups cluster
+// (blocks of left-padded sequences: the last block of each sequence is listed, the first
+// ones are not) some CTAs drew 3.5x the mean rows (docs/notes/sm90_stile.md, run 8). The
+// table puts the listed groups' tiles first (their order kept), so the round-robin deals
+// them evenly, then the empty ones (zero stores only).
+struct TileOrder {
+  const uint16_t* slot = nullptr;  // [batch * groups]: listed groups, then the others
+  int live = 0;                    // listed groups
+};
+
+// Every thread of the CTA takes part. Its first barrier also publishes what thread 0 wrote
+// before the call (the pipeline barriers' init), so the count reads overlap that. Returns
+// the table when a.order and some group is not listed (all listed: the walk without one).
+__device__ __forceinline__ TileOrder BuildOrder(const Args& a, char* smem) {
+  TileOrder o;
+  if (!a.order) {
+    __syncthreads();
+    return o;
+  }
+  uint16_t* slot = reinterpret_cast<uint16_t*>(smem + kOrder);
+  int* scan = reinterpret_cast<int*>(smem + kOrderScan);
+  const int n = a.tiles / a.wide_tiles;  // batch * groups
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (n + kThreads - 1) / kThreads;  // <= 11: the flags fit one word
+  const int beg = min(tid * per, n), end = min(beg + per, n);
+  unsigned flags = 0;
+  int local = 0;
+  for (int q = beg; q < end; ++q)
+    if (Listed(a, q)) flags |= 1u << (q - beg), ++local;
+  int incl = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) scan[warp] = incl;
+  __syncthreads();
+  int live = 0, before = incl - local;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    live += scan[w];
+    if (w < warp) before += scan[w];
+  }
+  if (live == n) return o;  // CTA-uniform
+  int dead = live + (beg - before);  // listed groups first, then the others, each in order
+  for (int q = beg; q < end; ++q) slot[(flags >> (q - beg)) & 1u ? before++ : dead++] = static_cast<uint16_t>(q);
+  __syncthreads();
+  o.slot = slot;
+  o.live = live;
+  return o;
+}
+
+// Tile t of the walk: without a table (b * groups + g) * wide_tiles + wt (wide tiles
+// fastest: the CTAs running at once share the narrow rows of a few groups) or, with
+// groups_fastest, (b * wide_tiles + wt) * groups + g. With a table the same two orders over
+// its slots, the listed groups' tiles first.
 struct Tile {
   int b, g, wt;
   int rows;  // min(count, capacity) * kt: gathered k rows (those >= K or of bad ids read as 0)
   const int32_t* list;
-  __device__ __forceinline__ void Load(const Args& a, int t) {
-    if (a.groups_fastest) {
+  __device__ __forceinline__ void Load(const Args& a, const TileOrder& o, int t) {
+    if (o.slot) {
+      const int n = a.tiles / a.wide_tiles, first = o.live * a.wide_tiles;
+      const bool listed = t < first;
+      const int span = listed ? o.live : n - o.live;  // > 0 on the side t falls on
+      if (!listed) t -= first;
+      int r;
+      if (a.groups_fastest) {
+        r = t % span;
+        wt = t / span;
+      } else {
+        wt = t % a.wide_tiles;
+        r = t / a.wide_tiles;
+      }
+      const int bg = o.slot[listed ? r : o.live + r];
+      b = bg / a.groups;
+      g = bg - b * a.groups;
+    } else if (a.groups_fastest) {
       g = t % a.groups;
       t /= a.groups;
       wt = t % a.wide_tiles;
@@ -120,9 +203,11 @@ struct Tile {
 struct Cursor {
   int t, s;
   Tile tile;
+  TileOrder o;
   __device__ __forceinline__ void Skip(const Args& a) {  // to the first non-empty tile >= t
+    if (o.slot && t >= o.live * a.wide_tiles) t = a.tiles;  // the rest are empty
     for (; t < a.tiles; t += gridDim.x) {
-      tile.Load(a, t);
+      tile.Load(a, o, t);
       if (tile.rows > 0) return;
     }
   }
@@ -172,8 +257,8 @@ struct WideLoader {
   __device__ __forceinline__ int MyRow(const Args& a, int wq, int lane) const {
     return cur.RowOf(a, kMode == kWeightBlocksXK ? 8 * (lane & 3) : wq + 4 * (lane & 7));
   }
-  __device__ __forceinline__ void Start(const Args& a, int wq, int lane) {
-    cur = Cursor{static_cast<int>(blockIdx.x), 0, {}};
+  __device__ __forceinline__ void Start(const Args& a, const TileOrder& o, int wq, int lane) {
+    cur = Cursor{static_cast<int>(blockIdx.x), 0, {}, o};
     cur.Skip(a);
     k_next = MyRow(a, wq, lane);
   }
@@ -252,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  const TileOrder order = BuildOrder(a, smem);  // includes the barrier after the init
 
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
@@ -261,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
     // The list entries of the next kLook stages are in flight (lead runs kLook stages ahead):
     // with 1-row tiles every stage reads a new 128-byte line of the list, whose latency
     // would otherwise bound the gather.
-    Cursor cur{static_cast<int>(blockIdx.x), 0, {}};
+    Cursor cur{static_cast<int>(blockIdx.x), 0, {}, order};
     cur.Skip(a);
     Cursor lead = cur;
     const int tk = 8 * warp + (lane & 7);
@@ -341,14 +426,14 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
     uint32_t phase = 0;
     WideLoader<kMode> wl;
     if constexpr (kConsumerWide) {
-      wl.Start(a, wq, lane);
+      wl.Start(a, order, wq, lane);
       for (int s = 0; s < kStages; ++s)
         if (!wl.Issue(a, base + s * kStageBytes, base + kFull + s * 8, wg, wq, lane)) break;
     }
     float acc[128];
     for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
       Tile tile;
-      tile.Load(a, t);
+      tile.Load(a, order, t);
       const int nst = tile.Stages();
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
