@@ -371,18 +371,23 @@ def _reference_check(make_check):
     return store, check
 
 
-def opt_case(suite, small):
-    if small:
-        cases = [(opt.OPTConfig.tiny(dtype=jnp.bfloat16), 4, 64)]
-        densities = (0.1,)
-    else:
-        cases = [(opt.OPTConfig.of(d), 32, 128) for d in (2048, 2560, 4096, 5120)]
-        densities = (0.1, 0.02)
+def opt_point(small, d, target):
+    """One point of the opt rows: (models, params, x, lengths, attention) of the OPT layer
+    of width d (tiny when small) on a batch of 32 x 128 tokens (tiny: 4 x 64), left-padded,
+    fc1's biases set for `target` live 32x1 tiles of the fc2 input (opt_activation.build)."""
     import opt_activation
 
-    for cfg, batch, seq in cases:
+    cfg, batch, seq = (opt.OPTConfig.tiny(dtype=jnp.bfloat16), 4, 64) if small else (opt.OPTConfig.of(d), 32, 128)
+    return opt_activation.build(cfg, batch, seq, target, 0)
+
+
+def opt_case(suite, small):
+    widths, densities = ((None,), (0.1,)) if small else ((2048, 2560, 4096, 5120), (0.1, 0.02))
+    for d in widths:
         for target in densities:
-            models, params, x, lengths, attn = opt_activation.build(cfg, batch, seq, target, 0)
+            models, params, x, lengths, attn = opt_point(small, d, target)
+            cfg = models["dense"].cfg
+            batch, seq = x.shape[:2]
             valid = np.asarray(mcommon.left_padding_mask(lengths, seq)).reshape(-1)
             h = jax.jit(models["dense"].apply)(params, x, lengths)[1]
             tiles, elems = opt.tile_density(h), float(jnp.mean(h != 0))

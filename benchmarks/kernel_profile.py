@@ -116,13 +116,11 @@ def _moe_train(small, experts, top_k):
 
 
 def _opt(small, d, density):
-    """One OPT decoder layer's inference as bench_workloads' opt rows run it (batch 32 x 128,
-    left padding, fc2 input at `density` live 32x1 tiles): dense, pit_m and pit."""
-    import opt_activation
-    from pit_models import opt
+    """One OPT decoder layer's inference as bench_workloads' opt rows run it (its model and
+    batch: bench_workloads.opt_point), for dense, pit_m and pit."""
+    from benchmarks.bench_workloads import opt_point
 
-    cfg, batch, seq = ((opt.OPTConfig.tiny(dtype=jnp.bfloat16), 4, 64) if small else (opt.OPTConfig.of(d), 32, 128))
-    models, params, x, lengths, _ = opt_activation.build(cfg, batch, seq, density, 0)
+    models, params, x, lengths, _ = opt_point(small, d, density)
     return {mode: (jax.jit(lambda p, x, ln, m=model: m.apply(p, x, ln)[0]), (params, x, lengths))
             for mode, model in models.items()}
 
