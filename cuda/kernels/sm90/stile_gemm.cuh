@@ -163,8 +163,9 @@ struct Tile {
   int b, g, wt;
   int rows;  // min(count, capacity) * kt: gathered k rows (those >= K or of bad ids read as 0)
   const int32_t* list;
+  template <bool kOrdered>
   __device__ __forceinline__ void Load(const Args& a, const TileOrder& o, int t) {
-    if (o.slot) {
+    if constexpr (kOrdered) {
       const int n = a.tiles / a.wide_tiles, first = o.live * a.wide_tiles;
       const bool listed = t < first;
       const int span = listed ? o.live : n - o.live;  // > 0 on the side t falls on
@@ -200,14 +201,16 @@ struct Tile {
 };
 
 // The producers' position: tile t (non-empty ones only), stage s of it.
+template <bool kOrdered>
 struct Cursor {
   int t, s;
   Tile tile;
   TileOrder o;
   __device__ __forceinline__ void Skip(const Args& a) {  // to the first non-empty tile >= t
-    if (o.slot && t >= o.live * a.wide_tiles) t = a.tiles;  // the rest are empty
+    if constexpr (kOrdered)
+      if (t >= o.live * a.wide_tiles) t = a.tiles;  // the rest are empty
     for (; t < a.tiles; t += gridDim.x) {
-      tile.Load(a, o, t);
+      tile.template Load<kOrdered>(a, o, t);
       if (tile.rows > 0) return;
     }
   }
@@ -250,15 +253,15 @@ __device__ __forceinline__ uint64_t MakeDescK64(uint32_t saddr) {
 // chunk q % 32 of tokens q / 32 + 4 r (r < 8), or, x [M, K], the 8-k run q % 4 of rows
 // q / 4 + 32 r; its lane % 8 (lane % 4) holds the row k of token wq + 4 (lane % 8) (of
 // run lane % 4), fetched one stage ahead.
-template <int kMode>
+template <int kMode, bool kOrdered>
 struct WideLoader {
-  Cursor cur;
+  Cursor<kOrdered> cur;
   int k_next;
   __device__ __forceinline__ int MyRow(const Args& a, int wq, int lane) const {
     return cur.RowOf(a, kMode == kWeightBlocksXK ? 8 * (lane & 3) : wq + 4 * (lane & 7));
   }
   __device__ __forceinline__ void Start(const Args& a, const TileOrder& o, int wq, int lane) {
-    cur = Cursor{static_cast<int>(blockIdx.x), 0, {}, o};
+    cur = Cursor<kOrdered>{static_cast<int>(blockIdx.x), 0, {}, o};
     cur.Skip(a);
     k_next = MyRow(a, wq, lane);
   }
@@ -319,26 +322,13 @@ __device__ __forceinline__ void StageSlab(const float* acc, uint32_t staging, in
   }
 }
 
-// kNoMma (harness only): the consumers wait for and release the stages without any wgmma,
-// to measure the gather alone.
-template <int kKind, int kMode, bool kNoMma = false>
-__global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
-  static_assert(kKind == kBf16 || kKind == kF16, "bf16 / f16 only");
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(16) char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const uint32_t base = sm90_rg::SmemAddr(smem);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      sm90_rg::MbarInit(base + kFull + s * 8, kConsumerWide ? 384 : 128);  // every gathering thread (noinc)
-      sm90_rg::MbarInit(base + kEmpty + s * 8, 8);   // lane 0 of every consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  const TileOrder order = BuildOrder(a, smem);  // includes the barrier after the init
-
+// The kernel after its set-up, for one walk of the tiles: kOrdered by the table (some group
+// not listed) or not (every group listed, or no table). Two instantiations so that the walk
+// without a table compiles to the code it had before the table existed: with the table's
+// branches in one copy, it ran 1-10 % slower (docs/notes/sm90_stile.md, run 9).
+template <int kKind, int kMode, bool kNoMma, bool kOrdered>
+__device__ __forceinline__ void RunTiles(const Args& a, const TileOrder& order, uint32_t base, int tid, int warp,
+                                         int lane) {
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     // Producer warp w copies tokens 8w .. 8w+7 of each stage; lane l knows token
@@ -346,9 +336,9 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
     // The list entries of the next kLook stages are in flight (lead runs kLook stages ahead):
     // with 1-row tiles every stage reads a new 128-byte line of the list, whose latency
     // would otherwise bound the gather.
-    Cursor cur{static_cast<int>(blockIdx.x), 0, {}, order};
+    Cursor<kOrdered> cur{static_cast<int>(blockIdx.x), 0, {}, order};
     cur.Skip(a);
-    Cursor lead = cur;
+    Cursor<kOrdered> lead = cur;
     const int tk = 8 * warp + (lane & 7);
     // kWeightBlocksXK: lane copies the 8-k run 8 (lane % 4) .. of the stage (kt % 8 == 0:
     // one entry, contiguous k).
@@ -424,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
     const uint32_t staging = base + kStaging;
     int stage = 0;
     uint32_t phase = 0;
-    WideLoader<kMode> wl;
+    WideLoader<kMode, kOrdered> wl;
     if constexpr (kConsumerWide) {
       wl.Start(a, order, wq, lane);
       for (int s = 0; s < kStages; ++s)
@@ -433,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
     float acc[128];
     for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
       Tile tile;
-      tile.Load(a, order, t);
+      tile.Load<kOrdered>(a, order, t);
       const int nst = tile.Stages();
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -546,6 +536,32 @@ __global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
       }
     }
     if constexpr (kConsumerWide) sm90_rg::CpAsyncWaitAll();
+  }
+}
+
+// kNoMma (harness only): the consumers wait for and release the stages without any wgmma,
+// to measure the gather alone.
+template <int kKind, int kMode, bool kNoMma = false>
+__global__ void __launch_bounds__(kThreads, 1) StileGemmKernel(const Args a) {
+  static_assert(kKind == kBf16 || kKind == kF16, "bf16 / f16 only");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t base = sm90_rg::SmemAddr(smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      sm90_rg::MbarInit(base + kFull + s * 8, kConsumerWide ? 384 : 128);  // every gathering thread (noinc)
+      sm90_rg::MbarInit(base + kEmpty + s * 8, 8);   // lane 0 of every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  const TileOrder order = BuildOrder(a, smem);  // includes the barrier after the init
+  if (order.slot) {  // CTA-uniform
+    RunTiles<kKind, kMode, kNoMma, true>(a, order, base, tid, warp, lane);
+  } else {
+    RunTiles<kKind, kMode, kNoMma, false>(a, order, base, tid, warp, lane);
   }
 #endif
 }
