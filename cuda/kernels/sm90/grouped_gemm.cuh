@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/epilogue.cuh"
 #include "cuda/kernels/sm90/grouped_gemm.h"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
@@ -107,26 +108,18 @@ __device__ __forceinline__ int GroupItems(const Args& g, int q) {
 // prefix[q] = items of groups < q, prefix[groups] = all items (every thread of the CTA).
 template <int kCluster>
 __device__ __forceinline__ void BuildPrefix(const Args& g, int* prefix, int* scratch) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int per = (g.groups + kThreads - 1) / kThreads;
   const int beg = min(tid * per, g.groups), end = min(beg + per, g.groups);
   int local = 0;
   for (int q = beg; q < end; ++q) local += GroupItems<kCluster>(g, q);
-  int incl = local;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) scratch[warp] = incl;
-  __syncthreads();
-  int run = incl - local;
-  for (int w = 0; w < warp; ++w) run += scratch[w];
+  int total;
+  int run = BlockExclusiveSumOnce<kThreads>(local, scratch, &total);
   for (int q = beg; q < end; ++q) {
     prefix[q] = run;
     run += GroupItems<kCluster>(g, q);
   }
-  if (tid == kThreads - 1) prefix[g.groups] = run;
+  if (tid == 0) prefix[g.groups] = total;
 }
 
 struct Tile {

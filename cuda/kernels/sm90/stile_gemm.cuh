@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
 #include "cuda/kernels/sm90/stile_gemm_wgmma.cuh"
 
@@ -96,10 +97,10 @@ struct Args {
   int order = 0;  // 1: the tiles of listed groups first, in a table of batch * groups <= kMaxOrder
 };
 
-// Groups with rows > 0 (count and capacity > 0).
-__device__ __forceinline__ bool Listed(const Args& a, int bg) {
-  const int b = bg / a.groups;
-  return a.capacity > 0 && __ldg(a.counts + static_cast<int64_t>(b / a.idx_div) * a.groups + (bg - b * a.groups)) > 0;
+// Group g of batch entry b: its listed tiles, the count clamped to [0, capacity].
+__device__ __forceinline__ int ListedTiles(const Args& a, int b, int g) {
+  const int c = __ldg(a.counts + static_cast<int64_t>(b / a.idx_div) * a.groups + g);
+  return c < 0 ? 0 : (c > a.capacity ? a.capacity : c);
 }
 
 // Without a table the tiles are walked t = 0, 1, ... over (b, g, wt) with wt fastest, or
@@ -126,26 +127,15 @@ __device__ __forceinline__ TileOrder BuildOrder(const Args& a, char* smem) {
   uint16_t* slot = reinterpret_cast<uint16_t*>(smem + kOrder);
   int* scan = reinterpret_cast<int*>(smem + kOrderScan);
   const int n = a.tiles / a.wide_tiles;  // batch * groups
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int per = (n + kThreads - 1) / kThreads;  // <= 11: the flags fit one word
+  const int tid = threadIdx.x;
   const int beg = min(tid * per, n), end = min(beg + per, n);
   unsigned flags = 0;
   int local = 0;
   for (int q = beg; q < end; ++q)
-    if (Listed(a, q)) flags |= 1u << (q - beg), ++local;
-  int incl = local;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  if (lane == 31) scan[warp] = incl;
-  __syncthreads();
-  int live = 0, before = incl - local;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    live += scan[w];
-    if (w < warp) before += scan[w];
-  }
+    if (ListedTiles(a, q / a.groups, q % a.groups) > 0) flags |= 1u << (q - beg), ++local;
+  int live;
+  int before = BlockExclusiveSumOnce<kThreads>(local, scan, &live);
   if (live == n) return o;  // CTA-uniform
   int dead = live + (beg - before);  // listed groups first, then the others, each in order
   for (int q = beg; q < end; ++q) slot[(flags >> (q - beg)) & 1u ? before++ : dead++] = static_cast<uint16_t>(q);
@@ -192,10 +182,8 @@ struct Tile {
       g = t % a.groups;
       b = t / a.groups;
     }
-    const int64_t ib = b / a.idx_div;
-    const int c = __ldg(a.counts + ib * a.groups + g);
-    rows = (c < 0 ? 0 : (c > a.capacity ? a.capacity : c)) * a.kt;
-    list = a.lists + (ib * a.groups + g) * a.capacity;
+    rows = ListedTiles(a, b, g) * a.kt;
+    list = a.lists + (static_cast<int64_t>(b / a.idx_div) * a.groups + g) * a.capacity;
   }
   __device__ __forceinline__ int Stages() const { return (rows + kTok - 1) / kTok; }
 };
