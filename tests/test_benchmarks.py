@@ -49,6 +49,16 @@ def test_kernel_profile_smoke(argv):
         assert r["wall_ms"] > 0 and r["dispatch_ms"] > 0
 
 
+def test_device_ab_smoke():
+    from benchmarks import device_ab
+
+    rows = device_ab.main(["--small", "--only", "index,moe"])
+    assert [r["group"] for r in rows] == ["index"] * 4 + ["moe"] * 2
+    assert all(r["wall_us"] > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        device_ab.main(["--only", "stile,nope"])
+
+
 def test_train_loop_smoke():
     from benchmarks import train_loop
 
