@@ -62,6 +62,19 @@ def routing(rng, t, e, k, kind):
     return np.argsort(-g, axis=1)[:, :k].astype(np.int32)
 
 
+def input_sets(rng, t, d, f, e, k, kind, n):
+    """`n` rotated (x [t, d], w [e, d, f], expert ids [t, k]) sets, random normal (w scaled
+    by 1 / sqrt(d)) and routed by `kind`, all drawn from `rng`."""
+    out = []
+    for _ in range(n):
+        key = jax.random.PRNGKey(int(rng.integers(2**31)))
+        kx, kw = jax.random.split(key)
+        x = common.random_normal(kx, (t, d), DTYPE)
+        w = (common.random_normal(kw, (e, d, f), jnp.float32) / math.sqrt(d)).astype(DTYPE)
+        out.append((x, w, jnp.asarray(routing(rng, t, e, k, kind))))
+    return out
+
+
 # -- baselines ----------------------------------------------------------------------------
 
 
@@ -186,15 +199,7 @@ class Suite:
         return row
 
     def sets(self, t, d, f, e, k, kind, n):
-        out = []
-        for _ in range(n):
-            key = jax.random.PRNGKey(int(self.rng.integers(2**31)))
-            kx, kw = jax.random.split(key)
-            x = common.random_normal(kx, (t, d), DTYPE)
-            w = (common.random_normal(kw, (e, d, f), jnp.float32) / math.sqrt(d)).astype(DTYPE)
-            ids = jnp.asarray(routing(self.rng, t, e, k, kind))
-            out.append((x, w, ids))
-        return out
+        return input_sets(self.rng, t, d, f, e, k, kind, n)
 
     def first(self, t, d, f, e, k, kind, label, impls):
         case = dict(workload=label, T=t, D=d, F=f, E=e, k=k, routing=kind)

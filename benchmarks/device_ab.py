@@ -33,34 +33,24 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pit_jax  # noqa: E402
 from benchmarks import common  # noqa: E402
-from benchmarks.bench_moe import pit_first, routing  # noqa: E402
+from benchmarks.bench_index import matrix_sets  # noqa: E402
+from benchmarks.bench_moe import input_sets, pit_first  # noqa: E402
 
 GROUPS = ("stile", "moe", "index")
 ROTATIONS = 4
 
 
-def _tiled(key, shape, tile, sparsity, dtype=jnp.bfloat16):
-    """Random normal `shape` whose (h, w) tiles are zero with probability `sparsity`."""
-    x = jax.random.normal(key, shape, dtype)
-    live = jax.random.uniform(jax.random.fold_in(key, 2), (shape[0] // tile[0], shape[1] // tile[1])) > sparsity
-    return x * jnp.repeat(jnp.repeat(live, tile[0], 0), tile[1], 1).astype(dtype)
-
-
 def stile_cases(small):
     n = 256 if small else 4096
+    key = jax.random.PRNGKey(0)
     for axis, tile, s in (("k", (32, 1), 0.5), ("k", (32, 1), 0.9), ("k", (32, 1), 0.99), ("w", (1, 64), 0.9)):
-        sets = []
-        for r in range(ROTATIONS):
-            key = jax.random.PRNGKey(r)
-            if axis == "k":
-                x = _tiled(key, (n, n), tile, s)
-                w = jax.random.normal(jax.random.fold_in(key, 1), (n, n), jnp.bfloat16)
-                idx = pit_jax.index(x, tile, group_by="row")
-            else:
-                x = jax.random.normal(jax.random.fold_in(key, 1), (n, n), jnp.bfloat16)
-                w = _tiled(key, (n, n), tile, s)
-                idx = pit_jax.index(w, tile, group_by="col")
-            sets.append((x, w, idx))
+        # The sparse operand's (h, w) tiles live with probability 1 - s, the other dense.
+        sparse = [m for (m,) in matrix_sets(key, n, tile, 1 - s, jnp.bfloat16, ROTATIONS)]
+        dense = [common.random_normal(jax.random.fold_in(key, i), (n, n), jnp.bfloat16) for i in range(ROTATIONS)]
+        if axis == "k":
+            sets = [(x, w, pit_jax.index(x, tile, group_by="row")) for x, w in zip(sparse, dense)]
+        else:
+            sets = [(x, w, pit_jax.index(w, tile, group_by="col")) for x, w in zip(dense, sparse)]
 
         def fn(x, w, i, a=axis, t=tile):
             return pit_jax.sparse_dense(x, w, axis=a, micro_tile=t, index=i)
@@ -73,20 +63,14 @@ def moe_cases(small):
     shapes = ((256, 8, "uniform"), (256, 8, "zipf")) if small else (
         (4096, 64, "uniform"), (4096, 64, "zipf"), (1024, 64, "uniform"))
     for t, e, kind in shapes:
-        rng = np.random.default_rng(0)
-        sets = []
-        for r in range(ROTATIONS):
-            key = jax.random.PRNGKey(r)
-            x = jax.random.normal(key, (t, d), jnp.bfloat16)
-            w = jax.random.normal(jax.random.fold_in(key, 1), (e, d, f), jnp.bfloat16)
-            sets.append((x, w, jnp.asarray(routing(rng, t, e, 1, kind))))
-        yield f"T={t} E={e} {kind}", pit_first, sets
+        # Seeded: every build times the same data.
+        yield f"T={t} E={e} {kind}", pit_first, input_sets(np.random.default_rng(0), t, d, f, e, 1, kind, ROTATIONS)
 
 
 def index_cases(small):
     n = 256 if small else 4096
     for tile, by in (((1, 64), "col"), ((32, 64), "both"), ((32, 1), "row"), ((1, 8), "row")):
-        sets = [(_tiled(jax.random.PRNGKey(r), (n, n), tile, 0.9),) for r in range(ROTATIONS)]
+        sets = matrix_sets(jax.random.PRNGKey(0), n, tile, 0.1, jnp.bfloat16, ROTATIONS)
 
         def fn(x, t=tile, b=by):
             return pit_jax.index(x, t, group_by=b)
