@@ -9,6 +9,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
     python -m benchmarks.kernel_profile moe_train --experts 8 --top-k 1   # Switch MoE training step
     python -m benchmarks.kernel_profile opt --d 5120 --density 0.026     # OPT layer inference (issue 7)
+    python -m benchmarks.kernel_profile sparse_dense --axis k --tile 32x1 --density 0.1   # issue 4's K-axis case
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -125,6 +126,26 @@ def _opt(small, d, density):
             for mode, model in models.items()}
 
 
+def _sparse_dense(small, axis, tile_name, density):
+    """One case of issue 4's K / W suite (bench_sparse_dense's data, 4096^3 bf16): dense
+    `x @ w`, pit (sparse_dense building its index inside the jit) and pit_pre (the index
+    built outside): where the index, the operand transposes and the product each go."""
+    import pit_jax
+    from benchmarks.bench_sparse_dense import make_kw_set
+
+    size = 256 if small else 4096
+    tile = tuple(int(v) for v in tile_name.split("x"))
+    s = make_kw_set(jax.random.PRNGKey(0), m=size, k=size, n=size, density=density, axis=axis, tile=tile,
+                    pattern="random", dtype=jnp.bfloat16)
+    src = s["w"] if axis == "w" else s["x"]
+    group_by = "col" if axis == "w" else "row"
+    idx = jax.jit(lambda a: pit_jax.index(a, tile, group_by=group_by))(src)
+    xw = (s["x"], s["w"])
+    return {"dense": (jax.jit(lambda x, w: x @ w), xw),
+            "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile)), xw),
+            "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=axis)), (*xw, idx))}
+
+
 def _short(name):
     """A kernel's name without its return type, namespaces and parameter list, template
     arguments kept whole: kernels that differ only there (the row gather's forms) stay
@@ -214,11 +235,13 @@ def profile(fn, args, *, calls, top):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train", "opt"))
+    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train", "opt", "sparse_dense"))
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
-    ap.add_argument("--tile", default="32x64", help="prune: pruning block")
+    ap.add_argument("--tile", default=None, help="prune: pruning block (32x64); sparse_dense: micro-tile (32x1)")
+    ap.add_argument("--axis", default="k", choices=("k", "w"), help="sparse_dense: the sparse operand's axis")
     ap.add_argument("--density", type=float, default=None,
-                    help="prune: live fraction of blocks (0.02); opt: live 32x1 tiles of fc2's input (0.026)")
+                    help="prune: live fraction of blocks (0.02); opt: live 32x1 tiles of fc2's input (0.026); "
+                         "sparse_dense: live fraction of micro-tiles (0.1)")
     ap.add_argument("--d", type=int, default=2048, help="opt: model width")
     ap.add_argument("--bf16w", action="store_true", help="bert: weight matrices stored in bf16 (infer_bf16w)")
     ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
@@ -238,8 +261,10 @@ def main(argv=None):
         variants = _moe_train(args.small, args.experts, args.top_k)
     elif args.workload == "opt":
         variants = _opt(args.small, args.d, 0.026 if args.density is None else args.density)
+    elif args.workload == "sparse_dense":
+        variants = _sparse_dense(args.small, args.axis, args.tile or "32x1", 0.1 if args.density is None else args.density)
     else:
-        variants = _prune(args.small, args.tile, 0.02 if args.density is None else args.density)
+        variants = _prune(args.small, args.tile or "32x64", 0.02 if args.density is None else args.density)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
     print(f"{args.workload} on {common.device_info()['device']}, jax {jax.__version__}")
