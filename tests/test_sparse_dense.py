@@ -478,16 +478,15 @@ def test_k_and_weight_blocks_clustered_groups_gpu(dtype, axis, xs, ws, tile, lea
     tiles over its CTAs from a table (sm90_stile::TileOrder), the others' zero tiles after."""
     rng, seed = fresh_rng()
     x, w, mask = make_case(rng, axis, xs, ws, tile, 0.3, dtype, lead=lead)
-    if axis == "w":  # column groups of w
-        g = np.arange(ws[1]) // tile[1]
-        keep = (g % 4 == 3) | ((g % 4 == 2) & (rng.random(g.shape) < 0.5)[g])
-        w = np.where(keep[None, :], w, 0).astype(w.dtype)
-        mask = mask * keep[None, :]
-    else:  # row groups of x
-        g = np.arange(xs[0]) // tile[0]
-        keep = (g % 4 == 3) | ((g % 4 == 2) & (rng.random(g.shape) < 0.5)[g])
-        x = np.where(keep[:, None], x, 0).astype(x.dtype)
-        mask = mask * keep[:, None]
+    # The groups: column groups of w, or row groups of x (the axis the mask keeps below).
+    g = np.arange(ws[1]) // tile[1] if axis == "w" else np.arange(xs[0]) // tile[0]
+    keep = (g % 4 == 3) | ((g % 4 == 2) & (rng.random(g.shape) < 0.5)[g])
+    kept = keep[None, :] if axis == "w" else keep[:, None]
+    if axis == "w":
+        w = np.where(kept, w, 0).astype(w.dtype)
+    else:
+        x = np.where(kept, x, 0).astype(x.dtype)
+    mask = mask * kept
     f = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile))
     y = np.asarray(f(*put("gpu", x, w)), np.float32)
     assert y.shape == (*lead, xs[0], ws[1])

@@ -23,6 +23,7 @@
 
 #include <cooperative_groups.h>
 
+#include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/elem_types.cuh"
 #include "cuda/kernels/sm90/launch_util.h"
 
@@ -275,15 +276,6 @@ __device__ __forceinline__ unsigned DigitMask(int pass) { return pass == 2 ? 102
 __device__ __forceinline__ void CountDigit(unsigned* hist, unsigned b, unsigned mask, unsigned prefix, int shift,
                                            unsigned dmask) {
   if ((b & mask) == prefix) atomicAdd(&hist[(b >> shift) & dmask], 1u);
-}
-
-__device__ __forceinline__ unsigned WarpInclusiveSum(unsigned v, int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const unsigned u = __shfl_up_sync(0xffffffffu, v, off);
-    if (lane >= off) v += u;
-  }
-  return v;
 }
 
 // Bins 2t and 2t + 1 summed over the cluster's histograms, in rank order: every CTA finds

@@ -1,7 +1,9 @@
 // Small device helpers shared by pit_jax's kernels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -22,11 +24,37 @@ inline int DeviceSmCount() {
   return cached[device];
 }
 
+// A kernel's host-side switch for A/B timing and debugging: the environment variable
+// `name` unset or empty gives `fallback`, a value starting with '0' false, any other true.
+// Callers keep the answer in a static (read once per process).
+inline bool EnvFlag(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
+  return (e == nullptr || e[0] == '\0') ? fallback : e[0] != '0';
+}
+
+// Lets kKernel launch with `bytes` of dynamic shared memory on the current device (above
+// the default 48 KB the limit is raised per kernel and device), remembered per device so
+// that launches pay the driver call once. Setting it twice is harmless, so threads racing
+// here need no lock.
+template <auto kKernel>
+cudaError_t AllowDynamicSmem(size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  constexpr int kMaxDevices = 64;
+  static size_t allowed[kMaxDevices] = {};  // one table per kernel (template instance)
+  int dev = 0;
+  const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices;
+  if (known && allowed[dev] >= bytes) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess && known) allowed[dev] = bytes;
+  return e;
+}
+
 // The sum of `value` over lanes 0..lane of the warp (every lane takes part).
-__device__ __forceinline__ int WarpInclusiveSum(int value, int lane) {
+template <typename T>
+__device__ __forceinline__ T WarpInclusiveSum(T value, int lane) {
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(kFullMask, value, o);
+    const T n = __shfl_up_sync(kFullMask, value, o);
     if (lane >= o) value += n;
   }
   return value;
@@ -53,16 +81,16 @@ __device__ __forceinline__ int BlockExclusiveSum(int value, int* scratch, int* t
 // The same sum with one barrier (the per-warp totals added serially, kThreads / 32 reads of
 // shared memory), for the set-up of the persistent stile and grouped kernels: there
 // BlockExclusiveSum's second barrier and scan measured 0.5-0.9 % of the kernel
-// (docs/notes/sm90_stile.md, run 10). `scratch` must not be rewritten before the caller's
-// next barrier.
-template <int kThreads>
-__device__ __forceinline__ int BlockExclusiveSumOnce(int value, int* scratch, int* total) {
+// (docs/notes/sm90_stile.md, run 10). T: int, or int64_t where sums may pass 2^31.
+// `scratch` (kThreads / 32 of T) must not be rewritten before the caller's next barrier.
+template <int kThreads, typename T>
+__device__ __forceinline__ T BlockExclusiveSumOnce(T value, T* scratch, T* total) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 32");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int incl = WarpInclusiveSum(value, lane);
+  const T incl = WarpInclusiveSum(value, lane);
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
-  int sum = 0, before = incl - value;
+  T sum = 0, before = incl - value;
   for (int w = 0; w < kThreads / 32; ++w) {
     sum += scratch[w];
     if (w < warp) before += scratch[w];

@@ -46,32 +46,6 @@ struct GroupedArgs {
   bool relu = false;                                    // matmul: y = max(y, 0) before rounding
 };
 
-// BlockExclusiveSum (device_utils.cuh) in 64 bits: tile counts of garbage counts can
-// exceed 2^31 and must not wrap. `scratch`: kThreads / 32 slots; ends with a barrier.
-template <int kThreads>
-__device__ __forceinline__ int64_t BlockExclusiveSum64(int64_t value, int64_t* scratch, int64_t* total) {
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int64_t incl = value;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t n = __shfl_up_sync(kFullMask, incl, o);
-    if (lane >= o) incl += n;
-  }
-  if (lane == 31) scratch[warp] = incl;
-  __syncthreads();
-  int64_t before = 0, all = 0;
-#pragma unroll
-  for (int i = 0; i < kWarps; ++i) {
-    const int64_t v = scratch[i];
-    before += i < warp ? v : 0;
-    all += v;
-  }
-  __syncthreads();  // scratch may be reused by the caller
-  *total = all;
-  return before + incl - value;
-}
-
 // Rounds the block's float32 accumulators once to T (after max(., 0) with `relu`) and
 // stores them: local tile row r goes to out[row_of(r) * ld + n] (skipped when
 // row_of(r) < 0), columns [n_lo, n_hi).
@@ -165,7 +139,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) GroupedMatmulK
     const int grp = g0 + tid;
     const int64_t tiles = grp < G ? (LiveCount(counts, grp, g.A) + BM - 1) / BM : 0;
     int64_t total;
-    const int64_t first = before + BlockExclusiveSum64<kThreads>(tiles, s_scan, &total);
+    // 64 bits: tile counts of garbage counts can exceed 2^31 and must not wrap. s_scan is
+    // rewritten by the next pass only after the barrier below.
+    const int64_t first = before + BlockExclusiveSumOnce<kThreads>(tiles, s_scan, &total);
     if (slot >= first && slot < first + tiles) {  // exactly one thread of the block, at most
       s_found[0] = grp;
       s_found[1] = static_cast<int>(slot - first);

@@ -570,10 +570,7 @@ __global__ void __launch_bounds__(kThreads) IndexWideWalkKernel(IndexParams p, W
 // PIT_JAX_INDEX_WALK=0 turns the walk modes off (the register and shared modes run):
 // for A/B timing.
 bool WalkModesOn() {
-  static const bool on = [] {
-    const char* e = std::getenv("PIT_JAX_INDEX_WALK");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = EnvFlag("PIT_JAX_INDEX_WALK", true);
   return on;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/elem_types.cuh"
 #include "cuda/kernels/row_blocks.cuh"
 
@@ -510,26 +511,12 @@ __global__ void __launch_bounds__(32 * kSumSplit) SumSlicesKernel(const float* w
   }
 }
 
-// Launches the backward kernel with `smem` bytes of shared memory, raising the kernel's
-// limit past the default 48 KB once per device (the attribute is per function and device;
-// setting it twice is harmless, so racing threads need no lock).
+// Launches the backward kernel with `smem` bytes of shared memory (AllowDynamicSmem).
 template <typename T, int V, int kChunks>
 cudaError_t LaunchBwdKernel(const RowLayerNormBwdParams& q, bool dead_tail, dim3 grid, dim3 block, size_t smem,
                             cudaStream_t stream) {
-  auto kernel = RowLayerNormBwdKernel<T, V, kChunks>;
-  if (smem > 48 * 1024) {
-    constexpr int kMaxDevices = 64;
-    static size_t allowed[kMaxDevices] = {};
-    int dev = 0;
-    const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices;
-    if (!known || allowed[dev] < smem) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-      if (known) allowed[dev] = smem;
-    }
-  }
-  kernel<<<grid, block, smem, stream>>>(q, dead_tail);
+  if (cudaError_t e = AllowDynamicSmem<RowLayerNormBwdKernel<T, V, kChunks>>(smem); e != cudaSuccess) return e;
+  RowLayerNormBwdKernel<T, V, kChunks><<<grid, block, smem, stream>>>(q, dead_tail);
   return cudaGetLastError();
 }
 

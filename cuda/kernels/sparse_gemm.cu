@@ -30,10 +30,7 @@ constexpr int64_t kMaxDim = int64_t{1} << 30;  // keeps every in-kernel int inde
 // Debug switch: PIT_SPARSE_GEMM_SIMT=1 runs bf16/f16 on the SIMT kernel too (isolates
 // the tensor-core path when a result looks wrong).
 bool ForceSimt() {
-  static const bool force = [] {
-    const char* e = std::getenv("PIT_SPARSE_GEMM_SIMT");
-    return e != nullptr && e[0] != '\0' && e[0] != '0';
-  }();
+  static const bool force = EnvFlag("PIT_SPARSE_GEMM_SIMT", false);
   return force;
 }
 

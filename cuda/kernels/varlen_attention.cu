@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/elem_types.cuh"
 #include "cuda/kernels/mma_sync.cuh"
 
@@ -368,20 +369,6 @@ size_t BwdSmem(int64_t seq) {
   return static_cast<size_t>(4 * s16 * kRowPitch + ds) * 2 + 2 * s16 * sizeof(float);
 }
 
-// Raises the kernel's dynamic shared-memory limit past the default 48 KB once per device
-// (per function and device; setting it twice is harmless, so racing threads need no lock).
-template <typename Kernel>
-cudaError_t AllowSmem(Kernel kernel, size_t smem, size_t (&allowed)[64]) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  int dev = 0;
-  const bool known = cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64;
-  if (known && allowed[dev] >= smem) return cudaSuccess;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e == cudaSuccess && known) allowed[dev] = smem;
-  return e;
-}
-
 template <typename T, bool kBwd>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
@@ -391,11 +378,9 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   for (const void* ptr : buffers) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorMisalignedAddress;
   }
-  auto kernel = kBwd ? VarlenAttentionBwdKernel<T> : VarlenAttentionKernel<T>;
+  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T> : VarlenAttentionKernel<T>;
   const size_t smem = kBwd ? BwdSmem(p.seq) : FwdSmem(p.seq);
-  static size_t allowed[64] = {};
-  const cudaError_t e = AllowSmem(kernel, smem, allowed);
-  if (e != cudaSuccess) return e;
+  if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch)), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -54,10 +54,7 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 // PIT_JAX_STILE_ORDER=0 walks the tiles without the order table (A/B timing).
 bool OrderTableOn() {
-  static const bool on = [] {
-    const char* e = std::getenv("PIT_JAX_STILE_ORDER");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = EnvFlag("PIT_JAX_STILE_ORDER", true);
   return on;
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/sm90/launch_util.h"
 #include "cuda/kernels/sm90/wblock_gemm.cuh"
 
@@ -48,10 +49,7 @@ cudaError_t Launch(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUt
 
 // PIT_JAX_WBLOCK=0 turns this kernel off (the other stile kernels run): for A/B timing.
 bool Off() {
-  static const bool off = [] {
-    const char* e = std::getenv("PIT_JAX_WBLOCK");
-    return e != nullptr && e[0] == '0';
-  }();
+  static const bool off = !EnvFlag("PIT_JAX_WBLOCK", true);
   return off;
 }
 
