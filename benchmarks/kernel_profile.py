@@ -10,6 +10,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile moe_train --experts 8 --top-k 1   # Switch MoE training step
     python -m benchmarks.kernel_profile opt --d 5120 --density 0.026     # OPT layer inference (issue 7)
     python -m benchmarks.kernel_profile sparse_dense --axis k --tile 32x1 --density 0.1   # issue 4's K-axis case
+    python -m benchmarks.kernel_profile sparse_dense --density 0.026 --shape 4096,20480,5120   # OPT d 5120's fc2
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -126,16 +127,17 @@ def _opt(small, d, density):
             for mode, model in models.items()}
 
 
-def _sparse_dense(small, axis, tile_name, density):
-    """One case of issue 4's K / W suite (bench_sparse_dense's data, 4096^3 bf16): dense
-    `x @ w`, pit (sparse_dense building its index inside the jit) and pit_pre (the index
-    built outside): where the index, the operand transposes and the product each go."""
+def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096)):
+    """One case of issue 4's K / W suite (bench_sparse_dense's data, bf16, 4096^3 unless
+    `shape` = (M, K, N) says otherwise): dense `x @ w`, pit (sparse_dense building its
+    index inside the jit) and pit_pre (the index built outside): where the index, the
+    operand transposes and the product each go."""
     import pit_jax
     from benchmarks.bench_sparse_dense import make_kw_set
 
-    size = 256 if small else 4096
+    m, k, n = (256, 256, 256) if small else shape
     tile = tuple(int(v) for v in tile_name.split("x"))
-    s = make_kw_set(jax.random.PRNGKey(0), m=size, k=size, n=size, density=density, axis=axis, tile=tile,
+    s = make_kw_set(jax.random.PRNGKey(0), m=m, k=k, n=n, density=density, axis=axis, tile=tile,
                     pattern="random", dtype=jnp.bfloat16)
     src = s["w"] if axis == "w" else s["x"]
     group_by = "col" if axis == "w" else "row"
@@ -239,6 +241,7 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default=None, help="prune: pruning block (32x64); sparse_dense: micro-tile (32x1)")
     ap.add_argument("--axis", default="k", choices=("k", "w"), help="sparse_dense: the sparse operand's axis")
+    ap.add_argument("--shape", default="4096,4096,4096", help="sparse_dense: M,K,N")
     ap.add_argument("--density", type=float, default=None,
                     help="prune: live fraction of blocks (0.02); opt: live 32x1 tiles of fc2's input (0.026); "
                          "sparse_dense: live fraction of micro-tiles (0.1)")
@@ -262,7 +265,8 @@ def main(argv=None):
     elif args.workload == "opt":
         variants = _opt(args.small, args.d, 0.026 if args.density is None else args.density)
     elif args.workload == "sparse_dense":
-        variants = _sparse_dense(args.small, args.axis, args.tile or "32x1", 0.1 if args.density is None else args.density)
+        variants = _sparse_dense(args.small, args.axis, args.tile or "32x1", 0.1 if args.density is None else args.density,
+                                 tuple(int(v) for v in args.shape.split(",")))
     else:
         variants = _prune(args.small, args.tile or "32x64", 0.02 if args.density is None else args.density)
     if args.only:
