@@ -50,7 +50,7 @@ def with_backward(f):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
     args = ap.parse_args(argv)
     meta = common.device_info()

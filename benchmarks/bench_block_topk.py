@@ -35,7 +35,7 @@ def _kernel_kind(name: str) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
     ap.add_argument("--density", type=float, default=0.02)
     args = ap.parse_args(argv)

@@ -68,7 +68,7 @@ def matrix_sets(key, n, tile, density, dtype, count):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
     args = ap.parse_args(argv)
     walk_off = os.environ.get("PIT_JAX_INDEX_WALK", "1").startswith("0")

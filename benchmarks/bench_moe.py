@@ -384,13 +384,12 @@ def plot(rows, path, meta):
     ax.set_ylabel("speed relative to the oracle (higher is better)")
     ax.set_title(f"MoE, bf16 — {meta['device']}, jax {meta['jax']}, {meta['date'][:10]}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--only", default=None, help="comma-separated subset of first,ffn,fig8")
     ap.add_argument("--small", action="store_true", help="shrunk shapes (CPU smoke run)")
     ap.add_argument("--deadline-s", type=float, default=480.0)

@@ -294,14 +294,12 @@ def plot_results(rows, path, meta):
     b.set_title("optimizer choice (green: within 10%)", fontsize=9)
     b.legend(fontsize=7)
     fig.suptitle(f"pit_jax.plan calibration, {meta['device']}, {meta['dtype']}, database {meta['database'][:80]}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, few patterns (CPU)")
     ap.add_argument("--database", default=None, help="STile database JSON (default: the one pit_jax resolves for this GPU)")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))

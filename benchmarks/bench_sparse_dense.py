@@ -922,14 +922,12 @@ def plot_speedups(rows, path, meta):
         ax.axis("off")
     note = " [pit_jax = STAND-IN]" if "stand-in" in str(meta.get("pit_sparse_dense")) else ""
     fig.suptitle(f"pit_jax.sparse_dense, {meta['device']}, jax {meta['jax']}, {meta['date'][:10]}{note}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--small", action="store_true", help="dims 256-512 (CPU smoke run)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
     ap.add_argument("--stand-in", action="store_true", help="if pit_jax.sparse_dense is missing, use a pure-JAX stand-in (tests the suite; timings meaningless)")

@@ -44,7 +44,7 @@ def main(argv=None):
     ap.add_argument("--tile", default="32x64", help="the micro-tile of w, e.g. 32x64, 1x32, 32x1")
     ap.add_argument("--check", action="store_true", help="compare each product with a float32 reference")
     ap.add_argument("--small", action="store_true", help="tiny shapes, few repeats")
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     shapes, reps = ([(64, 128), (128, 64)], 3) if args.small else (SHAPES, 15)

@@ -558,14 +558,12 @@ def plot(rows, path, meta):
     ax.set_ylabel("speed-up over the dense JAX model")
     ax.set_title(f"pit_jax workloads on {meta['device']} ({meta['date'][:10]})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+    common.add_out_argument(ap)
     ap.add_argument("--only", default=None, help="comma-separated subset of " + ",".join(WORKLOADS))
     ap.add_argument("--small", action="store_true", help="tiny models (CPU smoke run)")
     ap.add_argument("--deadline-s", type=float, default=None,

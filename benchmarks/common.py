@@ -236,6 +236,20 @@ def write_results(suite: str, payload: dict, out: str | None = None) -> str:
     return path
 
 
+def add_out_argument(ap) -> None:
+    """The suites' `--out`: where `write_results` puts the results (and the PNG beside them)."""
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results) or a .json file path")
+
+
+def save_figure(fig, path: str) -> None:
+    """Lays out, writes (PNG at 110 dpi) and closes a suite's matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def dump_json(path: str, payload: dict) -> None:
     """Writes a results file the one way every suite does (also when it is rewritten)."""
     with open(path, "w") as f:
