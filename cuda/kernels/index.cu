@@ -23,7 +23,6 @@
 //  - shared mode otherwise (unaligned or very wide tiles): flags in shared memory.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/index.h"

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/sparse_gemm.h"

@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/sm90/launch_util.h"
