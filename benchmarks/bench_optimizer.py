@@ -1,7 +1,7 @@
 """Calibration of the STile optimizer (issue 6): does `pit_jax.plan` pick the fastest STile?
 
     python -m benchmarks.bench_optimizer [--out DIR] [--smoke] [--database PATH] [--dtype bfloat16]
-                                         [--deadline-s S] [--verbose]
+                                         [--compare-database PATH] [--deadline-s S] [--verbose]
 
 For every pattern of the sweep it plans from a sample (the operand itself, copied to the
 host), then times EVERY candidate the plan costed (dense, and each PIT axis and
@@ -17,7 +17,9 @@ Patterns (4096^3, sparsity 0.5 / 0.9 / 0.95 / 0.99 of the pattern's blocks):
   rows        random live token rows of x
   neuron      neuron-structured 32x1 blocks of x (ReLU-FFN-like, see bench_sparse_dense)
   w_<h>x<w>   random live h x w blocks of the weight
-Writes JSON (and a PNG) under benchmarks/results/ after every pattern; --smoke is a tiny
+--compare-database also plans every pattern with a second database (e.g. another GPU
+model's file) and scores its choice against the same measurements, so one sweep tells
+whether a device needs a database of its own. Writes JSON (and a PNG) under benchmarks/results/ after every pattern; --smoke is a tiny
 CPU run (the numbers mean nothing there).
 """
 
@@ -83,12 +85,15 @@ class Sweep:
         self.rows: list[dict] = []
         self.not_run: list[str] = []
         self.db = dbm.get(args.database)
+        self.other_db = dbm.get(args.compare_database) if args.compare_database else None
         self.meta = common.device_info()
         self.meta.update(
             suite="optimizer", smoke=self.smoke, argv=sys.argv[1:], database=self.db.describe(),
             database_source=self.db.source, dtype=self.dtype_key, shape=list(self.shape),
             timing="benchmarks/common.py time_op: median ms of one call, index built inside the timed call",
         )
+        if self.other_db is not None:
+            self.meta.update(compare_database=self.other_db.describe(), compare_database_source=self.other_db.source)
         self.path = None
 
     def elapsed(self):
@@ -122,12 +127,16 @@ class Sweep:
         m, k, n = self.shape
         sets = self.sets(operand, gen, tile, sparsity, dtype)
         owner = np.asarray(jax.device_get(sets[0][operand]))
+
+        def plan(db):
+            if operand == "x":
+                return pit_jax.plan(owner, (k, n), dtype, precision=prec, database=db)
+            return pit_jax.plan(owner, dtype=dtype, operand="w", x_shape=(m, k), precision=prec, database=db)
+
         t0 = time.perf_counter()
-        if operand == "x":
-            p = pit_jax.plan(owner, (k, n), dtype, precision=prec, database=self.db)
-        else:
-            p = pit_jax.plan(owner, dtype=dtype, operand="w", x_shape=(m, k), precision=prec, database=self.db)
+        p = plan(self.db)
         plan_ms = (time.perf_counter() - t0) * 1e3
+        other = None if self.other_db is None else plan(self.other_db)
         ref = f32_product(sets[0]["x"], sets[0]["w"])
         xw = [(s["x"], s["w"]) for s in sets]
         measured = []
@@ -168,6 +177,13 @@ class Sweep:
             if dense and dense.get("measured_ms"):
                 row.update(dense_ms=dense["measured_ms"], ratio_to_dense=chosen["measured_ms"] / dense["measured_ms"],
                            not_slower_than_dense=chosen["measured_ms"] <= VS_DENSE * dense["measured_ms"])
+            if other is not None:
+                # The same candidates were measured whatever the database; only its costs differ.
+                pick = next((e for e, c in zip(measured, p.candidates) if (c.axis, c.micro_tile) == (other.axis, other.micro_tile)), None)
+                row["compare"] = {"chosen": describe(other.axis, other.micro_tile)}
+                if pick is not None and pick.get("measured_ms") is not None and pick.get("ok"):
+                    row["compare"].update(chosen_ms=pick["measured_ms"], ratio_to_best=pick["measured_ms"] / best["measured_ms"],
+                                          within_10pct=pick["measured_ms"] <= WITHIN * best["measured_ms"])
         else:
             row["error"] = "the chosen candidate failed or gave a wrong result" if ok else "no candidate ran"
         return row
@@ -245,6 +261,20 @@ def summary(rows, shape):
         "plan_ms_max": max(plan_ms) if plan_ms else None, "plan_ms_median": float(np.median(plan_ms)) if plan_ms else None,
         "plan_ms_met": (max(plan_ms) < PLAN_MS) if plan_ms and big else None,
         "misses": [f"{r['pattern']} {r['sparsity']:g}: chose {r['chosen']} x{r['ratio_to_best']:.2f} of {r['best']}" for r in done if not r["within_10pct"]],
+        **compare_summary(done),
+    }
+
+
+def compare_summary(done):
+    """The --compare-database choices scored on the same measurements (empty without it)."""
+    scored = [r for r in done if "within_10pct" in r.get("compare", {})]
+    if not scored:
+        return {}
+    return {
+        "compare_within_10pct": sum(r["compare"]["within_10pct"] for r in scored), "compare_measured": len(scored),
+        "compare_differs": [f"{r['pattern']} {r['sparsity']:g}: {r['chosen']} x{r['ratio_to_best']:.2f} / "
+                            f"{r['compare']['chosen']} x{r['compare']['ratio_to_best']:.2f}"
+                            for r in scored if r["compare"]["chosen"] != r["chosen"]],
     }
 
 
@@ -262,6 +292,9 @@ def targets_text(s):
         + ("-" if s["plan_ms_max"] is None else f"{s['plan_ms_max']:.1f} ms"),
     ]
     out += [f"  miss: {m}" for m in s["misses"][:20]]
+    if "compare_measured" in s:
+        out.append(f"{'':12s} --compare-database's choice within 10% of the best: {s['compare_within_10pct']}/{s['compare_measured']}")
+        out += [f"  differs (this / compared database): {d}" for d in s["compare_differs"]]
     if s["errors"]:
         out.append(f"  {s['errors']} pattern(s) with errors: see the JSON")
     return "\n".join(out)
@@ -303,12 +336,15 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, few patterns (CPU)")
     ap.add_argument("--database", default=None, help="STile database JSON (default: the one pit_jax resolves for this GPU)")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--compare-database", default=None, help="also score a second database's choices on the same measurements")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no new pattern after S seconds (default 420; --smoke: none; 0 = none)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.deadline_s is None:
         args.deadline_s = 0 if args.smoke else 420
-    Sweep(args).run()
+    sweep = Sweep(args)
+    sweep.run()
+    return sweep.rows
 
 
 if __name__ == "__main__":

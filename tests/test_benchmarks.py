@@ -92,6 +92,24 @@ def test_bench_attention_smoke(tmp_path):
     assert len(list(tmp_path.glob("attention_*.json"))) == 1
 
 
+def test_bench_optimizer_compare_database_smoke(tmp_path):
+    """--compare-database scores a second database's choice on the sweep's own measurements."""
+    from benchmarks import bench_optimizer
+
+    db = os.path.join(ROOT, "pit_jax", "stile_db", "nvidia-h100-80gb-hbm3.json")
+    rows = bench_optimizer.main(["--smoke", "--database", "heuristic", "--compare-database", db, "--out", str(tmp_path)])
+    scored = [r for r in rows if "chosen_ms" in r]
+    assert scored and all("within_10pct" in r["compare"] for r in scored)
+    for r in scored:  # the compared choice is one of the measured candidates, timed once for both
+        times = {c["stile"]: c["measured_ms"] for c in r["candidates"]}
+        assert r["compare"]["chosen_ms"] == times[r["compare"]["chosen"]]
+    (path,) = tmp_path.glob("optimizer_smoke_*.json")
+    import json
+
+    doc = json.loads(path.read_text())
+    assert doc["meta"]["compare_database_source"] == db and doc["summary"]["compare_measured"] == len(scored)
+
+
 def test_write_results_takes_a_folder_or_a_json_path(tmp_path):
     """--out is a folder (the file named by suite, device and date) or a .json file path;
     either folder is created."""
@@ -235,6 +253,39 @@ def test_profile_stiles_update_and_refit(tmp_path):
         assert v["kind"] == w["kind"] and v["dtype"] == w["dtype"]
         assert w["product"] == pytest.approx(v["product"])  # same timings, same fit
     dbm.parse(again, out)
+
+
+def test_mark_dominated():
+    """A sparse variant never below 0.8x dense's time at the same shape is marked (the
+    planner skips it); one that beats dense clearly once is not, and a stale mark goes."""
+    from benchmarks import profile_stiles
+
+    def entry(kind, dtype, times, **extra):
+        return {"kind": kind, "dtype": dtype, **extra,
+                "timings": [{"shape": [s, s, s], "product_ms": t} for s, t in zip((64, 128), times)]}
+
+    entries = [entry("dense", "tf32", [1.0, 2.0]), entry("k", "tf32", [0.95, 1.7]),
+               entry("w", "tf32", [0.9, 0.5], dominated_by_dense="stale"), entry("k", "bfloat16", [5.0, 5.0])]
+    profile_stiles.mark_dominated(entries)
+    assert "0.85x dense's time in all 2" in entries[1]["dominated_by_dense"]
+    assert "dominated_by_dense" not in entries[2]
+    assert "dominated_by_dense" not in entries[3]  # no dense entry of its dtype to compare with
+    assert "dominated_by_dense" not in entries[0]
+
+
+def test_shipped_databases_carry_their_dominated_marks():
+    """Every shipped STile database is marked as its own timings imply (refit after a rule change)."""
+    import copy
+    import json
+
+    from benchmarks import profile_stiles
+    from pit_jax.optimizer import database as dbm
+
+    for slug in dbm.shipped():
+        doc = json.load(open(os.path.join(dbm.DB_DIR, slug + ".json")))
+        entries = copy.deepcopy(doc["variants"])
+        profile_stiles.mark_dominated(entries)
+        assert [e.get("dominated_by_dense") for e in entries] == [e.get("dominated_by_dense") for e in doc["variants"]], slug
 
 
 def test_bench_block_topk_smoke(tmp_path):

@@ -412,6 +412,35 @@ def test_database_file_roundtrip_and_validation(tmp_path):
         pit_jax.plan(np.ones((4, 4), np.float32), (4, 4), database=3)
 
 
+def test_dominated_variants_are_never_candidates():
+    """A variant marked dominated_by_dense (its profile never clearly beat dense: e.g. a
+    float32 K-axis 32x1 product, which CUDA runs as a masked dense one) is no candidate
+    for its dtype, and is not replaced by its fallback dtype's entry."""
+    doc = synthetic_doc(("bfloat16", "float16", "tf32"), dense_fixed_ms=10.0)
+    for e in doc["variants"]:
+        if e["kind"] == "k" and e["micro_tile"] == [32, 1] and e["dtype"] in ("tf32", "float16"):
+            e["dominated_by_dense"] = "its product took >= 0.95x dense's time in all 6 profiled cases"
+    db = dbm.parse(doc, "dominated")
+    assert db.lookup("k", (32, 1), "tf32").dominated  # still described, for the record
+
+    def tiles(dtype):
+        return {(v.kind, v.micro_tile) for v in db.candidates(dtype, ("dense", "k", "w"))}
+
+    assert ("k", (32, 1)) in tiles("bfloat16")
+    assert ("k", (32, 1)) not in tiles("tf32") and ("k", (32, 1)) not in tiles("float16")
+    assert ("k", (32, 8)) in tiles("tf32")
+    x = blocks(fresh_rng()[0], (SIZE, SIZE), (32, 1), 0.02)
+    assert pit_jax.plan(x.astype(np.float32), (SIZE, SIZE), jnp.bfloat16, database=db).micro_tile == (32, 1)
+    p = pit_jax.plan(x.astype(np.float32), (SIZE, SIZE), jnp.float32, precision="tensorfloat32", database=db)
+    assert p.micro_tile != (32, 1) and "k 32x1" not in str(p)
+    for bad_value, kind in (("flat", "dense"), (1.0, "k")):
+        bad = json.loads(json.dumps(doc))
+        entry = next(e for e in bad["variants"] if e["kind"] == kind)
+        entry["dominated_by_dense"] = bad_value
+        with pytest.raises(dbm.DatabaseError, match="dominated_by_dense must be a reason string on a sparse variant"):
+            dbm.parse(bad, "bad")
+
+
 def test_database_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv(dbm.ENV_VAR, raising=False)
     monkeypatch.setattr(dbm, "DB_DIR", str(tmp_path))
@@ -435,6 +464,8 @@ def test_database_resolution(tmp_path, monkeypatch):
 
 
 def test_shipped_databases_are_valid():
+    assert {"nvidia-h100-80gb-hbm3", "nvidia-h200"} <= set(dbm.shipped())
+    assert "profiled on this GPU model" in dbm.resolve("NVIDIA H200", "gpu").note
     for slug in dbm.shipped():
         db = dbm.load_file(os.path.join(dbm.DB_DIR, slug + ".json"))
         assert db.lookup("dense", None, "bfloat16") is not None, slug

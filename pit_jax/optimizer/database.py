@@ -98,6 +98,9 @@ class Variant:
     product: Tuple[float, float, float]  # PRODUCT_TERMS
     index: Tuple[float, float, float]  # INDEX_TERMS (zeros for dense)
     description: str = ""
+    # Why the variant is never a candidate: its profile never beat dense by a clear margin
+    # (e.g. a float32 K-axis product that CUDA runs as a masked dense one); "" = usable.
+    dominated: str = ""
 
     @property
     def id(self) -> str:
@@ -145,8 +148,10 @@ class Database:
             key = (v.kind, _tile(v.micro_tile))
             if v.kind in kinds and key not in seen:
                 found = self.lookup(v.kind, v.micro_tile, dtype)
-                if found is not None:
-                    seen.add(key)
+                seen.add(key)
+                # A dominated entry for this dtype is left out, not replaced by the
+                # fallback dtype's entry: it describes how this dtype really runs.
+                if found is not None and not found.dominated:
                     out.append(found)
         return tuple(out)
 
@@ -245,7 +250,10 @@ def parse(doc: dict, source: str = "<dict>", note: str = "") -> Database:
             raise DatabaseError(f"{where}.compute_tile must be [BM, BN, BK] of positive ints, got {ct!r}")
         product = _params(e, "product", PRODUCT_TERMS, where)
         index = (0.0, 0.0, 0.0) if kind == "dense" else _params(e, "index", INDEX_TERMS, where)
-        variants.append(Variant(kind, tile, tuple(ct), dtype, product, index, str(e.get("description", ""))))
+        dominated = e.get("dominated_by_dense", "")
+        if not isinstance(dominated, str) or (dominated and kind == "dense"):
+            raise DatabaseError(f"{where}.dominated_by_dense must be a reason string on a sparse variant, got {dominated!r}")
+        variants.append(Variant(kind, tile, tuple(ct), dtype, product, index, str(e.get("description", "")), dominated))
     if not any(v.kind == "dense" for v in variants):
         raise DatabaseError(f"{source}: no dense variant (every plan compares against dense)")
     name = f"{doc.get('slug') or device_slug(device)} v{VERSION}" + (f" ({str(doc['date'])[:10]})" if doc.get("date") else "")
