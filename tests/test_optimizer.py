@@ -441,6 +441,20 @@ def test_dominated_variants_are_never_candidates():
             dbm.parse(bad, "bad")
 
 
+def test_heuristic_never_picks_thin_float32_tiles():
+    """Without a database entry (float32 exact), K-axis 32x1 and 1x64 weight strips in
+    float32 are no candidates: CUDA runs them as masked dense products. 16-bit plans keep them."""
+    rng = fresh_rng()[0]
+    x = blocks(rng, (SIZE, SIZE), (32, 1), 0.005)
+    db = dbm.heuristic()
+    f32 = pit_jax.plan(x, (SIZE, SIZE), jnp.float32, database=db)
+    assert all(c.micro_tile not in ((32, 1), (1, 64)) for c in f32.candidates), f32
+    assert (32, 1) in [c.micro_tile for c in pit_jax.plan(x, (SIZE, SIZE), jnp.bfloat16, database=db).candidates]
+    w = blocks(rng, (SIZE, SIZE), (1, 64), 0.005)
+    f32w = pit_jax.plan(w, dtype=jnp.float32, operand="w", x_shape=(SIZE, SIZE), database=db)
+    assert all(c.micro_tile != (1, 64) for c in f32w.candidates), f32w
+
+
 def test_database_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv(dbm.ENV_VAR, raising=False)
     monkeypatch.setattr(dbm, "DB_DIR", str(tmp_path))

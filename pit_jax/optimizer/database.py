@@ -160,6 +160,16 @@ class Database:
 # the heuristic (no database)
 
 
+def _thin_float32(spec: Spec, dtype: str) -> str:
+    """What the profiles mark dominated, known without one: a 32-bit product whose
+    micro-tile is thinner than 8 (K-axis 32x1, 1x64 weight strips) has no kernel that
+    gathers it (the Hopper ones take 16-bit types), so CUDA runs it as a masked dense
+    product (primitives/stile_matmul.py, `_too_thin`): never faster than dense."""
+    if dtype in ("float32", "tf32") and spec.kind in ("k", "w") and min(spec.micro_tile) < 8:
+        return "a float32 product of micro-tiles thinner than 8 runs as a masked dense one on CUDA"
+    return ""
+
+
 def heuristic(note: str = "no database: heuristic") -> Database:
     """Nominal rates: dense at `_NOMINAL_TFLOPS`, each variant slower per useful MAC by
     its catalog efficiency; index construction at HBM bandwidth. Rough by design."""
@@ -173,7 +183,8 @@ def heuristic(note: str = "no database: heuristic") -> Database:
             else:
                 product = (0.01, dense_gmac / s.heuristic_efficiency, ms_per_gb)
                 index = (0.01, ms_per_gb, 2 * ms_per_gb)
-            variants.append(Variant(s.kind, s.micro_tile, s.compute_tile, dtype, product, index, s.description))
+            variants.append(Variant(s.kind, s.micro_tile, s.compute_tile, dtype, product, index, s.description,
+                                    _thin_float32(s, dtype)))
     return Database("heuristic", "nominal GPU", "heuristic", note, DEFAULT_PARALLEL_SLOTS, tuple(variants))
 
 
