@@ -19,8 +19,9 @@ Patterns (4096^3, sparsity 0.5 / 0.9 / 0.95 / 0.99 of the pattern's blocks):
   w_<h>x<w>   random live h x w blocks of the weight
 --compare-database also plans every pattern with a second database (e.g. another GPU
 model's file) and scores its choice against the same measurements, so one sweep tells
-whether a device needs a database of its own. Writes JSON (and a PNG) under benchmarks/results/ after every pattern; --smoke is a tiny
-CPU run (the numbers mean nothing there).
+whether a device needs a database of its own. Writes JSON (and a PNG) under
+benchmarks/results/ after every pattern; --smoke is a tiny CPU run (the numbers mean
+nothing there).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ run leaves what it finished (variants with no timing are left out: the optimizer
 never picks them). No new case starts after --deadline-s (default 230 s; one dtype takes
 about 260 s on an H100, so profile one dtype per run with --update, which keeps the
 file's other dtypes). --refit times nothing: it fits the file's entries again from their
-stored timings. `--smoke`: tiny shapes, for the CPU (exercises the code; the numbers
+stored timings. Every write marks the sparse variants that never ran below 0.8x dense's
+time (`dominated_by_dense`: the planner never picks them). `--smoke`: tiny shapes, for the CPU (exercises the code; the numbers
 mean nothing; written under /tmp by default).
 """
 
