@@ -1,6 +1,6 @@
 """Calibration of the STile optimizer (issue 6): does `pit_jax.plan` pick the fastest STile?
 
-    python -m benchmarks.bench_optimizer [--out DIR] [--smoke] [--database PATH] [--dtype bfloat16]
+    python -m benchmarks.bench_optimizer [--out DIR] [--smoke] [--database PATH] [--dtype bfloat16|float16|tf32|float32]
                                          [--compare-database PATH] [--deadline-s S] [--verbose]
 
 For every pattern of the sweep it plans from a sample (the operand itself, copied to the
@@ -43,7 +43,8 @@ from pit_jax.ops.sparse_dense import dense_product
 from pit_jax.optimizer import database as dbm
 from pit_jax.optimizer.plan import describe
 
-DTYPES = {"bfloat16": (jnp.bfloat16, None, 2e-2), "float16": (jnp.float16, None, 4e-3), "tf32": (jnp.float32, "tensorfloat32", 8e-3)}
+DTYPES = {"bfloat16": (jnp.bfloat16, None, 2e-2), "float16": (jnp.float16, None, 4e-3), "tf32": (jnp.float32, "tensorfloat32", 8e-3),
+          "float32": (jnp.float32, "highest", 1e-4)}  # float32: exact, planned by the heuristic (no file has it)
 
 # (name, operand, generator, micro-tile of the pattern)
 # Ordered so that a run cut by the deadline still covers every kind of pattern.
