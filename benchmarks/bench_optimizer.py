@@ -162,7 +162,11 @@ class Sweep:
             measured.append(entry)
         del sets, xw, ref
         ok = [e for e in measured if e.get("measured_ms") is not None and e.get("ok")]
-        chosen = next(e for e, c in zip(measured, p.candidates) if (c.axis, c.micro_tile) == (p.axis, p.micro_tile))
+
+        def measured_choice(plan):  # the entry measured for `plan`'s choice (None: not a candidate of p)
+            return next((e for e, c in zip(measured, p.candidates) if (c.axis, c.micro_tile) == (plan.axis, plan.micro_tile)), None)
+
+        chosen = measured_choice(p)
         dense = next((e for e in measured if e["axis"] is None), None)
         row = {
             "pattern": name, "operand": operand, "pattern_tile": None if tile is None else list(tile),
@@ -181,7 +185,7 @@ class Sweep:
                            not_slower_than_dense=chosen["measured_ms"] <= VS_DENSE * dense["measured_ms"])
             if other is not None:
                 # The same candidates were measured whatever the database; only its costs differ.
-                pick = next((e for e, c in zip(measured, p.candidates) if (c.axis, c.micro_tile) == (other.axis, other.micro_tile)), None)
+                pick = measured_choice(other)
                 row["compare"] = {"chosen": describe(other.axis, other.micro_tile)}
                 if pick is not None and pick.get("measured_ms") is not None and pick.get("ok"):
                     row["compare"].update(chosen_ms=pick["measured_ms"], ratio_to_best=pick["measured_ms"] / best["measured_ms"],

@@ -140,9 +140,10 @@ def mark_dominated(entries):
     dense = {e["dtype"]: {tuple(r["shape"]): r["product_ms"] for r in e["timings"]} for e in entries if e["kind"] == "dense"}
     for e in entries:
         e.pop("dominated_by_dense", None)
+        if e["kind"] == "dense":
+            continue
         ref = dense.get(e["dtype"], {})
-        ratios = [r["product_ms"] / ref[tuple(r["shape"])] for r in e["timings"]
-                  if e["kind"] != "dense" and ref.get(tuple(r["shape"]))]
+        ratios = [r["product_ms"] / ref[tuple(r["shape"])] for r in e["timings"] if ref.get(tuple(r["shape"]))]
         if ratios and min(ratios) >= DOMINATED_RATIO:
             e["dominated_by_dense"] = (f"its product took >= {min(ratios):.2f}x dense's time in all {len(ratios)} "
                                        f"profiled cases (threshold {DOMINATED_RATIO})")
