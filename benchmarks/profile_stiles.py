@@ -17,7 +17,8 @@ run leaves what it finished (variants with no timing are left out: the optimizer
 never picks them). No new case starts after --deadline-s (default 230 s; one dtype takes
 about 260 s on an H100, so profile one dtype per run with --update, which keeps the
 file's other dtypes). --refit times nothing: it fits the file's entries again from their
-stored timings. Every write marks the sparse variants that never ran below 0.8x dense's
+stored timings (an M-axis entry whose dtype now runs another compute tile,
+`database.compute_tile`, gets its features counted again at that tile). Every write marks the sparse variants that never ran below 0.8x dense's
 time (`dominated_by_dense`: the planner never picks them). `--smoke`: tiny shapes, for the CPU (exercises the code; the numbers
 mean nothing; written under /tmp by default).
 """
@@ -218,7 +219,7 @@ class Profiler:
     def dense(self, dtype_key):
         dtype, prec, _ = RUN_DTYPES[dtype_key]
         spec = dbm.spec_for("dense", None)
-        template = dbm.Variant("dense", None, spec.compute_tile, dtype_key, (0, 0, 0), (0, 0, 0))
+        template = dbm.Variant("dense", None, dbm.compute_tile(spec, dtype_key), dtype_key, (0, 0, 0), (0, 0, 0))
         rows = []
         for m, k, n in self.shapes_for("dense"):
             label = f"{dtype_key} dense {m}x{k}x{n}"
@@ -251,7 +252,7 @@ class Profiler:
     def variant(self, spec, dtype_key):
         dtype, prec, tol = RUN_DTYPES[dtype_key]
         item = jnp.dtype(dtype).itemsize
-        template = dbm.Variant(spec.kind, spec.micro_tile, spec.compute_tile, dtype_key, (0, 0, 0), (0, 0, 0))
+        template = dbm.Variant(spec.kind, spec.micro_tile, dbm.compute_tile(spec, dtype_key), dtype_key, (0, 0, 0), (0, 0, 0))
         rows = []
         for m, k, n in self.shapes_for(spec.kind):
             for sparsity in self.cfg.sparsities:
@@ -314,7 +315,7 @@ class Profiler:
             self.log(f"{dtype_key} {spec.kind} {spec.micro_tile}: no timings, left out of the database")
             return
         entry = fit_entry(spec.kind, None if spec.micro_tile is None else list(spec.micro_tile),
-                          list(spec.compute_tile), dtype_key, spec.description, rows)
+                          list(dbm.compute_tile(spec, dtype_key)), dtype_key, spec.description, rows)
         self.entries.append(entry)
         fits = ", ".join(f"{k} rel rms {v['rel_rms']:.1%}" for k, v in entry["fit"].items())
         self.log(f"fit {dbm.variant_id(spec.kind, spec.micro_tile, dtype_key)}: {fits}")
@@ -331,8 +332,14 @@ class Profiler:
             if not rows:
                 self.log(f"{v['kind']} {v['micro_tile']} {v['dtype']}: no timings at these shapes, left out")
                 continue
-            self.entries.append(fit_entry(v["kind"], v["micro_tile"], v["compute_tile"], v["dtype"],
-                                          v.get("description", ""), rows))
+            spec = dbm.spec_for(v["kind"], v["micro_tile"])
+            tile = list(dbm.compute_tile(spec, v["dtype"])) if spec else v["compute_tile"]
+            if tile != list(v["compute_tile"]):
+                rows = self.retiled(v, tile, rows)
+                if rows is None:
+                    self.entries.append(v)
+                    continue
+            self.entries.append(fit_entry(v["kind"], v["micro_tile"], tile, v["dtype"], v.get("description", ""), rows))
             dropped = len(v["timings"]) - len(rows)
             self.log(f"refit {dbm.variant_id(v['kind'], v['micro_tile'], v['dtype'])} from {len(rows)} timings"
                      + (f" ({dropped} at other shapes left out)" if dropped else ""))
@@ -340,10 +347,33 @@ class Profiler:
         self.meta = {**self.meta, **{k: old[k] for k in ("device", "platform", "date", "host", "jax", "jaxlib", "pit_jax",
                                                          "pit_jax_build") if k in old}}
         self.slots = int(old.get("parallel_slots", self.slots))
-        self.profile_extra = {"refit_of": old.get("profile")}
+        self.profile_extra = {"refit_of": old.get("profile"), **self.profile_extra}
         self.flush()
         self.log(f"wrote {self.path}: {len(self.entries)} variants")
         return self.path
+
+    def retiled(self, v, tile, rows):
+        """`rows` with their product features counted at the compute tile `tile` (the
+        catalog's for this dtype changed since the profile). An M-axis timing's features
+        follow from its shape and live-row count alone; other kinds need their patterns,
+        so their entries are kept as they are (None) until profiled again."""
+        label = dbm.variant_id(v["kind"], v["micro_tile"], v["dtype"])
+        if v["kind"] != "m":
+            self.log(f"{label}: compute tile {v['compute_tile']} -> {tile} needs a new profile; entry kept as it is")
+            return None
+        item = jnp.dtype(RUN_DTYPES[v["dtype"]][0]).itemsize
+        template = dbm.Variant("m", tuple(v["micro_tile"]), tuple(tile), v["dtype"], (0, 0, 0), (0, 0, 0))
+        out = []
+        for r in rows:
+            m, k, n = r["shape"]
+            mask = np.zeros((m, 1), bool)  # an M-axis product's features count live rows only
+            mask[: round(r["density"] * m)] = True
+            pf, _, _ = cost_model.features(template, cost_model.Coverage(mask), cost_model.Problem("x", 1, m, k, n, item),
+                                           self.slots)
+            out.append({**r, "product_features": list(pf)})
+        self.log(f"{label}: features recounted at compute tile {tile} (was {v['compute_tile']})")
+        self.profile_extra.setdefault("retiled", []).append(f"{label}: features recounted at {tile} (was {v['compute_tile']})")
+        return out
 
     def flush(self):
         if not any(e["kind"] == "dense" for e in self.entries):

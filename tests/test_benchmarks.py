@@ -255,6 +255,57 @@ def test_profile_stiles_update_and_refit(tmp_path):
     dbm.parse(again, out)
 
 
+def test_profile_stiles_refit_recounts_m_features_at_the_kernels_tile(tmp_path):
+    """--refit of an M-axis entry fit at another compute tile than its dtype runs (exact
+    float32: the generic kernel's 128 x 128) counts its features again from each timing's
+    shape and live rows; the fit then matches times made at that tile. Entries of other
+    kinds at a stale tile are kept as they are (they need their patterns)."""
+    import json
+
+    import numpy as np
+
+    from benchmarks import profile_stiles
+    from pit_jax.optimizer import cost_model
+    from pit_jax.optimizer import database as dbm
+
+    m_spec, k_spec, d_spec = dbm.spec_for("m", (1, None)), dbm.spec_for("k", (32, 8)), dbm.spec_for("dense", None)
+    true_tile = dbm.compute_tile(m_spec, "float32")
+    assert true_tile != m_spec.compute_tile
+    true = dbm.Variant("m", (1, None), true_tile, "float32", (0, 0, 0), (0, 0, 0))
+    stale = dbm.Variant("m", (1, None), m_spec.compute_tile, "float32", (0, 0, 0), (0, 0, 0))
+    rows = []
+    for m, k, n in profile_stiles.FULL.shapes:
+        for density in (0.5, 0.1, 0.01):
+            mask = np.zeros((m, 1), bool)
+            mask[: round(density * m)] = True
+            prob = cost_model.Problem("x", 1, m, k, n, 4)
+            pf, xf, _ = cost_model.features(true, cost_model.Coverage(mask), prob, 132)
+            stale_pf, _, _ = cost_model.features(stale, cost_model.Coverage(mask), prob, 132)
+            rows.append({"shape": [m, k, n], "sparsity": 1 - density, "density": density,
+                         "product_ms": 0.01 + 0.05 * pf[1], "index_ms": 0.01 + 0.3 * xf[1],
+                         "product_features": list(stale_pf), "index_features": list(xf)})
+    dense_rows = [{"shape": [s, s, s], "sparsity": 0.0, "product_ms": 1.0 + s / 1e3, "product_features": [1.0, s / 1e3, 0.0]}
+                  for s in (1024, 2048)]
+    entries = [profile_stiles.fit_entry("dense", None, list(d_spec.compute_tile), "float32", "", dense_rows),
+               profile_stiles.fit_entry("m", [1, None], list(m_spec.compute_tile), "float32", "", rows),
+               profile_stiles.fit_entry("k", [32, 8], [32, 32, 32], "float32", "", rows)]
+    assert entries[1]["fit"]["product"]["rel_rms"] > 0.1  # the stale tile's features miss the times
+    out = str(tmp_path / "db.json")
+    doc = dbm.document("Synthetic GPU", entries, date="2026-01-01T00:00:00+00:00")
+    doc["parallel_slots"] = 132
+    json.dump(doc, open(out, "w"))
+
+    profile_stiles.main(["--out", out, "--refit"])
+    doc = json.load(open(out))
+    assert doc["profile"]["retiled"] == [f"m/1xK/float32: features recounted at {list(true_tile)} (was {list(m_spec.compute_tile)})"]
+    again = {v["kind"]: v for v in doc["variants"]}
+    assert again["m"]["compute_tile"] == list(true_tile)
+    assert again["m"]["fit"]["product"]["rel_rms"] < 1e-6
+    assert again["m"]["product"]["ms_per_gmac"] == pytest.approx(0.05)
+    assert again["k"]["compute_tile"] == [32, 32, 32] and again["k"]["product"] == entries[2]["product"]
+    dbm.parse(json.load(open(out)), out)
+
+
 def test_mark_dominated():
     """A sparse variant never below 0.8x dense's time at the same shape is marked (the
     planner skips it); one that beats dense clearly once is not, and a stale mark goes."""

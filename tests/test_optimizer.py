@@ -483,3 +483,27 @@ def test_shipped_databases_are_valid():
     for slug in dbm.shipped():
         db = dbm.load_file(os.path.join(dbm.DB_DIR, slug + ".json"))
         assert db.lookup("dense", None, "bfloat16") is not None, slug
+        # every entry was fit at the compute tile its dtype runs (features count those tiles)
+        for v in db.variants:
+            assert v.compute_tile == dbm.compute_tile(dbm.spec_for(v.kind, v.micro_tile), v.dtype), (slug, v.id)
+
+
+def test_compute_tile_per_dtype():
+    """Exact float32 M-axis products run the generic kernel's 128 x 128 tiles; the other
+    dtypes (and the heuristic's other entries) keep the catalog's tile."""
+    m = dbm.spec_for("m", (1, None))
+    assert dbm.compute_tile(m, "float32") == (128, 128, 16)
+    assert all(dbm.compute_tile(m, d) == m.compute_tile for d in ("bfloat16", "float16", "tf32"))
+    h = dbm.heuristic()
+    assert h.lookup("m", (1, None), "float32").compute_tile == (128, 128, 16)
+    assert h.lookup("m", (1, None), "tf32").compute_tile == m.compute_tile
+    # 96 % live rows at 4096^3 in float32: the H200 profile's M-axis entry costs it above
+    # dense (it ran 1.42x dense there, 2026-11-29), so the plan is dense
+    h200 = dbm.load_file(os.path.join(dbm.DB_DIR, "nvidia-h200.json"))
+    x = np.ones((4096, 4096), np.float32)
+    x[fresh_rng()[0].choice(4096, 164, replace=False)] = 0
+    p = pit_jax.plan(x, (4096, 4096), jnp.float32, database=h200, axes=("m",))
+    assert p.axis is None and p.candidates[1].axis == "m" and p.candidates[1].expected_ms > p.dense_ms, p
+    # and where few rows are live, the M axis wins
+    x[: 4096 - 410] = 0
+    assert pit_jax.plan(x, (4096, 4096), jnp.float32, database=h200, axes=("m",)).axis == "m"

@@ -76,6 +76,20 @@ _NOMINAL_TFLOPS = {"bfloat16": 600.0, "float16": 600.0, "tf32": 300.0, "float32"
 _NOMINAL_GBS = 2500.0
 
 
+# Where a dtype runs a variant on another kernel than the catalog names, that kernel's
+# tile: exact float32 M-axis products run the generic SIMT kernel in 128 x 128 tiles
+# (cuda/kernels/sparse_gemm.cu; the Hopper row-gather kernel takes 16-bit and TF32 only).
+# Its rounds of tiles on the SMs set the product's time: with the catalog's 128 x 256 the
+# fit missed by 27 % and planned a 1.42x-dense product at 96-100 % live rows (H200,
+# 2026-11-29: docs/optimizer.md, "Compute tiles per dtype").
+_KERNEL_TILES = {("m", "float32"): (128, 128, 16)}
+
+
+def compute_tile(spec: Spec, dtype: str) -> Tuple[int, int, int]:
+    """The compute tile `spec` runs with for `dtype` (what the cost features count)."""
+    return _KERNEL_TILES.get((spec.kind, dtype), spec.compute_tile)
+
+
 def spec_for(kind: str, micro_tile) -> Optional[Spec]:
     for s in CATALOG:
         if s.kind == kind and _tile(s.micro_tile) == _tile(micro_tile):
@@ -183,7 +197,7 @@ def heuristic(note: str = "no database: heuristic") -> Database:
             else:
                 product = (0.01, dense_gmac / s.heuristic_efficiency, ms_per_gb)
                 index = (0.01, ms_per_gb, 2 * ms_per_gb)
-            variants.append(Variant(s.kind, s.micro_tile, s.compute_tile, dtype, product, index, s.description,
+            variants.append(Variant(s.kind, s.micro_tile, compute_tile(s, dtype), dtype, product, index, s.description,
                                     _thin_float32(s, dtype)))
     return Database("heuristic", "nominal GPU", "heuristic", note, DEFAULT_PARALLEL_SLOTS, tuple(variants))
 
