@@ -11,6 +11,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile opt --d 5120 --density 0.026     # OPT layer inference (issue 7)
     python -m benchmarks.kernel_profile sparse_dense --axis k --tile 32x1 --density 0.1   # issue 4's K-axis case
     python -m benchmarks.kernel_profile sparse_dense --density 0.026 --shape 4096,20480,5120   # OPT d 5120's fc2
+    python -m benchmarks.kernel_profile sparse_dense --axis m --dtype tf32 --density 0.5 --shape 16384,4096,4096
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -127,25 +128,40 @@ def _opt(small, d, density):
             for mode, model in models.items()}
 
 
-def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096)):
-    """One case of issue 4's K / W suite (bench_sparse_dense's data, bf16, 4096^3 unless
-    `shape` = (M, K, N) says otherwise): dense `x @ w`, pit (sparse_dense building its
-    index inside the jit) and pit_pre (the index built outside): where the index, the
-    operand transposes and the product each go."""
+# --dtype of the sparse_dense workload -> (array dtype, precision)
+_SD_DTYPES = {"bfloat16": (jnp.bfloat16, None), "float16": (jnp.float16, None),
+              "tf32": (jnp.float32, "tensorfloat32"), "float32": (jnp.float32, "highest")}
+
+
+def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dtype="bfloat16"):
+    """One case of issue 4's suite (bench_sparse_dense's data, 4096^3 unless `shape` =
+    (M, K, N) says otherwise): dense `x @ w`, pit (sparse_dense building its index inside
+    the jit) and pit_pre (the index built outside), and on the M axis (random live rows)
+    the oracle on the compacted rows: where the index, the operand transposes and the
+    product each go."""
     import pit_jax
-    from benchmarks.bench_sparse_dense import make_kw_set
+    from benchmarks.bench_sparse_dense import make_kw_set, make_m_set
 
     m, k, n = (256, 256, 256) if small else shape
+    dt, prec = _SD_DTYPES[dtype]
+    if axis == "m":
+        s = make_m_set(jax.random.PRNGKey(0), m=m, k=k, n=n, n_live=max(1, round(m * density)), dtype=dt, grad=False)
+        idx = jax.jit(lambda a: pit_jax.index(a, "row"))(s["x"])
+        xw = (s["x"], s["w"])
+        return {"dense": (jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec)), xw),
+                "oracle": (jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec)), (s["x_live"], s["w"])),
+                "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis="m", precision=prec)), xw),
+                "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis="m", precision=prec)), (*xw, idx))}
     tile = tuple(int(v) for v in tile_name.split("x"))
     s = make_kw_set(jax.random.PRNGKey(0), m=m, k=k, n=n, density=density, axis=axis, tile=tile,
-                    pattern="random", dtype=jnp.bfloat16)
+                    pattern="random", dtype=dt)
     src = s["w"] if axis == "w" else s["x"]
     group_by = "col" if axis == "w" else "row"
     idx = jax.jit(lambda a: pit_jax.index(a, tile, group_by=group_by))(src)
     xw = (s["x"], s["w"])
-    return {"dense": (jax.jit(lambda x, w: x @ w), xw),
-            "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile)), xw),
-            "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=axis)), (*xw, idx))}
+    return {"dense": (jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec)), xw),
+            "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile, precision=prec)), xw),
+            "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=axis, precision=prec)), (*xw, idx))}
 
 
 def _short(name):
@@ -240,7 +256,8 @@ def main(argv=None):
     ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train", "opt", "sparse_dense"))
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default=None, help="prune: pruning block (32x64); sparse_dense: micro-tile (32x1)")
-    ap.add_argument("--axis", default="k", choices=("k", "w"), help="sparse_dense: the sparse operand's axis")
+    ap.add_argument("--axis", default="k", choices=("m", "k", "w"), help="sparse_dense: the sparse operand's axis")
+    ap.add_argument("--dtype", default="bfloat16", choices=tuple(_SD_DTYPES), help="sparse_dense: operands' dtype (tf32: float32, TF32 allowed)")
     ap.add_argument("--shape", default="4096,4096,4096", help="sparse_dense: M,K,N")
     ap.add_argument("--density", type=float, default=None,
                     help="prune: live fraction of blocks (0.02); opt: live 32x1 tiles of fc2's input (0.026); "
@@ -266,7 +283,7 @@ def main(argv=None):
         variants = _opt(args.small, args.d, 0.026 if args.density is None else args.density)
     elif args.workload == "sparse_dense":
         variants = _sparse_dense(args.small, args.axis, args.tile or "32x1", 0.1 if args.density is None else args.density,
-                                 tuple(int(v) for v in args.shape.split(",")))
+                                 tuple(int(v) for v in args.shape.split(",")), args.dtype)
     else:
         variants = _prune(args.small, args.tile or "32x64", 0.02 if args.density is None else args.density)
     if args.only:

@@ -42,7 +42,9 @@ def test_time_op_reports_per_op_over_rotations():
                                   ["opt", "--small", "--calls", "2", "--density", "0.1", "--only", "pit,pit_m"],
                                   ["sparse_dense", "--small", "--calls", "2", "--only", "dense,pit,pit_pre"],
                                   ["sparse_dense", "--small", "--calls", "2", "--axis", "w", "--tile", "1x64",
-                                   "--only", "pit,pit_pre"]])
+                                   "--only", "pit,pit_pre"],
+                                  ["sparse_dense", "--small", "--calls", "2", "--axis", "m", "--dtype", "tf32",
+                                   "--density", "0.3", "--only", "oracle,pit,pit_pre"]])
 def test_kernel_profile_smoke(argv):
     from benchmarks import kernel_profile
 
