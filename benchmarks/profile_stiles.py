@@ -18,9 +18,10 @@ never picks them). No new case starts after --deadline-s (default 230 s; one dty
 about 260 s on an H100, so profile one dtype per run with --update, which keeps the
 file's other dtypes). --refit times nothing: it fits the file's entries again from their
 stored timings (an M-axis entry whose dtype now runs another compute tile,
-`database.compute_tile`, gets its features counted again at that tile). Every write marks the sparse variants that never ran below 0.8x dense's
-time (`dominated_by_dense`: the planner never picks them). `--smoke`: tiny shapes, for the CPU (exercises the code; the numbers
-mean nothing; written under /tmp by default).
+`database.compute_tile`, gets its features counted again at that tile). Every write
+marks the sparse variants that never ran below 0.8x dense's time (`dominated_by_dense`:
+the planner never picks them). `--smoke`: tiny shapes, for the CPU (exercises the code;
+the numbers mean nothing; written under /tmp by default).
 """
 
 from __future__ import annotations

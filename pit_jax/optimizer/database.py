@@ -77,8 +77,9 @@ _NOMINAL_GBS = 2500.0
 
 
 # Where a dtype runs a variant on another kernel than the catalog names, that kernel's
-# tile: exact float32 M-axis products run the generic SIMT kernel in 128 x 128 tiles
-# (cuda/kernels/sparse_gemm.cu; the Hopper row-gather kernel takes 16-bit and TF32 only).
+# tile: exact float32 M-axis products run the generic SIMT kernel, in 128 x 128 tiles at
+# the profiled sizes (cuda/kernels/sparse_gemm.cu, `Pick`; the Hopper row-gather kernel
+# takes 16-bit and TF32 only).
 # Its rounds of tiles on the SMs set the product's time: with the catalog's 128 x 256 the
 # fit missed by 27 % and planned a 1.42x-dense product at 96-100 % live rows (H200,
 # 2026-11-29: docs/optimizer.md, "Compute tiles per dtype").
