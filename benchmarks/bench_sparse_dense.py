@@ -685,7 +685,10 @@ WHY_MISSED = {
         "zeros and whole rounds of tiles, and an index from f32 x reads its dead rows whole (242 MB "
         "at 10 % live). At 10 % live that read plus the product's reads and one write of the "
         "output are ~600 MB, 206 us at 2.93 TB/s, 1.16x the "
-        "oracle. docs/notes/sm90_row_gather.md."
+        "oracle. And TF32 wgmma reads B K-major only, so the call transposes w first: 32 us of "
+        "kernel time at 4096 x 4096 on the H200, where the product runs at 1.04 / 1.08x the "
+        "oracle at 30 / 50 % live and the whole call at 1.22 / 1.19x (kernel-time profile, "
+        "2026-11-29; without the transpose 1.15 / 1.14x). docs/notes/sm90_row_gather.md."
     ),
     "kw_oracle": (
         "The oracle multiplies [M, K_live] by [K_live, N] with one K set for all rows. PIT's 32x1 "
@@ -730,7 +733,8 @@ WHY_MISSED = {
         "by bytes at the copy rate) and the grouped weight-gradient kernel reads them by TMA in stages "
         "of 64 tokens: 0.11-0.12 / 0.28 / 0.45-0.49 ms against cuBLAS's 0.09-0.10 / 0.22-0.24 / 0.35-0.37 ms on the "
         "same rows (harness, 2026-11-25), the consumer warpgroups' wgmma issue being the limit now. "
-        "The index built inside the jit reads x's dead rows whole (pit_jax minus pit_jax_pre: 43-63 us before 2026-11-26's probe). "
+        "The index built inside the jit reads x's dead rows whole (pit_jax minus pit_jax_pre: 43-63 us before 2026-11-26's probe; "
+        "16-34 us on the H200, 2026-11-29, where the call is 1.77 / 1.32 / 1.26x the oracle backward). "
         "docs/notes/sm90_grouped.md, run 11."
     ),
 }
