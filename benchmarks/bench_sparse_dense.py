@@ -688,7 +688,8 @@ WHY_MISSED = {
         "oracle. And TF32 wgmma reads B K-major only, so the call transposes w first: 32 us of "
         "kernel time at 4096 x 4096 on the H200, where the product runs at 1.04 / 1.08x the "
         "oracle at 30 / 50 % live and the whole call at 1.22 / 1.19x (kernel-time profile, "
-        "2026-11-29; without the transpose 1.15 / 1.14x). docs/notes/sm90_row_gather.md."
+        "2026-11-29; without the transpose 1.15 / 1.14x; a weight stored [N, K] and passed as w.T "
+        "spares it: docs/kernels.md). docs/notes/sm90_row_gather.md."
     ),
     "kw_oracle": (
         "The oracle multiplies [M, K_live] by [K_live, N] with one K set for all rows. PIT's 32x1 "

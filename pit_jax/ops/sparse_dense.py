@@ -198,6 +198,9 @@ def sparse_dense(
         k (32, 1), w (32, 64)); checked against a given index. "auto": chosen by the
         optimizer from the operand when it is concrete, else the default (see above).
       precision: float32 only: None/HIGHEST exact, DEFAULT/HIGH/"tensorfloat32" allow TF32.
+        On the M axis, TF32 on Hopper reads w K-major, so a w stored [K, N] is copied
+        transposed per call; store it [N, K] and pass `w.T` to spare that (XLA folds the
+        two transposes; docs/kernels.md).
       plan: a `pit_jax.Plan`: its axis and micro-tile (clipped to smaller inputs), or
         the dense product; leave axis and micro_tile unset.
       bias: None or [..., N] (broadcast against the result), cast to the result's dtype.
