@@ -144,22 +144,21 @@ def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dty
 
     m, k, n = (256, 256, 256) if small else shape
     dt, prec = _SD_DTYPES[dtype]
+    matmul = jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec))
+    oracle = {}  # M axis only: cuBLAS on the compacted rows
     if axis == "m":
+        tile = None
         s = make_m_set(jax.random.PRNGKey(0), m=m, k=k, n=n, n_live=max(1, round(m * density)), dtype=dt, grad=False)
         idx = jax.jit(lambda a: pit_jax.index(a, "row"))(s["x"])
-        xw = (s["x"], s["w"])
-        return {"dense": (jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec)), xw),
-                "oracle": (jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec)), (s["x_live"], s["w"])),
-                "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis="m", precision=prec)), xw),
-                "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis="m", precision=prec)), (*xw, idx))}
-    tile = tuple(int(v) for v in tile_name.split("x"))
-    s = make_kw_set(jax.random.PRNGKey(0), m=m, k=k, n=n, density=density, axis=axis, tile=tile,
-                    pattern="random", dtype=dt)
-    src = s["w"] if axis == "w" else s["x"]
-    group_by = "col" if axis == "w" else "row"
-    idx = jax.jit(lambda a: pit_jax.index(a, tile, group_by=group_by))(src)
+        oracle["oracle"] = (matmul, (s["x_live"], s["w"]))
+    else:
+        tile = tuple(int(v) for v in tile_name.split("x"))
+        s = make_kw_set(jax.random.PRNGKey(0), m=m, k=k, n=n, density=density, axis=axis, tile=tile,
+                        pattern="random", dtype=dt)
+        src = s["w"] if axis == "w" else s["x"]
+        idx = jax.jit(lambda a: pit_jax.index(a, tile, group_by="col" if axis == "w" else "row"))(src)
     xw = (s["x"], s["w"])
-    return {"dense": (jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec)), xw),
+    return {"dense": (matmul, xw), **oracle,
             "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile, precision=prec)), xw),
             "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=axis, precision=prec)), (*xw, idx))}
 
