@@ -12,6 +12,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile sparse_dense --axis k --tile 32x1 --density 0.1   # issue 4's K-axis case
     python -m benchmarks.kernel_profile sparse_dense --density 0.026 --shape 4096,20480,5120   # OPT d 5120's fc2
     python -m benchmarks.kernel_profile sparse_dense --axis m --dtype tf32 --density 0.5 --shape 16384,4096,4096
+    python -m benchmarks.kernel_profile sparse_dense --axis m --bwd --density 0.5 --shape 16384,4096,4096   # its dx, dw
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -133,12 +134,13 @@ _SD_DTYPES = {"bfloat16": (jnp.bfloat16, None), "float16": (jnp.float16, None),
               "tf32": (jnp.float32, "tensorfloat32"), "float32": (jnp.float32, "highest")}
 
 
-def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dtype="bfloat16"):
+def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dtype="bfloat16", bwd=False):
     """One case of issue 4's suite (bench_sparse_dense's data, 4096^3 unless `shape` =
     (M, K, N) says otherwise): dense `x @ w`, pit (sparse_dense building its index inside
     the jit) and pit_pre (the index built outside), and on the M axis (random live rows)
     the oracle on the compacted rows: where the index, the operand transposes and the
-    product each go."""
+    product each go. `bwd` (M axis): the suite's m_bwd instead, (dx, dw) given dy for each
+    variant (jax.vjp of pit; dense and oracle as the suite writes them)."""
     import pit_jax
     from benchmarks.bench_sparse_dense import make_kw_set, make_m_set
 
@@ -148,9 +150,21 @@ def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dty
     oracle = {}  # M axis only: cuBLAS on the compacted rows
     if axis == "m":
         tile = None
-        s = make_m_set(jax.random.PRNGKey(0), m=m, k=k, n=n, n_live=max(1, round(m * density)), dtype=dt, grad=False)
+        s = make_m_set(jax.random.PRNGKey(0), m=m, k=k, n=n, n_live=max(1, round(m * density)), dtype=dt, grad=bwd)
         idx = jax.jit(lambda a: pit_jax.index(a, "row"))(s["x"])
         oracle["oracle"] = (matmul, (s["x_live"], s["w"]))
+        if bwd:
+            mm = lambda a, b: jnp.matmul(a, b, precision=prec)  # noqa: E731
+            dense_bwd = jax.jit(lambda x, w, g: (mm(g, w.T), mm(x.T, g)))
+
+            def vjp(*i):
+                def run(x, w, g):
+                    return jax.vjp(lambda x, w: pit_jax.sparse_dense(x, w, *i, axis="m", precision=prec), x, w)[1](g)
+                return run
+
+            pre = jax.jit(lambda x, w, g, i: vjp(i)(x, w, g))
+            return {"dense": (dense_bwd, (s["x"], s["w"], s["g"])), "oracle": (dense_bwd, (s["x_live"], s["w"], s["g_live"])),
+                    "pit": (jax.jit(vjp()), (s["x"], s["w"], s["g"])), "pit_pre": (pre, (s["x"], s["w"], s["g"], idx))}
     else:
         tile = tuple(int(v) for v in tile_name.split("x"))
         s = make_kw_set(jax.random.PRNGKey(0), m=m, k=k, n=n, density=density, axis=axis, tile=tile,
@@ -258,6 +272,7 @@ def main(argv=None):
     ap.add_argument("--axis", default="k", choices=("m", "k", "w"), help="sparse_dense: the sparse operand's axis")
     ap.add_argument("--dtype", default="bfloat16", choices=tuple(_SD_DTYPES), help="sparse_dense: operands' dtype (tf32: float32, TF32 allowed)")
     ap.add_argument("--shape", default="4096,4096,4096", help="sparse_dense: M,K,N")
+    ap.add_argument("--bwd", action="store_true", help="sparse_dense --axis m: the backward (dx, dw given dy)")
     ap.add_argument("--density", type=float, default=None,
                     help="prune: live fraction of blocks (0.02); opt: live 32x1 tiles of fc2's input (0.026); "
                          "sparse_dense: live fraction of micro-tiles (0.1)")
@@ -282,7 +297,7 @@ def main(argv=None):
         variants = _opt(args.small, args.d, 0.026 if args.density is None else args.density)
     elif args.workload == "sparse_dense":
         variants = _sparse_dense(args.small, args.axis, args.tile or "32x1", 0.1 if args.density is None else args.density,
-                                 tuple(int(v) for v in args.shape.split(",")), args.dtype)
+                                 tuple(int(v) for v in args.shape.split(",")), args.dtype, args.bwd)
     else:
         variants = _prune(args.small, args.tile or "32x64", 0.02 if args.density is None else args.density)
     if args.only:

@@ -44,7 +44,9 @@ def test_time_op_reports_per_op_over_rotations():
                                   ["sparse_dense", "--small", "--calls", "2", "--axis", "w", "--tile", "1x64",
                                    "--only", "pit,pit_pre"],
                                   ["sparse_dense", "--small", "--calls", "2", "--axis", "m", "--dtype", "tf32",
-                                   "--density", "0.3", "--only", "oracle,pit,pit_pre"]])
+                                   "--density", "0.3", "--only", "oracle,pit,pit_pre"],
+                                  ["sparse_dense", "--small", "--calls", "2", "--axis", "m", "--bwd",
+                                   "--density", "0.5", "--only", "dense,oracle,pit,pit_pre"]])
 def test_kernel_profile_smoke(argv):
     from benchmarks import kernel_profile
 
