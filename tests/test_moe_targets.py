@@ -337,10 +337,13 @@ def test_grouped_wgrad_large_tiles(platform, dtype):
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("lead", ["single", "sum", "batched"])
-def test_grouped_wgrad_packed(platform, dtype, lead):
+@pytest.mark.parametrize("tail", ["dead", "identity"])
+def test_grouped_wgrad_packed(platform, dtype, lead, tail):
     """pit_grouped_wgrad_packed: rows packed by pit_sread_live (row j is list entry j, zeros
     from the count up to the next multiple of 64 rows). The rows after that padding are NaN
-    here: no kernel may read them (the sm_90a one reads whole 64-row stages by TMA)."""
+    here: no kernel may read them (the sm_90a one reads whole 64-row stages by TMA). The
+    list entries past the count are -1 ("dead") or go on counting ("identity", the constant
+    list the M-axis lowering passes): only the count may bound the rows read."""
     rng, seed = fresh_rng()
     a, d, f = 300, 136, 264
     _, _, idx_lead, dw_lead = WG_LEADS[lead]
@@ -360,7 +363,7 @@ def test_grouped_wgrad_packed(platform, dtype, lead):
     src, dy = jnp.asarray(src, dtype), jnp.asarray(dy, dtype)
     j = np.arange(a)
     lists = np.full((*idx_lead, 2, a), -1, np.int32)
-    lists.reshape(n, 2, a)[:, 0] = np.where(j[None] < counts[:, None], j[None], -1)
+    lists.reshape(n, 2, a)[:, 0] = np.where((j[None] < counts[:, None]) | (tail == "identity"), j[None], -1)
     cnt = np.stack([counts, np.zeros_like(counts)], -1).astype(np.int32).reshape(*idx_lead, 2)
 
     def fn(src, dy, lists, cnt):

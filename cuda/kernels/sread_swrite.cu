@@ -22,6 +22,7 @@ using gemm::Elem;
 constexpr int kThreads = 256;
 constexpr int kMaxSlotsPerBlock = 256;
 constexpr int64_t kVectorsPerBlock = 4096;  // per grid-stride iteration, about
+constexpr int kUnroll = 4;                  // vectors in flight per lane
 
 struct PackArgs {
   const int32_t* tiles;
@@ -138,14 +139,30 @@ __global__ void __launch_bounds__(kThreads, 4) PackKernel(const PackArgs a) {
       const int w = s_w[ls];
       const int64_t packed_row = (gs * a.tile_h + i) * a.tile_w;
       const int64_t x_row = origin + static_cast<int64_t>(i) * a.cols;
-      for (int jv = lane; jv < a.vecs; jv += lanes) {
-        const int j = jv * V;  // with kVec, w and tile_w are multiples of V: no partial vectors
-        if (!kWrite) {
-          C::Store(dst + packed_row + j, live_row && j < w ? C::Load(src + x_row + j) : C::Zero());
-        } else if (j < w) {
-          typename C::Raw v = C::Load(src + packed_row + j);
-          if (a.accumulate) v = C::Add(C::LoadPlain(dst + x_row + j), v);
-          C::Store(dst + x_row + j, v);
+      // kUnroll vectors a lane: all loads issued before the stores, so a lane keeps that
+      // many in flight (one at a time ran the live-row packing at ~77 % of the copy rate).
+      // With kVec, w and tile_w are multiples of V: no partial vectors.
+      for (int jv0 = lane; jv0 < a.vecs; jv0 += kUnroll * lanes) {
+        typename C::Raw v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int jv = jv0 + u * lanes, j = jv * V;
+          const bool in = jv < a.vecs && j < w;
+          if (!kWrite) {
+            v[u] = live_row && in ? C::Load(src + x_row + j) : C::Zero();
+          } else if (in) {
+            v[u] = C::Load(src + packed_row + j);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int jv = jv0 + u * lanes, j = jv * V;
+          if (jv >= a.vecs) break;
+          if (!kWrite) {
+            C::Store(dst + packed_row + j, v[u]);
+          } else if (j < w) {
+            C::Store(dst + x_row + j, a.accumulate ? C::Add(C::LoadPlain(dst + x_row + j), v[u]) : v[u]);
+          }
         }
       }
     }

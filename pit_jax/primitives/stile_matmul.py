@@ -283,13 +283,13 @@ def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
             ).reshape(*lead, cap * h, m.shape[-1])
             for m in (a, b)
         )
+        # The packed kernel reads rows 0 .. count - 1 in order and never the lists' values:
+        # a constant identity (XLA folds it; no kernel builds it per call).
         ids = jnp.broadcast_to(jnp.arange(cap * h, dtype=jnp.int32), lead + (cap * h,))
-        length = cap * h
     else:
         ids = (tiles[..., :, None] * h + jnp.arange(h, dtype=jnp.int32)).reshape(*lead, cap * h)
-        length = rows
-    ids = jnp.where(jnp.arange(cap * h) < (count * h)[..., None], ids, -1)
-    ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, length - cap * h)], constant_values=-1)
+        ids = jnp.where(jnp.arange(cap * h) < (count * h)[..., None], ids, -1)
+        ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, rows - cap * h)], constant_values=-1)
     lists = jnp.stack([ids, jnp.full_like(ids, -1)], axis=-2).astype(jnp.int32)
     counts = jnp.stack([count * h, jnp.zeros_like(count)], axis=-1).astype(jnp.int32)
     batch = tuple(a.shape[:-2])[:out_batch]

@@ -391,7 +391,9 @@ __global__ void __launch_bounds__(kW3Threads, 1)
       const uint32_t ss = base + stage * kW3StageBytes;
       if (bulk) {
         const uint32_t full = base + kW3Full + stage * 8;
-        if (tid == 0) {
+        if constexpr ((kDiag & kWgDiagNoGather) != 0) {
+          sm90_rg::MbarArrive(full);  // (the diagnostic: no TMA either)
+        } else if (tid == 0) {
           sm90_rg::MbarArriveExpectTx(full, kW3StageBytes);
           const int sb = bulk_b / g.src_div, db = bulk_b / g.dy_div;
 #pragma unroll
