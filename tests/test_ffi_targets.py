@@ -174,7 +174,7 @@ def test_sread(platform, dtype, tile, shape, density):
         assert (got[b][int(count[b]) :] == 0).all(), f"{msg}: slots past the count must be zero"
 
 
-PACKED_ROW_PAD = 64  # kPackedRowPad (cuda/common/moe_params.h)
+PACKED_ROW_PAD = 192  # kPackedRowPad (cuda/common/moe_params.h)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -182,7 +182,7 @@ PACKED_ROW_PAD = 64  # kPackedRowPad (cuda/common/moe_params.h)
 @pytest.mark.parametrize("tile,shape,density", PACK_CASES, ids=PACK_IDS)
 def test_sread_live(platform, dtype, tile, shape, density):
     """pit_sread_live: the listed slots as pit_sread writes them, zeros in the slots whose
-    rows lie below the next multiple of 64 rows, and (on the GPU) the other slots past the
+    rows lie below the next multiple of 192 rows, and (on the GPU) the other slots past the
     count left unwritten: still the NaN poison."""
     x, tile, lead, _, packed, tiles, count, msg = sread_case("pit_sread_live", platform, dtype, tile, shape, density)
     got, want = f64(packed), pack_reference(x, tiles, count, tile)
@@ -190,7 +190,7 @@ def test_sread_live(platform, dtype, tile, shape, density):
     for b in np.ndindex(*lead):
         n = min(int(count[b]), cap)
         np.testing.assert_array_equal(got[b][:n], want[b][:n], err_msg=f"{msg}: live slots")
-        # Slots whose first row lies below the row count rounded up to 64 are zeros.
+        # Slots whose first row lies below the row count rounded up to 192 are zeros.
         pad_rows = -(-(n * tile[0]) // PACKED_ROW_PAD) * PACKED_ROW_PAD
         pad_slots = [s for s in range(n, cap) if s * tile[0] < pad_rows]
         assert (got[b][pad_slots] == 0).all(), f"{msg}: padding slots must be zero"

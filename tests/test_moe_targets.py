@@ -340,8 +340,8 @@ def test_grouped_wgrad_large_tiles(platform, dtype):
 @pytest.mark.parametrize("tail", ["dead", "identity"])
 def test_grouped_wgrad_packed(platform, dtype, lead, tail):
     """pit_grouped_wgrad_packed: rows packed by pit_sread_live (row j is list entry j, zeros
-    from the count up to the next multiple of 64 rows). The rows after that padding are NaN
-    here: no kernel may read them (the sm_90a one reads whole 64-row stages by TMA). The
+    from the count up to the next multiple of 192 rows). The rows after that padding are NaN
+    here: no kernel may read them (the sm_90a one reads whole 96-row stages by TMA). The
     list entries past the count are -1 ("dead") or go on counting ("identity", the constant
     list the M-axis lowering passes): only the count may bound the rows read."""
     rng, seed = fresh_rng()
@@ -357,7 +357,7 @@ def test_grouped_wgrad_packed(platform, dtype, lead, tail):
         flat = arr.reshape(n, a, arr.shape[-1])
         for i in range(n):
             c = int(counts[i])
-            pad = min(a, -(-c // 64) * 64)
+            pad = min(a, -(-c // 192) * 192)  # kPackedRowPad
             flat[i, c:pad] = 0
             flat[i, pad:] = np.nan
     src, dy = jnp.asarray(src, dtype), jnp.asarray(dy, dtype)

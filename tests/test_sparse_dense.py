@@ -246,7 +246,7 @@ def test_m_axis_weight_grad_lowers_to_grouped_wgrad_on_cuda():
 )
 def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density, capacity, force):
     """The M axis's weight gradient through packed rows: pit_sread_live packs the live rows
-    of x and dy (zeros up to a multiple of 64 rows), then the Hopper kernel reads whole
+    of x and dy (zeros up to a multiple of 192 rows), then the Hopper kernel reads whole
     stages of them by TMA. Forced on small shapes too (PACKED_WGRAD_MIN_KN = 0); checked
     against float64, for determinism with one index, and for the targets it lowers to."""
     from pit_jax.primitives import _lowering, stile_matmul as sm

@@ -55,8 +55,9 @@ struct GroupedMatmulParams {
   void* y = nullptr;  // [batch, A, F]
 };
 
-// Row padding of packed weight-gradient operands (pit_sread_live zeroes up to it).
-constexpr int64_t kPackedRowPad = 64;
+// Row padding of packed weight-gradient operands (pit_sread_live zeroes up to it): a
+// multiple of the sm_90a kernel's stages (96 tokens packed, 64 gathered).
+constexpr int64_t kPackedRowPad = 192;
 
 struct GroupedWgradParams {
   DType dtype = DType::kF32;  // of src, dy and dW

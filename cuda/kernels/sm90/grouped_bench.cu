@@ -9,7 +9,8 @@
 // cuBLAS (the oracle: one dense product of the same token count) is loaded at run time
 // with dlopen. Flags: --small (correctness cases only, small shapes: for compute-sanitizer),
 // --no-time (skip timing), --case=TEXT (just the cases whose name contains TEXT), --only=v1,v2 (just these
-// variants, see kVariants; for the weight gradient: auto, v2, v3, v3.s1, v3.s2, v3.s4, v3.s8, v3.r56, v3.r96, see RunWgrad).
+// variants, see kVariants; for the weight gradient: auto, v2, v3, v3.s1, v3.s2, v3.s4, v3.s8, v3.r56, v3.r96, v3.t64,
+// see RunWgrad).
 // v3.stamp (phase timestamps of the weight gradient's CTAs) also needs -DPIT_RG_EXPERIMENTS.
 #include <dlfcn.h>
 
@@ -663,7 +664,7 @@ void RunWgrad(const Case& cs, cudaStream_t stream, bool do_time) {
   static const WV kWV[] = {{"auto", 0, 0},  {"v2", 2, 0},    {"v3", 3, 0},    {"v3.s1", 3, 1},
                            {"v3.s2", 3, 2}, {"v3.s4", 3, 4}, {"v3.s8", 3, 8}, {"v3.stamp", 13, 0},
                            {"v3.stamp.noGather", 14, 0}, {"v3.stamp.noMath", 15, 0}, {"v3.r56", 16, 0},
-                           {"v3.r96", 17, 0}};
+                           {"v3.r96", 17, 0}, {"v3.t64", 18, 0}};
   std::vector<WV> wv;
   for (const WV& v : kWV) {
     const Variant sel{v.name, 0, 0, 0};

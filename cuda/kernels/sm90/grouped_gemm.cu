@@ -15,7 +15,8 @@
 namespace pit {
 namespace {
 
-static_assert(kPackedRowPad % sm90_grouped::kW3Tok == 0, "packed rows are zero-padded to whole stages");
+static_assert(kPackedRowPad % sm90_grouped::kW3PackedTok == 0 && kPackedRowPad % sm90_grouped::kW3Tok == 0,
+              "packed rows are zero-padded to whole stages");
 
 using sm90_grouped::Args;
 using sm90_grouped::Layout;
@@ -191,16 +192,16 @@ int WgradClustersPerWave(int dev, int split, int sms, cudaStream_t stream) {
 // DSMEM reduction; scaled to the stage size), kb from the caller's token estimate (the
 // counts stay on the device; LaunchWgradImpl says how it estimates). S in
 // {1, 2, 4, 8}: clusters of 6 measured slow (run 7), 3, 5, 7 not measured.
-int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int dev, int sms, cudaStream_t stream) {
+int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int tok, int dev, int sms, cudaStream_t stream) {
   if (tiles >= sms) return 1;
-  const int64_t kb = std::max<int64_t>(1, (tokens_per_tile + sm90_grouped::kW3Tok - 1) / sm90_grouped::kW3Tok);
+  const int64_t kb = std::max<int64_t>(1, (tokens_per_tile + tok - 1) / tok);
   int best = 1;
   double best_cost = 0;
   for (int s = 1; s <= 8; s *= 2) {
     const int per_wave = WgradClustersPerWave(dev, s, sms, stream);
     if (per_wave <= 0) continue;
     const int64_t waves = (tiles + per_wave - 1) / per_wave;
-    const double cost = static_cast<double>(waves) * ((kb + s - 1) / s + (s > 1 ? 20.0 : 12.0) * 32 / sm90_grouped::kW3Tok);
+    const double cost = static_cast<double>(waves) * ((kb + s - 1) / s + (s > 1 ? 20.0 : 12.0) * 32 / tok);
     if (s == 1 || cost < best_cost) best = s, best_cost = cost;
   }
   return best;
@@ -256,8 +257,13 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   g.m_tiles = static_cast<int>(m_tiles);
   g.n_tiles = static_cast<int>(n_tiles);
   const int which = p.dtype == DType::kBF16 ? 0 : 1;
+  if (version == 0) version = kWgradDefaultVersion;
+  // Packed rows run in stages of kW3PackedTok tokens, except the bench forms of v3 (13-17,
+  // and 18: the packed rows in stages of kW3Tok, as before run 21).
+  const bool bench_form = version >= 13 && version <= 18;
+  const int tok = p.packed && !bench_form ? kW3PackedTok : kW3Tok;
   // Packed rows: 3-D maps (columns, rows, batch) of src and dy, boxes of 64 columns x
-  // kW3Tok rows with the 128B swizzle, zero fill past the columns. Unused (zeros) otherwise.
+  // `tok` rows with the 128B swizzle, zero fill past the columns. Unused (zeros) otherwise.
   CUtensorMap map_src{}, map_dy{};
   if (p.packed) {
     if (p.row_div != 1) return kNo;
@@ -269,7 +275,7 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
       cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(p.A),
                             static_cast<cuuint64_t>(batch)};
       cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols * 2), static_cast<cuuint64_t>(p.A * cols * 2)};
-      cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kW3Tok), 1};
+      cuuint32_t box[3] = {64, static_cast<cuuint32_t>(tok), 1};
       cuuint32_t estrides[3] = {1, 1, 1};
       return encode(map, dt, 3, const_cast<void*>(data), dims, strides, box, estrides,
                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -292,12 +298,12 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
     return cudaGetLastError();
   }
 #endif
-  if (version == 0) version = kWgradDefaultVersion;
   // Bench-only forms of v3 (bf16): 13 phase timestamps; 14 / 15 the same without the gather /
   // the wgmma (timing only, wrong results); 16 / 17 producer / consumer registers 56 / 224
-  // (the split before run 17) and 96 / 200 instead of 88 / 208.
+  // (the split before run 17) and 96 / 200 instead of 88 / 208; 18 v3 itself (packed rows in
+  // stages of kW3Tok). All in stages of kW3Tok.
   decltype(&GroupedWgradWsKernel<kBf16>) bench_kernel = nullptr;
-  if (version >= 13 && version <= 17) {
+  if (bench_form) {
 #if defined(PIT_GG_EXPERIMENTS) && defined(PIT_RG_EXPERIMENTS)
     constexpr int kStamp = sm90_rg::kDiagStamp;
     switch (version) {
@@ -305,9 +311,10 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
       case 14: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp | kWgDiagNoGather>; break;
       case 15: bench_kernel = GroupedWgradWsKernel<kBf16, kStamp | kWgDiagNoMath>; break;
       case 16: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 56, 224>; break;
-      default: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 96, 200>; break;
+      case 17: bench_kernel = GroupedWgradWsKernel<kBf16, 0, 96, 200>; break;
+      default: bench_kernel = GroupedWgradWsKernel<kBf16>; break;
     }
-    static bool attr_bench[kMaxDevices][5] = {};
+    static bool attr_bench[kMaxDevices][6] = {};
     if (!attr_bench[devi][version - 13]) {
       cudaError_t e = cudaFuncSetAttribute(bench_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
       if (e != cudaSuccess) return e;
@@ -320,10 +327,13 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   if (version != 3) return kNo;
 
   // v3.
+  constexpr int kPT = kW3PackedTok, kPS = kW3PackedStages;
   static bool attr3_set[kMaxDevices] = {};
   if (!attr3_set[devi]) {
     cudaError_t e = cudaSuccess;
-    for (auto k : {GroupedWgradWsKernel<kBf16>, GroupedWgradWsKernel<kF16>})
+    for (auto k : {GroupedWgradWsKernel<kBf16>, GroupedWgradWsKernel<kF16>,
+                   GroupedWgradWsKernel<kBf16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>,
+                   GroupedWgradWsKernel<kF16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>})
       if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
     if (e != cudaSuccess) return e;
     attr3_set[devi] = true;
@@ -337,11 +347,15 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   int64_t tokens = (p.batch / p.dw_batch) * p.A / p.E;
   if (p.E == 1) tokens = (tokens + 1) / 2;
   int s = split;
-  if (s == 0) s = ChooseWgradSplit(tiles, tokens, devi, dev->sms, stream);
+  if (s == 0) s = ChooseWgradSplit(tiles, tokens, tok, devi, dev->sms, stream);
   if (s < 1 || s > 8) return kNo;
   ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
-  auto kernel = bench_kernel ? bench_kernel : which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
+  auto kernel = bench_kernel ? bench_kernel
+                : g.packed    ? (which == 0 ? GroupedWgradWsKernel<kBf16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>
+                                            : GroupedWgradWsKernel<kF16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>)
+                : which == 0  ? GroupedWgradWsKernel<kBf16>
+                              : GroupedWgradWsKernel<kF16>;
   cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args, map_src, map_dy);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();

@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
 // ---------------------------------------------------------------------------------
 // v3: warp-specialized (docs/notes/sm90_grouped.md, run 7). 384 threads: warpgroup 0
 // gathers (4 producer warps, cp.async into 4 stages of 64 tokens, each stage's full barrier
-// completed by cp.async.mbarrier.arrive.noinc; or TMA for packed rows), warpgroups 1 and 2
+// completed by cp.async.mbarrier.arrive.noinc; or TMA for packed rows, 3 stages of 96
+// tokens), warpgroups 1 and 2
 // compute D rows 0-63 / 64-127 of the 128 x 256 tile with m64n256k16 wgmma (4 per stage: 64
 // tokens measured 7-11 % faster than 32, run 11; one wgmma group kept in
 // flight behind the current one) and release each stage once its wgmma has completed.
@@ -240,15 +241,20 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
 // set: all of src's columns and a few dy column slabs of one expert).
 // ---------------------------------------------------------------------------------
 constexpr int kW3Threads = 384;
-constexpr int kW3Tok = 64;                          // tokens (K) per stage
+constexpr int kW3Tok = 64;                          // tokens (K) per stage (gathered rows)
 constexpr int kW3Stages = 4;
-constexpr int kW3Block = kW3Tok * 128;              // one 64-column block: kW3Tok K rows x 128 B (8 KB)
-constexpr int kW3StageA = 2 * kW3Block;             // 128 src columns: 16 KB
-constexpr int kW3StageB = 4 * kW3Block;             // 256 dy columns: 32 KB
-constexpr int kW3StageBytes = kW3StageA + kW3StageB;  // 48 KB
-constexpr int kW3Full = kW3Stages * kW3StageBytes;  // full barriers, then empty barriers
-constexpr int kW3Empty = kW3Full + 8 * kW3Stages;
-constexpr int kW3SmemBytes = kW3Empty + 8 * kW3Stages + 1024;  // + alignment slack
+// Packed rows (TMA): 3 stages of 96 tokens, 72 KB each. A stage costs a fixed ~0.4-0.6 us
+// (barrier round trip, TMA completion) beside its math, and 3 stages kept the tensor cores
+// as busy as 4 did: 96-token stages ran 8-18 % faster than 64 (H200, 4096 x 4096 at
+// 1638-8192 rows and BERT's 768 x 3072; docs/notes/sm90_grouped.md, run 21). The gathered
+// form keeps 64: MoE experts often hold fewer tokens than a stage.
+constexpr int kW3PackedTok = 96;
+constexpr int kW3PackedStages = 3;
+constexpr int W3StageBytes(int tok) { return tok * 128 * 6; }  // 128 src + 256 dy columns of tok rows
+constexpr int W3MaxOf(int a, int b) { return a > b ? a : b; }
+// Either form's stages and barriers (full, then empty; 8 bytes each), + alignment slack.
+constexpr int kW3SmemBytes = W3MaxOf(kW3Stages * W3StageBytes(kW3Tok), kW3PackedStages * W3StageBytes(kW3PackedTok)) +
+                             16 * W3MaxOf(kW3Stages, kW3PackedStages) + 1024;
 constexpr int kW3EpiPitch = 528;                    // staged output row: 256 x 2 B + 16 B pad
 // setmaxnreg moves registers within the CTA's launch allocation (168 per thread, what
 // ptxas gives 384 threads at one CTA per SM: 64512), so 128 x producer + 256 x consumer
@@ -260,8 +266,6 @@ constexpr int kW3RegPool = 168 * kW3Threads;
 constexpr int kW3ProducerRegs = 88;
 constexpr int kW3ConsumerRegs = 208;
 static_assert(kW3SmemBytes <= 232448, "over the 227 KB opt-in limit");
-static_assert(8 * 16 * kW3EpiPitch <= kW3Full, "epilogue staging fits in the stages");
-static_assert(256 * 128 * 4 <= kW3Full, "split partials fit in the stages");
 
 __device__ __forceinline__ uint32_t W3ClusterSize() {
   uint32_t n;
@@ -269,7 +273,7 @@ __device__ __forceinline__ uint32_t W3ClusterSize() {
   return n;
 }
 
-// Number of k-blocks (kW3Tok tokens) of the tile's reduction: sum over the entries b of c.
+// Tokens of group e in batch entry b (the tile's reduction, before it is cut into stages).
 __device__ __forceinline__ int W3CountOf(const WgradArgs& g, int b, int e) {
   const int c = __ldg(g.counts + static_cast<int64_t>(b / g.idx_div) * (g.E + 1) + e);
   return c < 0 ? 0 : (c > g.A ? g.A : c);
@@ -293,11 +297,12 @@ struct W3Cursor {
     }
   }
   __device__ __forceinline__ bool Done() const { return b >= b_end; }
-  __device__ __forceinline__ void Advance(const WgradArgs& g, int e, int n) {  // n k-blocks on
+  template <int kTok>
+  __device__ __forceinline__ void Advance(const WgradArgs& g, int e, int n) {  // n k-blocks of kTok on
     while (n > 0 && !Done()) {
-      const int left = (count - j0 + kW3Tok - 1) / kW3Tok;
+      const int left = (count - j0 + kTok - 1) / kTok;
       if (n < left) {
-        j0 += n * kW3Tok;
+        j0 += n * kTok;
         return;
       }
       n -= left;
@@ -308,23 +313,31 @@ struct W3Cursor {
   }
 };
 
-// With g.packed, every stage is 6 TMA boxes of 64 columns x kW3Tok rows (2 of src, 4 of
+// With g.packed, every stage is 6 TMA boxes of 64 columns x kTok rows (2 of src, 4 of
 // dy; the 128B swizzle is the layout the gathers write), issued by thread 0 with the
 // stage's byte count while the other producer threads arrive plainly. The last stage of a
-// batch entry reads the rows up to the next multiple of kW3Tok, which the packing pass
-// zeroed (or TMA fills with zeros past the end).
+// batch entry reads the rows up to the next multiple of kTok, which the packing pass
+// zeroed (kPackedRowPad is a multiple of it; or TMA fills with zeros past the end).
 // kDiag: sm90_rg::kDiagStamp records phase timestamps (bench builds only; see Stamp);
 // timing diagnostics (wrong results): kWgDiagNoGather (the producers copy nothing),
 // kWgDiagNoMath (the consumers issue no wgmma).
 constexpr int kWgDiagNoGather = 1, kWgDiagNoMath = 2;
 // kProdRegs / kConsRegs: the register split (bench variants try others).
-template <int kKind, int kDiag = 0, int kProdRegs = kW3ProducerRegs, int kConsRegs = kW3ConsumerRegs>
+// kTok / kStages: tokens per stage and stages (kW3Tok / kW3Stages for gathered rows,
+// kW3PackedTok / kW3PackedStages for packed ones; the launcher's tensor maps match kTok).
+template <int kKind, int kDiag = 0, int kProdRegs = kW3ProducerRegs, int kConsRegs = kW3ConsumerRegs, int kTok = kW3Tok,
+          int kStages = kW3Stages>
 __global__ void __launch_bounds__(kW3Threads, 1)
     GroupedWgradWsKernel(const WgradArgs g, const __grid_constant__ CUtensorMap map_src,
                          const __grid_constant__ CUtensorMap map_dy) {
   using sm90_rg::Stamp;
   static_assert(kKind == sm90_rg::kBf16 || kKind == sm90_rg::kF16, "bf16 / f16 only");
   static_assert(128 * kProdRegs + 256 * kConsRegs <= kW3RegPool, "within the launch allocation");
+  constexpr int kBlock = kTok * 128;  // one 64-column block: kTok K rows x 128 B
+  constexpr int kStageA = 2 * kBlock, kStageBytes = W3StageBytes(kTok);  // 128 src + 256 dy columns
+  constexpr int kFull = kStages * kStageBytes, kEmpty = kFull + 8 * kStages;  // full, then empty barriers
+  static_assert(kEmpty + 8 * kStages + 1024 <= kW3SmemBytes, "within the launch's shared memory");
+  static_assert(8 * 16 * kW3EpiPitch <= kFull && 256 * 128 * 4 <= kFull, "epilogue staging / partials fit");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -342,14 +355,14 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const int d0 = mt * 128, f0 = nt * 256;
   // This CTA's k-blocks: r, r + S, ... of the sequence over the entries of c.
   int total = 0;
-  for (int b = c * g.per_c; b < (c + 1) * g.per_c; ++b) total += (W3CountOf(g, b, e) + kW3Tok - 1) / kW3Tok;
+  for (int b = c * g.per_c; b < (c + 1) * g.per_c; ++b) total += (W3CountOf(g, b, e) + kTok - 1) / kTok;
   const int mine = total > rank ? (total - rank + S - 1) / S : 0;
 
   if (tid == 0) {
     Stamp<kDiag>(0);
-    for (int s = 0; s < kW3Stages; ++s) {
-      sm90_rg::MbarInit(base + kW3Full + s * 8, 128);  // every gathering thread (cp.async noinc)
-      sm90_rg::MbarInit(base + kW3Empty + s * 8, 8);   // lane 0 of every consumer warp
+    for (int s = 0; s < kStages; ++s) {
+      sm90_rg::MbarInit(base + kFull + s * 8, 128);  // every gathering thread (cp.async noinc)
+      sm90_rg::MbarInit(base + kEmpty + s * 8, 8);   // lane 0 of every consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -363,10 +376,10 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     // the source row pointers (null: no row) of one of them, fetched one stage early.
     W3Cursor cur{c * g.per_c, (c + 1) * g.per_c, 0, 0, nullptr, nullptr, nullptr};
     cur.Load(g, e);
-    cur.Advance(g, e, rank);
+    cur.template Advance<kTok>(g, e, rank);
     // Lanes 8p .. 8p + 7 hold the tokens of pass p (32 tokens per pass over the 4 warps).
-    static_assert(kW3Tok % 32 == 0 && kW3Tok <= 128, "passes of 32 tokens, lanes 8p..8p+7");
-    constexpr int kPasses = kW3Tok / 32;
+    static_assert(kTok % 32 == 0 && kTok <= 128, "passes of 32 tokens, lanes 8p..8p+7");
+    constexpr int kPasses = kTok / 32;
     const int tk = 8 * warp + (lane & 7) + 32 * ((lane >> 3) % kPasses);
     auto fetch = [&](int& a, const char*& sb, const char*& db) {
       a = -1;
@@ -379,37 +392,37 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int i = 0; i < mine; ++i) {
-      // This stage: batch entry cur.b, tokens cur.j0 .. cur.j0 + kW3Tok - 1 (before Advance).
+      // This stage: batch entry cur.b, tokens cur.j0 .. cur.j0 + kTok - 1 (before Advance).
       const bool bulk = g.packed;
       const int bulk_row = cur.j0, bulk_b = cur.b;
       const bool ok_row = a_id >= 0 && a_id < g.A;
       const char* srow = ok_row ? a_sb + static_cast<int64_t>(a_id / g.row_div) * g.src_row_bytes : nullptr;
       const char* drow = ok_row ? a_db + static_cast<int64_t>(a_id) * g.dy_row_bytes : nullptr;
-      cur.Advance(g, e, S);
+      cur.template Advance<kTok>(g, e, S);
       fetch(a_id, a_sb, a_db);  // the next stage's list entries, in flight during this one
-      sm90_rg::MbarWait(base + kW3Empty + stage * 8, phase ^ 1);
-      const uint32_t ss = base + stage * kW3StageBytes;
+      sm90_rg::MbarWait(base + kEmpty + stage * 8, phase ^ 1);
+      const uint32_t ss = base + stage * kStageBytes;
       if (bulk) {
-        const uint32_t full = base + kW3Full + stage * 8;
+        const uint32_t full = base + kFull + stage * 8;
         if constexpr ((kDiag & kWgDiagNoGather) != 0) {
           sm90_rg::MbarArrive(full);  // (the diagnostic: no TMA either)
         } else if (tid == 0) {
-          sm90_rg::MbarArriveExpectTx(full, kW3StageBytes);
+          sm90_rg::MbarArriveExpectTx(full, kStageBytes);
           const int sb = bulk_b / g.src_div, db = bulk_b / g.dy_div;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) sm90_rg::TmaLoad3d(ss + h * kW3Block, &map_src, d0 + 64 * h, bulk_row, sb, full);
+          for (int h = 0; h < 2; ++h) sm90_rg::TmaLoad3d(ss + h * kBlock, &map_src, d0 + 64 * h, bulk_row, sb, full);
 #pragma unroll
           for (int h = 0; h < 4; ++h)
-            sm90_rg::TmaLoad3d(ss + kW3StageA + h * kW3Block, &map_dy, f0 + 64 * h, bulk_row, db, full);
+            sm90_rg::TmaLoad3d(ss + kStageA + h * kBlock, &map_dy, f0 + 64 * h, bulk_row, db, full);
         } else {
           sm90_rg::MbarArrive(full);
         }
-        if (++stage == kW3Stages) stage = 0, phase ^= 1;
+        if (++stage == kStages) stage = 0, phase ^= 1;
         continue;
       }
       if constexpr ((kDiag & kWgDiagNoGather) != 0) {
-        sm90_rg::CpAsyncArriveNoinc(base + kW3Full + stage * 8);
-        if (++stage == kW3Stages) stage = 0, phase ^= 1;
+        sm90_rg::CpAsyncArriveNoinc(base + kFull + stage * 8);
+        if (++stage == kStages) stage = 0, phase ^= 1;
         continue;
       }
 #pragma unroll
@@ -419,7 +432,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
             reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), tt + 8 * pass));
         const int col = d0 + ch * 8;
         const bool ok = p != nullptr && col < g.D;
-        sm90_rg::CpAsync16(ss + (ch >> 3) * kW3Block + k * 128 + (((ch & 7) ^ (k & 7)) << 4),
+        sm90_rg::CpAsync16(ss + (ch >> 3) * kBlock + k * 128 + (((ch & 7) ^ (k & 7)) << 4),
                            ok ? p + col * 2 : g.src, ok ? 16u : 0u);
       }
 #pragma unroll
@@ -429,12 +442,12 @@ __global__ void __launch_bounds__(kW3Threads, 1)
             reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(drow), r % 8 + 8 * pass));
         const int col = f0 + lane * 8;
         const bool ok = p != nullptr && col < g.F;
-        sm90_rg::CpAsync16(ss + kW3StageA + (lane >> 3) * kW3Block + k * 128 + (((lane & 7) ^ (k & 7)) << 4),
+        sm90_rg::CpAsync16(ss + kStageA + (lane >> 3) * kBlock + k * 128 + (((lane & 7) ^ (k & 7)) << 4),
                            ok ? p + col * 2 : g.dy, ok ? 16u : 0u);
       }
-      sm90_rg::CpAsyncArriveNoinc(base + kW3Full + stage * 8);
+      sm90_rg::CpAsyncArriveNoinc(base + kFull + stage * 8);
       if (i == 0 && tid == 0) Stamp<kDiag>(2);
-      if (++stage == kW3Stages) stage = 0, phase ^= 1;
+      if (++stage == kStages) stage = 0, phase ^= 1;
     }
     sm90_rg::CpAsyncWaitAll();
     if (tid == 0) Stamp<kDiag>(3);
@@ -447,14 +460,14 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     int stage = 0, prev = -1;
     uint32_t phase = 0;
     for (int i = 0; i < mine; ++i) {
-      sm90_rg::MbarWait(base + kW3Full + stage * 8, phase);
+      sm90_rg::MbarWait(base + kFull + stage * 8, phase);
       sm90_rg::FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-      const uint32_t ss = base + stage * kW3StageBytes;
-      const uint64_t da = sm90_rg::MakeDesc(ss + wg * kW3Block, kW3Block, 1024);
-      const uint64_t db = sm90_rg::MakeDesc(ss + kW3StageA, kW3Block, 1024);
+      const uint32_t ss = base + stage * kStageBytes;
+      const uint64_t da = sm90_rg::MakeDesc(ss + wg * kBlock, kBlock, 1024);
+      const uint64_t db = sm90_rg::MakeDesc(ss + kStageA, kBlock, 1024);
       sm90_rg::WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < kW3Tok / 16; ++kk) {
+      for (int kk = 0; kk < kTok / 16; ++kk) {
         const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
         if constexpr ((kDiag & kWgDiagNoMath) != 0) {
         } else if constexpr (kKind == sm90_rg::kBf16) {
@@ -465,9 +478,9 @@ __global__ void __launch_bounds__(kW3Threads, 1)
       }
       sm90_rg::WgmmaCommit();
       sm90_rg::WgmmaWait<1>();  // the previous stage's wgmma is done: release it
-      if (prev >= 0 && lane == 0) sm90_rg::MbarArrive(base + kW3Empty + prev * 8);
+      if (prev >= 0 && lane == 0) sm90_rg::MbarArrive(base + kEmpty + prev * 8);
       prev = stage;
-      if (++stage == kW3Stages) stage = 0, phase ^= 1;
+      if (++stage == kStages) stage = 0, phase ^= 1;
     }
     sm90_rg::WgmmaWait<0>();
     sm90_rg::FenceOperands(acc);
