@@ -730,13 +730,14 @@ WHY_MISSED = {
     "m_bwd": (
         "dx runs the row-gather product on dy (about the forward's speed) and writes the dead rows' "
         "zeros. dw = x_live^T dy_live: for K * N >= 2048^2 the live rows of x and dy are packed first "
-        "(pit_sread_live: one more read + write of the live bytes, ~20 / 55 / 90 us at 10 / 30 / 50 % "
-        "by bytes at the copy rate) and the grouped weight-gradient kernel reads them by TMA in stages "
-        "of 64 tokens: 0.11-0.12 / 0.28 / 0.45-0.49 ms against cuBLAS's 0.09-0.10 / 0.22-0.24 / 0.35-0.37 ms on the "
-        "same rows (harness, 2026-11-25), the consumer warpgroups' wgmma issue being the limit now. "
-        "The index built inside the jit reads x's dead rows whole (pit_jax minus pit_jax_pre: 43-63 us before 2026-11-26's probe; "
-        "16-34 us on the H200, 2026-11-29, where the call is 1.77 / 1.32 / 1.26x the oracle backward). "
-        "docs/notes/sm90_grouped.md, run 11."
+        "(pit_sread_live: one more read + write of the live bytes, 18 / 45 / 72 us at 10 / 30 / 50 % on "
+        "the H200) and the grouped weight-gradient kernel reads them by TMA in stages of 96 tokens "
+        "(64 before 2026-11-29: a stage's fixed cost paced it): 0.096 / 0.239 / 0.375 ms against cuBLAS's "
+        "0.085 / 0.239 / 0.352 ms on the same rows (harness, H200). What is left at 10 %: the index "
+        "built inside the jit reads x's dead rows whole (33 us), the packing (18 us) and a dx at 1.64x "
+        "cuBLAS's (13 row tiles of 128 x 256 make 2 rounds where cuBLAS's 128 x 208 fill theirs). "
+        "H200 2026-11-29: 1.77 / 1.25 / 1.18x the oracle backward (1.77 / 1.32 / 1.26x before). "
+        "docs/notes/sm90_grouped.md, runs 11 and 21."
     ),
 }
 
