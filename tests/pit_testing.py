@@ -25,6 +25,10 @@ def available_platforms() -> list[str]:
 
 PLATFORMS = available_platforms()
 
+# kPackedRowPad (cuda/common/moe_params.h): pit_sread_live zeroes packed rows up to the next
+# multiple of it, so the packed weight gradient may read whole stages.
+PACKED_ROW_PAD = 192
+
 requires_gpu = pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
 
 

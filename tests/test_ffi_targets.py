@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import (ACTIVATION_NAMES, PLATFORMS, activation64, assert_call_raises, check_close, dname, f64,
-                         fresh_rng, put, randn, run, tiled_sparse)
+from pit_testing import (ACTIVATION_NAMES, PACKED_ROW_PAD, PLATFORMS, activation64, assert_call_raises, check_close,
+                         dname, f64, fresh_rng, put, randn, run, tiled_sparse)
 
 import pit_jax
 
@@ -172,9 +172,6 @@ def test_sread(platform, dtype, tile, shape, density):
     np.testing.assert_array_equal(got, pack_reference(x, tiles, count, tile), err_msg=msg)
     for b in np.ndindex(*lead):
         assert (got[b][int(count[b]) :] == 0).all(), f"{msg}: slots past the count must be zero"
-
-
-PACKED_ROW_PAD = 192  # kPackedRowPad (cuda/common/moe_params.h)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, assert_call_raises, check_close, dname, f64, fresh_rng, put, randn, run
+from pit_testing import (PACKED_ROW_PAD, PLATFORMS, assert_call_raises, check_close, dname, f64, fresh_rng, put,
+                         randn, run)
 
 import pit_jax  # noqa: F401  (registers the FFI targets)
 
@@ -340,10 +341,10 @@ def test_grouped_wgrad_large_tiles(platform, dtype):
 @pytest.mark.parametrize("tail", ["dead", "identity"])
 def test_grouped_wgrad_packed(platform, dtype, lead, tail):
     """pit_grouped_wgrad_packed: rows packed by pit_sread_live (row j is list entry j, zeros
-    from the count up to the next multiple of 192 rows). The rows after that padding are NaN
-    here: no kernel may read them (the sm_90a one reads whole 96-row stages by TMA). The
-    list entries past the count are -1 ("dead") or go on counting ("identity", the constant
-    list the M-axis lowering passes): only the count may bound the rows read."""
+    from the count up to the next multiple of PACKED_ROW_PAD rows). The rows after that
+    padding are NaN here: no kernel may read them (the sm_90a one reads whole 96-row stages
+    by TMA). The list entries past the count are -1 ("dead") or go on counting ("identity",
+    the constant list the M-axis lowering passes): only the count may bound the rows read."""
     rng, seed = fresh_rng()
     a, d, f = 300, 136, 264
     _, _, idx_lead, dw_lead = WG_LEADS[lead]
@@ -357,7 +358,7 @@ def test_grouped_wgrad_packed(platform, dtype, lead, tail):
         flat = arr.reshape(n, a, arr.shape[-1])
         for i in range(n):
             c = int(counts[i])
-            pad = min(a, -(-c // 192) * 192)  # kPackedRowPad
+            pad = min(a, -(-c // PACKED_ROW_PAD) * PACKED_ROW_PAD)
             flat[i, c:pad] = 0
             flat[i, pad:] = np.nan
     src, dy = jnp.asarray(src, dtype), jnp.asarray(dy, dtype)
