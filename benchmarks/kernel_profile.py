@@ -146,7 +146,11 @@ def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dty
 
     m, k, n = (256, 256, 256) if small else shape
     dt, prec = _SD_DTYPES[dtype]
-    matmul = jax.jit(lambda x, w: jnp.matmul(x, w, precision=prec))
+
+    def mm(a, b):
+        return jnp.matmul(a, b, precision=prec)
+
+    matmul = jax.jit(mm)
     oracle = {}  # M axis only: cuBLAS on the compacted rows
     if axis == "m":
         tile = None
@@ -154,7 +158,6 @@ def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dty
         idx = jax.jit(lambda a: pit_jax.index(a, "row"))(s["x"])
         oracle["oracle"] = (matmul, (s["x_live"], s["w"]))
         if bwd:
-            mm = lambda a, b: jnp.matmul(a, b, precision=prec)  # noqa: E731
             dense_bwd = jax.jit(lambda x, w, g: (mm(g, w.T), mm(x.T, g)))
 
             def vjp(*i):
@@ -163,7 +166,8 @@ def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dty
                 return run
 
             pre = jax.jit(lambda x, w, g, i: vjp(i)(x, w, g))
-            return {"dense": (dense_bwd, (s["x"], s["w"], s["g"])), "oracle": (dense_bwd, (s["x_live"], s["w"], s["g_live"])),
+            return {"dense": (dense_bwd, (s["x"], s["w"], s["g"])),
+                    "oracle": (dense_bwd, (s["x_live"], s["w"], s["g_live"])),
                     "pit": (jax.jit(vjp()), (s["x"], s["w"], s["g"])), "pit_pre": (pre, (s["x"], s["w"], s["g"], idx))}
     else:
         tile = tuple(int(v) for v in tile_name.split("x"))

@@ -207,6 +207,16 @@ int ChooseWgradSplit(int64_t tiles, int64_t tokens_per_tile, int tok, int dev, i
   return best;
 }
 
+// The library's v3 kernel for bf16 (which 0) or f16 (1): packed rows in stages of
+// kW3PackedTok tokens, gathered rows in stages of kW3Tok.
+decltype(&sm90_grouped::GroupedWgradWsKernel<sm90_grouped::kBf16>) V3Kernel(int which, bool packed) {
+  using namespace sm90_grouped;
+  constexpr int kP = kW3ProducerRegs, kC = kW3ConsumerRegs, kPT = kW3PackedTok, kPS = kW3PackedStages;
+  if (packed)
+    return which == 0 ? GroupedWgradWsKernel<kBf16, 0, kP, kC, kPT, kPS> : GroupedWgradWsKernel<kF16, 0, kP, kC, kPT, kPS>;
+  return which == 0 ? GroupedWgradWsKernel<kBf16> : GroupedWgradWsKernel<kF16>;
+}
+
 // version: 0 = the launcher's choice, 2 = v2 (classic multistage), 3 = v3 (warp-specialized);
 // split: 0 = the launcher's choice, else the v3 cluster size (1..8). always: skip the size gate.
 cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bool always, int version, int split) {
@@ -327,14 +337,13 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   if (version != 3) return kNo;
 
   // v3.
-  constexpr int kPT = kW3PackedTok, kPS = kW3PackedStages;
   static bool attr3_set[kMaxDevices] = {};
   if (!attr3_set[devi]) {
     cudaError_t e = cudaSuccess;
-    for (auto k : {GroupedWgradWsKernel<kBf16>, GroupedWgradWsKernel<kF16>,
-                   GroupedWgradWsKernel<kBf16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>,
-                   GroupedWgradWsKernel<kF16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>})
-      if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
+    for (int w : {0, 1})
+      for (bool packed : {false, true})
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(V3Kernel(w, packed), cudaFuncAttributeMaxDynamicSharedMemorySize, kW3SmemBytes);
     if (e != cudaSuccess) return e;
     attr3_set[devi] = true;
   }
@@ -351,11 +360,7 @@ cudaError_t LaunchWgradImpl(const GroupedWgradParams& p, cudaStream_t stream, bo
   if (s < 1 || s > 8) return kNo;
   ClusterLaunch launch(s, kW3Threads, kW3SmemBytes, stream, static_cast<unsigned>(tiles * s));
   const WgradArgs args = g;
-  auto kernel = bench_kernel ? bench_kernel
-                : g.packed    ? (which == 0 ? GroupedWgradWsKernel<kBf16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>
-                                            : GroupedWgradWsKernel<kF16, 0, kW3ProducerRegs, kW3ConsumerRegs, kPT, kPS>)
-                : which == 0  ? GroupedWgradWsKernel<kBf16>
-                              : GroupedWgradWsKernel<kF16>;
+  auto kernel = bench_kernel ? bench_kernel : V3Kernel(which, g.packed);
   cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args, map_src, map_dy);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();

@@ -229,10 +229,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
 // v3: warp-specialized (docs/notes/sm90_grouped.md, run 7). 384 threads: warpgroup 0
 // gathers (4 producer warps, cp.async into 4 stages of 64 tokens, each stage's full barrier
 // completed by cp.async.mbarrier.arrive.noinc; or TMA for packed rows, 3 stages of 96
-// tokens), warpgroups 1 and 2
-// compute D rows 0-63 / 64-127 of the 128 x 256 tile with m64n256k16 wgmma (4 per stage: 64
-// tokens measured 7-11 % faster than 32, run 11; one wgmma group kept in
-// flight behind the current one) and release each stage once its wgmma has completed.
+// tokens), warpgroups 1 and 2 compute D rows 0-63 / 64-127 of the 128 x 256 tile with
+// m64n256k16 wgmma (one per 16 tokens of a stage: 64-token stages measured 7-11 % faster
+// than 32, run 11, 96 faster still where packed, run 21; one wgmma group kept in flight
+// behind the current one) and release each stage once its wgmma has completed.
 // Optional split of the token reduction over the S CTAs of a cluster (S from the launcher):
 // CTA rank r takes k-blocks r, r + S, ... of the tile's sequence; the partial sums meet in
 // shared memory and CTA r adds up its share of the elements over ranks 0, 1, ..., S-1 in
