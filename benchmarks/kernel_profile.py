@@ -8,6 +8,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
     python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
     python -m benchmarks.kernel_profile moe_train --experts 8 --top-k 1   # Switch MoE training step
+    python -m benchmarks.kernel_profile moe_first              # issue 5's first FFN matmul: oracle, pit
     python -m benchmarks.kernel_profile opt --d 5120 --density 0.026     # OPT layer inference (issue 7)
     python -m benchmarks.kernel_profile sparse_dense --axis k --tile 32x1 --density 0.1   # issue 4's K-axis case
     python -m benchmarks.kernel_profile sparse_dense --density 0.026 --shape 4096,20480,5120   # OPT d 5120's fc2
@@ -117,6 +118,19 @@ def _moe_train(small, experts, top_k):
     args = (params, jax.jit(tx.init)(params), tokens, labels)
     return {mode: (jax.jit(_train_step(functools.partial(switch.loss_fn, switch.SwitchClassifier(cfg, mode)), tx)),
                    args) for mode in ("dense", "ragged", "pit")}
+
+
+def _moe_first(small, experts, top_k):
+    """Issue 5's first FFN matmul as bench_moe's `first` case runs it (T 16384, D 2048,
+    F 8192, skewed routing; --small divides each by 16): the oracle (one dense [T*k, D] @
+    [D, F] product, no routing) and pit (moe_index + grouped_matmul, the index built inside
+    the call)."""
+    from benchmarks.bench_moe import input_sets, pit_first
+
+    s = 16 if small else 1
+    ((x, w, ids),) = input_sets(np.random.default_rng(0), 16384 // s, 2048 // s, 8192 // s, experts, top_k, "skewed", 1)
+    xa = jnp.repeat(x, top_k, axis=0) if top_k > 1 else x
+    return {"oracle": (jax.jit(jnp.matmul), (xa, w[0])), "pit": (jax.jit(pit_first), (x, w, ids))}
 
 
 def _opt(small, d, density):
@@ -270,7 +284,7 @@ def profile(fn, args, *, calls, top):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train", "opt", "sparse_dense"))
+    ap.add_argument("workload", choices=("bert", "bert_train", "prune", "moe_train", "moe_first", "opt", "sparse_dense"))
     ap.add_argument("--small", action="store_true", help="tiny model (a CPU smoke run)")
     ap.add_argument("--tile", default=None, help="prune: pruning block (32x64); sparse_dense: micro-tile (32x1)")
     ap.add_argument("--axis", default="k", choices=("m", "k", "w"), help="sparse_dense: the sparse operand's axis")
@@ -285,8 +299,8 @@ def main(argv=None):
     ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
     ap.add_argument("--cast-kernels", action="store_true",
                     help="bert: float32 parameters, the weight matrices cast to bf16 at the start of the call")
-    ap.add_argument("--experts", type=int, default=8, help="moe_train: experts")
-    ap.add_argument("--top-k", type=int, default=1, help="moe_train: experts per token")
+    ap.add_argument("--experts", type=int, default=8, help="moe_train, moe_first: experts")
+    ap.add_argument("--top-k", type=int, default=1, help="moe_train, moe_first: experts per token")
     ap.add_argument("--only", default=None, help="comma-separated variants")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
@@ -297,6 +311,8 @@ def main(argv=None):
         variants = _bert_train(args.small)
     elif args.workload == "moe_train":
         variants = _moe_train(args.small, args.experts, args.top_k)
+    elif args.workload == "moe_first":
+        variants = _moe_first(args.small, args.experts, args.top_k)
     elif args.workload == "opt":
         variants = _opt(args.small, args.d, 0.026 if args.density is None else args.density)
     elif args.workload == "sparse_dense":

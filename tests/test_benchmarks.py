@@ -39,6 +39,7 @@ def test_time_op_reports_per_op_over_rotations():
                                   ["bert_train", "--small", "--calls", "2", "--only", "pit,adamw_only"],
                                   ["prune", "--small", "--calls", "2", "--density", "0.3", "--only", "pit,pit_w"],
                                   ["moe_train", "--small", "--calls", "2", "--top-k", "2", "--only", "dense,pit"],
+                                  ["moe_first", "--small", "--calls", "2", "--top-k", "2", "--only", "oracle,pit"],
                                   ["opt", "--small", "--calls", "2", "--density", "0.1", "--only", "pit,pit_m"],
                                   ["sparse_dense", "--small", "--calls", "2", "--only", "dense,pit,pit_pre"],
                                   ["sparse_dense", "--small", "--calls", "2", "--axis", "w", "--tile", "1x64",
