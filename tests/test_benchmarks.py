@@ -374,3 +374,42 @@ def test_bench_index_baseline_lists_the_live_tiles():
         assert sorted(np.asarray(flat)[: int(count)].tolist()) == sorted(np.asarray(idx.tiles)[: int(count)].tolist())
         ours = np.asarray(idx.row_count if by == "row" else idx.col_count)
         np.testing.assert_array_equal(np.asarray(counts), ours)
+
+
+def test_moe_targets_scoring(tmp_path):
+    """bench_moe scores issue 5's targets from its rows: first / ffn by the wall-time ratio
+    to the oracle, fig8 by weight reads against the copy in device time where a row has it;
+    `why` only for a meaningful (full-size GPU) miss; --rescore adds them to a file."""
+    import json
+
+    from benchmarks import bench_moe
+
+    def case(workload, t, e, k, routing):
+        return {"workload": workload, "T": t, "D": 768, "F": 3072, "E": e, "k": k, "routing": routing}
+
+    first, ffn = case("first", 16384, 8, 1, "skewed"), case("ffn_fwd_bwd", 16384, 8, 2, "skewed")
+    f8a, f8b = case("fig8", 4096, 64, 1, "uniform"), case("fig8", 4096, 128, 1, "uniform")
+    rows = [
+        {**first, "impl": "oracle", "ms": 0.8}, {**first, "impl": "pit_jax", "ms": 1.04},
+        {**ffn, "impl": "oracle", "ms": 10.0}, {**ffn, "impl": "pit_jax", "ms": 12.0},
+        {**f8a, "impl": "pit_jax", "ms": 0.12, "weight_gbs": 3000.0, "device_weight_gbs": 3100.0},
+        {**f8b, "impl": "pit_jax", "ms": 0.2, "weight_gbs": 3400.0},
+        {**f8b, "impl": "ragged_dot_sort", "ms": None},
+    ]
+    meta = {"platform": "gpu", "copy_bandwidth_gbs": 4000.0}
+    by = {t["id"]: t for t in bench_moe.targets(rows, meta)}
+    assert by["first"]["met"] is False and by["first"]["worst"]["measured"] == pytest.approx(1.3)
+    assert by["first"]["why"] and by["first"]["meaningful"]
+    assert by["ffn"]["met"] is True and by["ffn"]["why"] is None
+    fig8 = {e["case"]: e for e in by["fig8"]["entries"]}
+    assert fig8["fig8 T4096 E64 k1 uniform"]["basis"] == "device"
+    assert fig8["fig8 T4096 E64 k1 uniform"]["measured"] == pytest.approx(77.5)
+    assert fig8["fig8 T4096 E128 k1 uniform"]["basis"] == "wall" and fig8["fig8 T4096 E128 k1 uniform"]["met"]
+    assert by["fig8"]["met"] is False and by["fig8"]["cases_met"] == 1
+    small = bench_moe.targets(rows, {**meta, "small": True})
+    assert not any(t["meaningful"] or t["why"] for t in small)
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps({"suite": "moe", "meta": meta, "rows": rows}))
+    assert bench_moe.main(["--rescore", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert [t["id"] for t in data["targets"]] == ["first", "ffn", "fig8"] and data["meta"]["rescored"]
