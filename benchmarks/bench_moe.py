@@ -28,8 +28,6 @@ Writes JSON (and a PNG) under benchmarks/results/ after every case.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import sys
 import time
@@ -396,15 +394,12 @@ def targets(rows, meta) -> list:
             if e is not None:
                 e.setdefault("met", None)
                 entries.append(e)
-        known = [e for e in entries if e["met"] is not None]
-        met = None if not known or len(known) < len(entries) else all(e["met"] for e in known)
-        worst = min(known, key=lambda e: e["margin_pct"]) if known else None
+        verdict = common.target_verdict(entries)
         out.append({
             "id": tid, "target": text, "limit": limit,
             "unit": "% of copy (weight reads)" if tid == "fig8" else "x oracle",
-            "met": met, "cases_met": sum(1 for e in known if e["met"]), "cases": len(entries),
-            "worst": worst, "meaningful": meaningful, "entries": entries,
-            "why": WHY_MISSED[tid] if met is False and meaningful else None,
+            **verdict, "meaningful": meaningful, "entries": entries,
+            "why": WHY_MISSED[tid] if verdict["met"] is False and meaningful else None,
         })
     return out
 
@@ -412,13 +407,7 @@ def targets(rows, meta) -> list:
 def rescore(path: str) -> list:
     """Adds (or rewrites) the `targets` of an existing results file with this module's
     definitions; the measurements are not touched."""
-    with open(path) as f:
-        data = json.load(f)
-    data["targets"] = targets(data["rows"], data["meta"])
-    data["meta"].setdefault("rescored", []).append(
-        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    common.dump_json(path, data)
-    return data["targets"]
+    return common.rescore_file(path, lambda data: targets(data["rows"], data["meta"]))
 
 
 def targets_text(tgts) -> str:

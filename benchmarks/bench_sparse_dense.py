@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import json
 import math
 import sys
 import time
@@ -802,17 +800,12 @@ def targets(rows, meta) -> list:
                     e["met"] = measured > limit
                     e["margin_pct"] = 100.0 * (measured - limit) / limit
                 entries.append(e)
-        known = [e for e in entries if e["met"] is not None]
-        met = None if not known or len(known) < len(entries) else all(e["met"] for e in known)
-        worst = None
-        if known:
-            worst = (max if lower_is_better else min)(known, key=lambda e: e["measured"])
+        verdict = common.target_verdict(entries)
         out.append({
             "id": tid, "target": text, "limit": limit,
             "unit": "% of the product" if tid == "index_share" else ("speed-up over dense" if tid == "kw_vs_dense" else "x oracle"),
-            "met": met, "cases_met": sum(1 for e in known if e["met"]), "cases": len(entries),
-            "worst": worst, "meaningful": meaningful, "entries": entries,
-            "why": WHY_MISSED[tid] if met is False and meaningful else None,  # H100 findings
+            **verdict, "meaningful": meaningful, "entries": entries,
+            "why": WHY_MISSED[tid] if verdict["met"] is False and meaningful else None,  # H100 findings
         })
     return out
 
@@ -820,13 +813,7 @@ def targets(rows, meta) -> list:
 def rescore(path: str) -> list:
     """Rewrites the `targets` of an existing results file with this module's definitions
     (limits, margins, the reasons for a miss); the measurements are not touched."""
-    with open(path) as f:
-        data = json.load(f)
-    data["targets"] = targets(data["results"], data["meta"])
-    data["meta"].setdefault("rescored", []).append(
-        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    common.dump_json(path, data)
-    return data["targets"]
+    return common.rescore_file(path, lambda data: targets(data["results"], data["meta"]))
 
 
 def _cell(r: Optional[dict]) -> str:

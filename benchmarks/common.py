@@ -214,6 +214,28 @@ def time_bounded(
     return out
 
 
+def target_verdict(entries: Sequence[dict]) -> dict:
+    """What a suite reports of one target from its entries (each with `met` True, False or
+    None and, when known, `margin_pct`, positive = headroom): met only when every entry is
+    known and met, how many are, and the worst entry (the least headroom)."""
+    known = [e for e in entries if e["met"] is not None]
+    met = None if not known or len(known) < len(entries) else all(e["met"] for e in known)
+    worst = min(known, key=lambda e: e["margin_pct"]) if known else None
+    return {"met": met, "cases_met": sum(1 for e in known if e["met"]), "cases": len(entries), "worst": worst}
+
+
+def rescore_file(path: str, score: Callable[[dict], list]) -> list:
+    """Rewrites the `targets` of an existing results file as `score(data)` computes them
+    now, and notes when in its meta; the measurements are not touched."""
+    with open(path) as f:
+        data = json.load(f)
+    data["targets"] = score(data)
+    data["meta"].setdefault("rescored", []).append(
+        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    dump_json(path, data)
+    return data["targets"]
+
+
 def copy_bandwidth_gbs(nbytes: int = 2**30) -> float:
     """Device copy bandwidth, bytes read + written per second, in GB/s."""
     sets = [(jnp.full((nbytes // 4,), float(i), jnp.float32),) for i in range(2)]

@@ -43,32 +43,29 @@ int main() {
     p.dtype = pit::DType::kBF16;
     p.rows = M, p.cols = K, p.tile_h = 1, p.tile_w = K, p.tile_rows = M, p.tile_cols = 1, p.capacity = M;
     p.tiles = tiles, p.count = count, p.src = x, p.dst = packed, p.live_only = true, p.live_pad_rows = pit::kPackedRowPad;
-    std::vector<float> ms;
-    for (int r = 0; r < 30; ++r) {
-      cudaEventRecord(e0);
-      pit::LaunchSread(p, 0);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float t;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
+    // The median of 30 event-timed launches, ms.
+    auto median_ms = [&](auto&& launch) {
+      std::vector<float> ts;
+      for (int r = 0; r < 30; ++r) {
+        cudaEventRecord(e0);
+        launch();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t;
+        cudaEventElapsedTime(&t, e0, e1);
+        ts.push_back(t);
+      }
+      std::sort(ts.begin(), ts.end());
+      return ts[15];
+    };
     const int64_t n16 = int64_t{L} * K * 2 / 16;
-    std::vector<float> cs;
-    for (int r = 0; r < 30; ++r) {
-      cudaEventRecord(e0);
+    const float pack = median_ms([&] { pit::LaunchSread(p, 0); });
+    const float copy = median_ms([&] {
       CopyKernel<<<132 * 8, 256>>>(static_cast<const uint4*>(x), static_cast<uint4*>(packed), n16);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float t;
-      cudaEventElapsedTime(&t, e0, e1);
-      cs.push_back(t);
-    }
-    std::sort(cs.begin(), cs.end());
+    });
     const double bytes = 2.0 * L * K * 2;
     printf("live %2.0f%%: pack %.1f us (%.0f GB/s), plain copy of the live bytes %.1f us (%.0f GB/s) %s\n", f * 100,
-           ms[15] * 1e3, bytes / (ms[15] * 1e-3) / 1e9, cs[15] * 1e3, bytes / (cs[15] * 1e-3) / 1e9,
+           pack * 1e3, bytes / (pack * 1e-3) / 1e9, copy * 1e3, bytes / (copy * 1e-3) / 1e9,
            cudaGetErrorString(cudaGetLastError()));
   }
   return 0;
