@@ -668,7 +668,9 @@ WHY_MISSED = {
         "Two costs the oracle does not pay. (1) The product itself (measured_precomputed_index) "
         "also writes the dead rows' zeros, 90 % of a 134 MB output at 10 % live (~25 us of the "
         "sm_90 kernel in a harness diagnostic), and runs whole rounds of 128 x 256 tiles on 132 "
-        "SMs (10 %: 2 rounds where the work fills 1.7). (2) An index built from x inside the jit "
+        "SMs (10 %: 2 rounds where the work fills 1.7); its consumer warps' cp.async gather of A "
+        "runs 3-4 % slower than TMA reads of the same rows made contiguous (harness, H200, "
+        "2026-11-29), but packing x first would cost more than that. (2) An index built from x inside the jit "
         "reads every dead row of x whole (a row is dead only once all of it is read) and the "
         "first 512 B of each live row: 121 MB at 10 % live, 41 us at the copy rate; the index "
         "kernel's rows mode takes 44 / 37 / 29 us of device time at 10 / 30 / 50 % live (48 us "
@@ -735,7 +737,9 @@ WHY_MISSED = {
         "built inside the jit reads x's dead rows whole (33 us), the packing (18 us) and a dx at 1.64x "
         "cuBLAS's (13 row tiles of 128 x 256 make 2 rounds where cuBLAS's 128 x 208 fill theirs). "
         "H200 2026-11-29: 1.77 / 1.25 / 1.18x the oracle backward, 1.80 / 1.27 / 1.19x in a rerun "
-        "(1.77 / 1.32 / 1.26x before): 30 % sits on the target's edge. "
+        "(1.77 / 1.32 / 1.26x before): 30 % sits on the target's edge. dx could read the packed dy "
+        "by TMA (3-4 % of dx in the harness), but dx's transpose cannot see whether the weight "
+        "gradient packs dy, and with w frozen it would pay the packing alone (not built). "
         "docs/notes/sm90_grouped.md, runs 11 and 21."
     ),
 }
