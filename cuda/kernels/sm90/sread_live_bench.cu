@@ -27,6 +27,8 @@ int main() {
   cudaMalloc(&tiles, M * 4);
   cudaMalloc(&count, 4);
   cudaMemset(x, 1, M * K * 2);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -61,7 +63,7 @@ int main() {
     const int64_t n16 = int64_t{L} * K * 2 / 16;
     const float pack = median_ms([&] { pit::LaunchSread(p, 0); });
     const float copy = median_ms([&] {
-      CopyKernel<<<132 * 8, 256>>>(static_cast<const uint4*>(x), static_cast<uint4*>(packed), n16);
+      CopyKernel<<<sms * 8, 256>>>(static_cast<const uint4*>(x), static_cast<uint4*>(packed), n16);
     });
     const double bytes = 2.0 * L * K * 2;
     printf("live %2.0f%%: pack %.1f us (%.0f GB/s), plain copy of the live bytes %.1f us (%.0f GB/s) %s\n", f * 100,
