@@ -273,10 +273,11 @@ def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
     tiles, count = idx[0], idx[1]
     h, rows = tile[0], a.shape[-2]
     cap = tiles.shape[-1]
-    count = jnp.minimum(count, cap)
     lead = tuple(tiles.shape[:-1])
     packed = a.shape[-1] * b.shape[-1] >= PACKED_WGRAD_MIN_KN and _lowering.cuda_is_sm90()
     if packed:
+        # The raw count: pit_sread_live packs min(count, capacity) slots and the kernel
+        # clamps its count to the packed rows, so a min here would be one more launch.
         a, b = (
             jax.ffi.ffi_call("pit_sread_live", jax.ShapeDtypeStruct(lead + (cap, h, m.shape[-1]), m.dtype))(
                 m, tiles, count, tile_h=np.int64(h), tile_w=np.int64(m.shape[-1])
@@ -287,6 +288,7 @@ def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
         # a constant identity (XLA folds it; no kernel builds it per call).
         ids = jnp.broadcast_to(jnp.arange(cap * h, dtype=jnp.int32), lead + (cap * h,))
     else:
+        count = jnp.minimum(count, cap)
         ids = (tiles[..., :, None] * h + jnp.arange(h, dtype=jnp.int32)).reshape(*lead, cap * h)
         ids = jnp.where(jnp.arange(cap * h) < (count * h)[..., None], ids, -1)
         ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, rows - cap * h)], constant_values=-1)
