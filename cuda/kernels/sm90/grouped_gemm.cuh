@@ -287,16 +287,15 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
   for (int t = w.first; t < w.total; t += w.step) {
     Tile tile;
     w.Decode(g, prefix, t, tile);
-    // y rows this lane writes. fp32 y: the accumulator fragment rows lane/4 and lane/4 + 8;
-    // 16-bit y (staged): rows lane/8 + 4i of the warp's 16.
+    // y rows this lane writes. fp32 y: the accumulator fragment rows lane/4 and lane/4 + 8,
+    // looked up here; 16-bit y (staged): rows lane/8 + 4i of the warp's 16, looked up in the
+    // epilogue (measured: 1-1.5 % faster for 16-bit types, 1 % slower for tf32; loads still
+    // in flight at a tile's first wgmma seem to hold it back: docs/notes/sm90_grouped.md, run 23).
     const int wrow = tile.m0 + wg * 64 + warp * 16;
     int rows[4];
     if constexpr (kKind == kTf32) {
       rows[0] = AssignmentOf(g, tile, wrow + (lane >> 2));
       rows[1] = AssignmentOf(g, tile, wrow + (lane >> 2) + 8);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) rows[i] = AssignmentOf(g, tile, wrow + (lane >> 3) + 4 * i);
     }
     // Warpgroup-uniform: none of its 64 rows is listed -> no math (its stores are skipped too).
     const bool math = tile.m0 + wg * 64 < tile.live;
@@ -371,6 +370,8 @@ __device__ __forceinline__ void Consume(const Args& g, const int* prefix, char* 
         // (8 lanes cover one row's 128 contiguous bytes).
         const uint32_t stage_s =
             base + L::kAOffset + prev_a * kStageABytes + wg * (64 * kBKBytes) + warp * (16 * kBKBytes);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) rows[i] = AssignmentOf(g, tile, wrow + (lane >> 3) + 4 * i);
         char* p[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) p[i] = rows[i] >= 0 ? y_b + rows[i] * g.y_row_bytes : nullptr;
