@@ -344,10 +344,13 @@ WHY_MISSED = {
     "first": (
         "The grouped product itself: on the H200 it takes 846 us of kernel time against cuBLAS's "
         "671 us for the dense product of the same FLOPs, the index 3.6 us (2026-11-29). Its "
-        "epilogue, which stores each 128 x 256 tile with the tensor cores idle, is ~5 % of it "
-        "(the harness's no-store variant, whose wgmma count ncu showed equal); hiding it needs the "
-        "two consumer warpgroups on different tiles or stores that outlive the epilogue, neither "
-        "built. Met on the H100 (1.23x, 2026-11-22). docs/notes/sm90_grouped.md, runs 3-4 and 22."
+        "epilogue is ~6 % of it (the harness's no-store variant, whose wgmma count ncu showed "
+        "equal): ~1.5-2 % the global stores, the rest not found. Pacing one consumer warpgroup "
+        "behind the other (epilogues out of phase), stmatrix staging and stores from the "
+        "fragments were all no faster; ncu shows neither shared memory nor L2 saturated. The "
+        "epilogue's row lookup, moved out of the tile's start, gained 1-1.5 % in the harness "
+        "(2026-11-29). Met on the H100 (1.23x, 2026-11-22). docs/notes/sm90_grouped.md, runs "
+        "3-4, 22 and 23."
     ),
     "ffn": (
         "Met on the H100 (1.17x, 2026-11-26) and the H200 (1.24x, 2026-11-29). Inside it the "
