@@ -677,8 +677,12 @@ WHY_MISSED = {
         "before it probed live rows, 2026-11-26; 62-65 us before 2026-11-25). At 10 % live, that "
         "read, the product's read of x's live rows and of w and one write of the whole output "
         "are 300 MB, 102 us at 2.93 TB/s, 1.16x the oracle: nothing that builds its index from x "
-        "and returns the full output reaches 1.10x there. docs/notes/sm90_row_gather.md, "
-        "docs/notes/index_kernel.md."
+        "and returns the full output reaches 1.10x there. Stream-K over the last round (10 %: 1.70 "
+        "rounds) was built and measured: its schedule alone saves 9-12 % of the product at 10 %, "
+        "and its pieces' exchange through L2 cost as much (harness, H200, 2026-11-29). f16 reads "
+        "slower than bf16 here because random f16 operands draw more tensor-core power: in the "
+        "harness cuBLAS slows by the same 3.5 %, and with few-bit data both types run equal. "
+        "docs/notes/sm90_row_gather.md, docs/notes/index_kernel.md."
     ),
     "m_f32_tf32": (
         "As for bf16 at twice the bytes: the product with a precomputed index pays the dead rows' "

@@ -73,11 +73,18 @@ __device__ __forceinline__ uint32_t Hash(uint64_t x) {
   return static_cast<uint32_t>(x);
 }
 
-// Uniform in [-1, 1), never zero.
+// Set by StartBench from PIT_BENCH_COARSE=1: FillRandom then draws from {+-1/4, +-1/2,
+// +-3/4, +-1} (few mantissa bits), so a timing difference between coarse and fine data
+// is the tensor pipe's data-dependent power draw, not the kernel.
+static __device__ bool g_bench_coarse = false;
+
+// Uniform in [-1, 1), never zero (or coarse, above).
 template <typename T>
 __global__ void FillRandom(T* p, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float v = (Hash(seed * 0x9E3779B97F4A7C15ull + i) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    const uint32_t h = Hash(seed * 0x9E3779B97F4A7C15ull + i);
+    float v = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    if (g_bench_coarse) v = ((h & 3) + 1) * 0.25f * ((h & 4) ? -1.0f : 1.0f);
     T t = FromF<T>(v);
     if (ToF(t) == 0.0f) t = FromF<T>(0.5f);
     p[i] = t;
@@ -103,6 +110,10 @@ inline cudaStream_t StartBench(bool small, bool* have_blas) {
          prop.l2CacheSize >> 20);
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
+  const char* coarse_env = getenv("PIT_BENCH_COARSE");
+  const bool coarse = coarse_env && *coarse_env == '1';
+  CK(cudaMemcpyToSymbol(g_bench_coarse, &coarse, sizeof coarse));
+  if (coarse) printf("data: coarse (PIT_BENCH_COARSE=1)\n");
   *have_blas = !small && blas::Init(s);
   printf("cuBLAS: %s\n", *have_blas ? "loaded" : "not loaded");
   return s;
