@@ -685,22 +685,17 @@ int main(int argc, char** argv) {
   add({"parts4 all dead", DType::kBF16, 300, 1024, 64, 1, 1, 1, 1, 1, false, 0.0, false, 4});
   add({"parts3 qkv K3072", DType::kBF16, 4096, 2304, 3072, 1, 1, 1, 1, 1, false, 0.27, false, 3});
   if (!small) {
-    // The target shapes: M=16384 rows, K=N=4096.
-    for (double f : {0.1, 0.3, 0.5}) {
-      char name[64];
-      snprintf(name, sizeof name, "bf16 fwd %d%%", int(f * 100 + 0.5));
-      add({name, DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, f, true});
-    }
-    for (double f : {0.1, 0.3, 0.5}) {
-      char name[64];
-      snprintf(name, sizeof name, "f16 fwd %d%%", int(f * 100 + 0.5));
-      add({name, DType::kF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, f, true});
-    }
-    for (double f : {0.1, 0.3, 0.5}) {
-      char name[64];
-      snprintf(name, sizeof name, "bf16 trans_b %d%%", int(f * 100 + 0.5));
-      add({name, DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, true, f, true});
-    }
+    // The target shapes: M=16384 rows, K=N=4096, at 10 / 30 / 50 % live rows.
+    auto add_targets = [&](const char* what, DType dt, bool trans_b) {
+      for (double f : {0.1, 0.3, 0.5}) {
+        char name[64];
+        snprintf(name, sizeof name, "%s %d%%", what, int(f * 100 + 0.5));
+        add({name, dt, 16384, 4096, 4096, 1, 1, 1, 1, 1, trans_b, f, true});
+      }
+    };
+    add_targets("bf16 fwd", DType::kBF16, false);
+    add_targets("f16 fwd", DType::kF16, false);
+    add_targets("bf16 trans_b", DType::kBF16, true);
     add({"tf32 trans_b 30%", DType::kF32, 16384, 4096, 4096, 1, 1, 1, 1, 1, true, 0.3, true});
     add({"bf16 fwd 100%", DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 1.0, true});
     // Small problems (split-K): BERT-base linears at batch 32 x 128 with 27 % valid tokens
