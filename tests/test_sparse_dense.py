@@ -236,20 +236,21 @@ def test_m_axis_weight_grad_lowers_to_grouped_wgrad_on_cuda():
 
 @requires_gpu
 @pytest.mark.parametrize(
-    "lead,rows,k,n,h,density,capacity,force",
-    [((), 1000, 136, 264, 1, 0.3, None, True),  # rows and the live count not multiples of 64
-     ((2, 3), 200, 72, 520, 4, 0.5, None, True),  # batch summed into one dW, row blocks of 4
-     ((), 300, 64, 64, 1, 0.0, None, True),  # nothing live: zeros
-     ((), 333, 64, 128, 1, 1.0, None, True),  # every row live: the last stage reads past the end
-     ((3,), 777, 128, 64, 1, 0.1, 50, True),  # capacity at the live count
-     ((2,), 500, 64, 136, 1, 0.4, 64, "overflow"),  # more live rows than slots: the listed ones count
-     ((), 4096, 2048, 2048, 1, 0.27, None, False)],  # packed by default (K * N at the threshold)
+    "lead,rows,k,n,h,density,capacity,force,overflow",
+    [((), 1000, 136, 264, 1, 0.3, None, True, False),  # rows and the live count not multiples of 64
+     ((2, 3), 200, 72, 520, 4, 0.5, None, True, False),  # batch summed into one dW, row blocks of 4
+     ((), 300, 64, 64, 1, 0.0, None, True, False),  # nothing live: zeros
+     ((), 333, 64, 128, 1, 1.0, None, True, False),  # every row live: the last stage reads past the end
+     ((3,), 777, 128, 64, 1, 0.1, 50, True, False),  # capacity at the live count
+     ((2,), 500, 64, 136, 1, 0.4, 64, True, True),  # more live rows than slots: the listed ones count
+     ((), 4096, 2048, 2048, 1, 0.27, None, False, False)],  # packed by default (K * N at the threshold)
 )
-def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density, capacity, force):
+def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density, capacity, force, overflow):
     """The M axis's weight gradient through packed rows: pit_sread_live packs the live rows
     of x and dy (zeros up to a multiple of 192 rows), then the Hopper kernel reads whole
-    stages of them by TMA. Forced on small shapes too (PACKED_WGRAD_MIN_KN = 0); checked
-    against float64, for determinism with one index, and for the targets it lowers to."""
+    stages of them by TMA. `force`: on small shapes too (PACKED_WGRAD_MIN_KN = 0);
+    `overflow`: x keeps more live rows than the index has slots. Checked against float64,
+    for determinism with one index, and for the targets it lowers to."""
     from pit_jax.primitives import _lowering, stile_matmul as sm
 
     if not _lowering.cuda_is_sm90():
@@ -258,7 +259,7 @@ def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density
         monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
     rng, seed = fresh_rng()
     x, live = tiled_sparse(rng, (*lead, rows, k), (h, k), density, jnp.bfloat16)
-    if capacity is not None and force != "overflow":  # at most `capacity` live blocks per entry
+    if capacity is not None and not overflow:  # at most `capacity` live blocks per entry
         flat = live.reshape(-1, live.shape[-2] * live.shape[-1]).copy()
         for row in flat:
             row[np.flatnonzero(row)[capacity:]] = False
@@ -270,7 +271,7 @@ def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density
         pit_jax.sparse_dense(a, b, i, axis="m").astype(jnp.float32) * gg.astype(jnp.float32)), argnums=1))
     args = put("gpu", x, w, g)
     idx = jax.jit(lambda a: pit_jax.index(a, (h, None), capacity=capacity))(args[0])
-    if force == "overflow":  # the index keeps `capacity` of the live blocks (atomic order): those count
+    if overflow:  # the index keeps `capacity` of the live blocks (atomic order): those count
         assert (np.asarray(idx.count) > capacity).all(), "the case must overflow"
         kept = np.zeros_like(live)
         for e, (t, c) in enumerate(zip(np.asarray(idx.tiles).reshape(-1, capacity), np.asarray(idx.count).reshape(-1))):
