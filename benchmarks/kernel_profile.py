@@ -14,6 +14,8 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile sparse_dense --density 0.026 --shape 4096,20480,5120   # OPT d 5120's fc2
     python -m benchmarks.kernel_profile sparse_dense --axis m --dtype tf32 --density 0.5 --shape 16384,4096,4096
     python -m benchmarks.kernel_profile sparse_dense --axis m --bwd --density 0.5 --shape 16384,4096,4096   # its dx, dw
+    python -m benchmarks.kernel_profile prune --density 0.2 --only dense,pit --save-hlo /tmp/h   # then:
+    python -m benchmarks.hlo_schedule /tmp/h/prune_dense.hlo.txt /tmp/h/prune_pit.hlo.txt --profile /tmp/h/prune.json
 
 dispatch = time for `calls` asynchronous calls to return (the host's work per call); wall =
 until their results are ready; kernel = summed kernel durations per call; span = first
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import statistics
@@ -38,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, hlo_schedule  # noqa: E402
 
 
 def _bert_batch(small):
@@ -304,6 +307,9 @@ def main(argv=None):
     ap.add_argument("--only", default=None, help="comma-separated variants")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--save-hlo", default=None, metavar="DIR",
+                    help="profile each variant's compiled executable, and write its HLO (<workload>_<variant>.hlo.txt) "
+                         "and every kernel's time (<workload>.json) to DIR, for benchmarks.hlo_schedule")
     args = ap.parse_args(argv)
     if args.workload == "bert":
         variants = _bert(args.small, args.bf16w, args.bf16_all, args.cast_kernels)
@@ -325,15 +331,26 @@ def main(argv=None):
     print(f"{args.workload} on {common.device_info()['device']}, jax {jax.__version__}")
     results = {}
     for name, (fn, fargs) in variants.items():
-        r = results[name] = profile(fn, fargs, calls=args.calls, top=args.top)
+        if args.save_hlo:
+            # The executable whose HLO is written is the one profiled (fusion names match).
+            fn = fn.lower(*fargs).compile()
+            os.makedirs(args.save_hlo, exist_ok=True)
+            text = fn.as_text()
+            with open(os.path.join(args.save_hlo, f"{args.workload}_{name}.hlo.txt"), "w") as f:
+                f.write(text)
+            print(f"== {name}: column sums {hlo_schedule.placement(text)}")
+        r = results[name] = profile(fn, fargs, calls=args.calls, top=10**6 if args.save_hlo else args.top)
         line = f"== {name}: dispatch {r['dispatch_ms']:.3f} ms, wall {r['wall_ms']:.3f} ms per call"
         if "kernel_ms" in r:
             line += f", kernel {r['kernel_ms']:.3f} ms, span {r['span_ms']:.3f} ms, {r['kernels']:.0f} kernels"
         print(line, flush=True)
         if "categories" in r:
             print("  by kind (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["categories"].items()))
-        for kname, us, n in r.get("top", []):
+        for kname, us, n in r.get("top", [])[:args.top]:
             print(f"  {us:9.1f} us  x{n:5.0f}  {kname}")
+    if args.save_hlo:
+        with open(os.path.join(args.save_hlo, f"{args.workload}.json"), "w") as f:
+            json.dump({"device": common.device_info()["device"], "jax": jax.__version__, **results}, f, indent=1)
     return results
 
 

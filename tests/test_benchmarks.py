@@ -3,6 +3,7 @@ on the GPU by hand, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -55,6 +56,65 @@ def test_kernel_profile_smoke(argv):
     assert set(res) == set(argv[argv.index("--only") + 1].split(","))
     for r in res.values():
         assert r["wall_ms"] > 0 and r["dispatch_ms"] > 0
+
+
+def test_kernel_profile_saves_the_profiled_programs(tmp_path, capsys):
+    from benchmarks import hlo_schedule, kernel_profile
+
+    kernel_profile.main(["prune", "--small", "--calls", "2", "--density", "0.3", "--only", "dense,pit_w",
+                         "--save-hlo", str(tmp_path)])
+    for v in ("dense", "pit_w"):
+        text = (tmp_path / f"prune_{v}.hlo.txt").read_text()
+        assert hlo_schedule.fusions(text) and hlo_schedule.placement(text)["reductions"] > 0
+    saved = json.loads((tmp_path / "prune.json").read_text())
+    assert {"dense", "pit_w"} <= set(saved) and saved["pit_w"]["wall_ms"] > 0
+    hlo_schedule.main([str(tmp_path / "prune_dense.hlo.txt"), str(tmp_path / "prune_pit_w.hlo.txt"),
+                       "--profile", str(tmp_path / "prune.json")])
+    assert "column sums" in capsys.readouterr().out
+
+
+def test_hlo_schedule_matches_a_fusion_across_programs():
+    """The same fused computation under other names in two programs is one row of the diff."""
+    from benchmarks import hlo_schedule
+
+    def f(x, y):
+        return jnp.sum(jnp.tanh(x) * y, axis=0)
+
+    def g(x, y):  # more ops around the same sum: other fusion names
+        return jnp.sum(jnp.tanh(x) * y, axis=0) + jnp.max(jnp.exp(y))
+
+    args = (jnp.ones((64, 32)), jnp.ones((64, 32)))
+    texts = [jax.jit(h).lower(*args).compile().as_text() for h in (f, g)]
+    tables = [hlo_schedule.fusions(t) for t in texts]
+    shared = {v[0] for v in tables[0].values()} & {v[0] for v in tables[1].values()}
+    assert shared, "the tanh-multiply-sum fusion is found in both"
+    name_a = next(k for k, v in tables[0].items() if v[0] in shared)
+    name_b = next(k for k, v in tables[1].items() if v[0] in shared)
+    rows = hlo_schedule.diff([[name_a, 5.0, 1]], texts[0], [[name_b, 7.0, 1], ["other_kernel", 1.0, 1]], texts[1])
+    matched = [r for r in rows if r[0] == 5.0]
+    assert len(matched) == 1 and matched[0][1] == 7.0 and matched[0][2] == 2.0
+    assert any(r[5] == "kernel other_kernel" and r[2] == 1.0 for r in rows)
+
+
+def test_hlo_schedule_reduction_distances():
+    from benchmarks import hlo_schedule
+
+    text = """HloModule m, is_scheduled=true
+
+ENTRY %main (p: f32[8,4]) -> (f32[4], f32[4]) {
+  %p = f32[8,4]{1,0} parameter(0)
+  %loop_fusion = f32[8,4]{1,0} fusion(%p), kind=kLoop, calls=%c0
+  %input_reduce_fusion = f32[4]{0} fusion(%loop_fusion), kind=kInput, calls=%c1
+  %custom-call.1 = (f32[8,4]{1,0}, s8[16]{0}) custom-call(%p), custom_call_target="x"
+  %get-tuple-element.1 = f32[8,4]{1,0} get-tuple-element(%custom-call.1), index=0
+  %loop_fusion.2 = f32[8,4]{1,0} fusion(%p), kind=kLoop, calls=%c0
+  %loop_fusion.3 = f32[8,4]{1,0} fusion(%p), kind=kLoop, calls=%c0
+  %input_reduce_fusion.2 = f32[4]{0} fusion(%get-tuple-element.1), kind=kInput, calls=%c1
+  ROOT %t = (f32[4]{0}, f32[4]{0}) tuple(%input_reduce_fusion, %input_reduce_fusion.2)
+}
+"""
+    assert hlo_schedule.reduction_distances(text) == [1, 3]
+    assert hlo_schedule.placement(text) == {"reductions": 2, "near": 1, "median_distance": 3}
 
 
 def test_device_ab_smoke():
