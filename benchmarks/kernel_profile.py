@@ -333,7 +333,7 @@ def main(argv=None):
     for name, (fn, fargs) in variants.items():
         if args.save_hlo:
             # The executable whose HLO is written is the one profiled (fusion names match).
-            fn = fn.lower(*fargs).compile()
+            fn = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*fargs).compile()
             os.makedirs(args.save_hlo, exist_ok=True)
             text = fn.as_text()
             with open(os.path.join(args.save_hlo, f"{args.workload}_{name}.hlo.txt"), "w") as f:
