@@ -168,19 +168,24 @@ def swrite(packed, tiles, count, base, *, accumulate):
 # -- sparse products --------------------------------------------------------------------
 
 
-def product(a, b, *, trans_a, trans_b, trans_c, out_batch, precision=jax.lax.Precision.HIGHEST, upcast=True):
+def product(a, b, *, trans_a, trans_b, trans_c, out_batch, precision=jax.lax.Precision.HIGHEST, upcast=True,
+            out_dtype=jnp.float32):
     """float32 op_a(a) @ op_b(b) with pit_jax's prefix batch convention, summed to out_batch.
     `upcast`: the operands in float32 (the reference); else in their own dtype with float32
-    accumulation (the CUDA lowerings' dense route, on the tensor cores)."""
+    accumulation (the CUDA lowerings' dense route, on the tensor cores). `out_dtype`: the
+    product's result type where no batch is summed (float32 accumulation either way; a
+    16-bit result is rounded once in the GEMM's epilogue instead of written in float32)."""
     full = max(a.shape[:-2], b.shape[:-2], key=len)
     opa = jnp.swapaxes(a, -1, -2) if trans_a else a
     opb = jnp.swapaxes(b, -1, -2) if trans_b else b
     if upcast:
         opa, opb = opa.astype(jnp.float32), opb.astype(jnp.float32)
     pad = lambda x: x.reshape(*x.shape[:-2], *([1] * (len(full) - (x.ndim - 2))), *x.shape[-2:])  # noqa: E731
-    p = jnp.matmul(pad(opa), pad(opb), precision=precision, preferred_element_type=jnp.float32)
+    summed = tuple(range(out_batch, len(full)))
+    kind = jnp.float32 if summed else out_dtype
+    p = jnp.matmul(pad(opa), pad(opb), precision=precision, preferred_element_type=kind)
     p = jnp.broadcast_to(p, (*full, *p.shape[-2:]))
-    p = p.sum(axis=tuple(range(out_batch, len(full))))
+    p = p.sum(axis=summed)
     return jnp.swapaxes(p, -1, -2) if trans_c else p
 
 
