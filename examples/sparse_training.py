@@ -62,13 +62,15 @@ def parse(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row-norms", action="store_true",
                     help="the pit model's layer norms by pit_jax's row kernels (not a pruning gain)")
+    ap.add_argument("--tied-sums", action="store_true",
+                    help="both twins' layer norms and bias adds by pit_models.tied (gradient sums tied to their inputs)")
     return ap.parse_args(argv)
 
 
 ROUTES = ("w", "dense")
 
 
-def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
+def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, tied_sums=False):
     """{variant: step(params, opt_state, tokens, lengths, labels, density) -> (params, opt_state, loss, live)}.
 
     The pit step also takes a `pruning.ScoredState` as its state (`init_state`), and
@@ -85,6 +87,8 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
     (`pit_jax.flax.LayerNorm`, every row valid) instead of flax's, the products as before:
     the same values by other kernels, so a gain there is theirs, not the pruning's;
     "dense_rownorm" is the unpruned step on those kernels, the baseline that separates the two.
+    `tied_sums`: every model's flax layer norms and dense / W-axis bias adds by
+    `pit_models.tied` (`BertClassifier.tied_sums`), in the pit step and its twins alike.
     """
     routes = dict(routes or {})
     bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
@@ -92,9 +96,9 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False):
         raise ValueError(f"make_steps: routes must map {bert.LINEARS} to one of {ROUTES}, got {bad}")
     scored_linears = scored_in_update(routes)
     dense_linears = frozenset(k for k, v in routes.items() if v == "dense")
-    pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=row_norms)
-    dense = bert.BertClassifier(cfg, "dense", attention)
-    rownorm = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=True)
+    pit = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=row_norms, tied_sums=tied_sums)
+    dense = bert.BertClassifier(cfg, "dense", attention, tied_sums=tied_sums)
+    rownorm = bert.BertClassifier(cfg, "pit", attention, skip_padding=False, row_norms=True, tied_sums=tied_sums)
 
     def finish(p, s, loss, g, live):
         scored = isinstance(s, pruning.ScoredState)
@@ -196,11 +200,12 @@ def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_ma
     return routes
 
 
-def routed_pit_step(cache, cfg, tile, tx, routes, row_norms=False):
+def routed_pit_step(cache, cfg, tile, tx, routes, row_norms=False, tied_sums=False):
     """The jitted pit step for `routes` (`make_steps`), built once per distinct routes in `cache`."""
-    key = (tuple(sorted(routes.items())), bool(row_norms))
+    key = (tuple(sorted(routes.items())), bool(row_norms), bool(tied_sums))
     if key not in cache:
-        cache[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes, row_norms=row_norms)[0]["pit"])
+        cache[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes, row_norms=row_norms,
+                                        tied_sums=tied_sums)[0]["pit"])
     return cache[key]
 
 
@@ -250,7 +255,7 @@ def main(argv=None):
     sample = lambda: bert.synthetic_batch(rng, cfg, batch, seq, np.full((batch,), seq, np.int32))
     data = sample()
     tx = optax.adamw(lr)
-    steps_fns, pit, dense = make_steps(cfg, tile, tx, row_norms=args.row_norms)
+    steps_fns, pit, dense = make_steps(cfg, tile, tx, row_norms=args.row_norms, tied_sums=args.tied_sums)
     params = dense.init(jax.random.PRNGKey(args.seed), data[0], data[1])
     opt_state = tx.init(params)
     n_timed = 0 if args.no_timing else 1 + 2 * len(densities)
@@ -269,7 +274,7 @@ def main(argv=None):
 
     def pit_step_for(density, p):
         routes = plan_routes(p, density, tile, batch * seq, cfg.dtype)
-        return routed_pit_step(pit_steps, cfg, tile, tx, routes, args.row_norms), routes
+        return routed_pit_step(pit_steps, cfg, tile, tx, routes, args.row_norms, args.tied_sums), routes
 
     times, plans = {}, {}
     if not args.no_timing:

@@ -18,7 +18,7 @@ import pit_jax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from pit_models import bert, common, opt, pruning, switch  # noqa: E402
+from pit_models import bert, common, opt, pruning, switch, tied  # noqa: E402
 
 F32_TOL = 2e-5
 
@@ -368,6 +368,69 @@ def test_sparse_training_routes_match_masked_dense(routes, row_norms):
         assert not (moved & ~np.asarray(ms[name])).any(), name
     # With row_norms the norms are pit_jax's row layer norm.
     assert ("pit_row_layer_norm" in str(jax.make_jaxpr(steps["pit"])(params, s0, *data, d))) == row_norms
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tied_layers_match_flax(dtype):
+    """pit_models.tied's LayerNorm and Dense against flax's on fresh random inputs with a
+    batch dim and a mean away from 0: the same outputs and gradients (x and every
+    parameter) within the dtype's rounding, and each backward ties its column sums to the
+    cotangent it passes on (an optimization barrier in its jaxpr)."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.normal(size=(3, 37, 48)) * 2.0 + 0.5, dtype)
+    ct_norm = jnp.asarray(rng.normal(size=x.shape), dtype)
+    ct_dense = jnp.asarray(rng.normal(size=(3, 37, 24)), dtype)
+    tol = F32_TOL if dtype == jnp.float32 else 2e-2
+    pairs = ((_flax_layer_norm(dtype), tied.LayerNorm(epsilon=1e-5, dtype=dtype), ct_norm),
+             (_flax_dense(24, dtype), tied.Dense(24, dtype=dtype), ct_dense))
+    for ref, got, ct in pairs:
+        params = ref.init(jax.random.PRNGKey(0), x)
+        # parameters away from their initial ones and biases
+        params = jax.tree_util.tree_map(lambda v: v + 0.3 * jnp.asarray(rng.normal(size=v.shape), v.dtype), params)
+        assert jax.tree_util.tree_structure(got.init(jax.random.PRNGKey(0), x)) == jax.tree_util.tree_structure(params)
+        loss = lambda m: lambda p, x: jnp.sum(m.apply(p, x).astype(jnp.float32) * ct.astype(jnp.float32))  # noqa: E731
+        assert _rel(got.apply(params, x), ref.apply(params, x)) < tol
+        g_got, g_ref = jax.grad(loss(got), (0, 1))(params, x), jax.grad(loss(ref), (0, 1))(params, x)
+        for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert _rel(a, b) < tol, type(got).__name__
+        assert "optimization_barrier" in str(jax.make_jaxpr(jax.grad(loss(got), (0, 1)))(params, x))
+
+
+def _flax_layer_norm(dtype):
+    from flax import linen as nn
+
+    return nn.LayerNorm(epsilon=1e-5, dtype=dtype)
+
+
+def _flax_dense(features, dtype):
+    from flax import linen as nn
+
+    return nn.Dense(features, dtype=dtype)
+
+
+@pytest.mark.parametrize("routes", [MIXED_ROUTES, None])
+def test_sparse_training_tied_sums_match(routes):
+    """make_steps(tied_sums=True): the pit step (some linears on the W axis) equals its
+    masked dense twin, and the tied unpruned step the untied one (same loss and update),
+    the tied layers in every model's jaxpr."""
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=2)
+    data = _batch(cfg, 2, 32, 9, lengths=[32, 32])
+    tx = optax.sgd(0.1)
+    steps, pit, dense = sparse_training.make_steps(cfg, (32, 64), tx, routes=routes, tied_sums=True)
+    plain = sparse_training.make_steps(cfg, (32, 64), tx)[0]
+    assert pit.tied_sums and dense.tied_sums
+    params = jax.jit(dense.init)(jax.random.PRNGKey(9), data[0], data[1])
+    s0 = tx.init(params)
+    d = jnp.float32(0.4)
+    _same_step(steps["pit"], steps["dense_masked"], params, s0, data, d)
+    _same_step(steps["dense"], plain["dense"], params, s0, data, d)
+    for name in ("pit", "dense"):
+        jaxpr = str(jax.make_jaxpr(steps[name])(params, s0, *data, d))
+        # per layer: two norms and four bias adds, and the embeddings' norm
+        assert jaxpr.count("optimization_barrier") >= 6 * cfg.layers + 1, name
 
 
 def test_sparse_training_dense_rownorm_matches_dense():

@@ -27,7 +27,7 @@ from flax import linen as nn
 
 import pit_jax
 from pit_jax.flax import LayerNorm, SparseDense
-from pit_models import common
+from pit_models import common, tied
 
 MODES = ("pit", "dense")
 LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # per layer; the pruned ones in sparse training
@@ -71,17 +71,23 @@ def row_index(mask):
     return pit_jax.index(jnp.reshape(mask, (-1, 1)), "row")
 
 
-def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, activation=None, dead_rows="zeros"):
+def linear(features, name, x, *, mode, dtype, rows=None, weight_index=None, activation=None, dead_rows="zeros",
+           tied_sums=False):
     """act(nn.Dense) (dense), or SparseDense on the W axis (a given weight index) or M
     axis (bias and activation fused into the product, on live rows). `weight_index` may
     be `DENSE_ROUTE`: sparse training's dense STile for a kernel the caller has masked
-    (then the M axis with a row index, else the dense product)."""
+    (then the M axis with a row index, else the dense product). `tied_sums`: the dense
+    and W-axis products' bias added by `tied.Dense` (its gradient's sum tied to the
+    cotangent it reads)."""
     dense_route = weight_index is DENSE_ROUTE
     if dense_route:
         weight_index = None
+    act = (lambda y: y) if activation is None else DENSE_ACTIVATIONS[activation]  # noqa: E731
+    if tied_sums and (mode == "dense" or rows is None or weight_index is not None):
+        product = None if weight_index is None else (lambda a, k: pit_jax.sparse_dense(a, k, weight_index, axis="w"))
+        return act(tied.Dense(features, dtype=dtype, name=name)(x, product))
     if mode == "dense" or (dense_route and rows is None):
-        y = nn.Dense(features, dtype=dtype, name=name)(x)
-        return y if activation is None else DENSE_ACTIVATIONS[activation](y)
+        return act(nn.Dense(features, dtype=dtype, name=name)(x))
     if weight_index is not None:
         return SparseDense(features, dtype=dtype, axis="w", activation=activation, name=name)(x, index=weight_index)
     if rows is None:
@@ -142,6 +148,7 @@ class EncoderLayer(nn.Module):
     # pit M-axis linears: the padding rows' value (sparse_dense); "unspecified" (inference)
     # also leaves the live-row layer norms' padding rows unwritten.
     dead_rows: str = "zeros"
+    tied_sums: bool = False  # BertClassifier.tied_sums
 
     @nn.compact
     def __call__(self, x, lengths, batch, seq, rows=None, weight_index: Optional[Mapping] = None, norm_rows=None):
@@ -159,7 +166,7 @@ class EncoderLayer(nn.Module):
         qkv_dead = "zeros" if unspecified and self.attention != "pit" else self.dead_rows
         lin = lambda f, n, h, act=None, dead=self.dead_rows: linear(  # noqa: E731
             f, n, h, mode=self.mode, dtype=cfg.dtype, rows=rows, weight_index=wi.get(n), activation=act,
-            dead_rows=dead)
+            dead_rows=dead, tied_sums=self.tied_sums)
         heads = lambda t: t.reshape(batch, seq, cfg.heads, cfg.head_dim)  # noqa: E731
         if self.mode == "pit" and rows is not None and norm_rows is rows and self.live_norm and "qkv" not in wi:
             q, k, v = map(heads, FusedQKV(cfg.hidden, cfg.dtype, qkv_dead, name="qkv")(x, rows))
@@ -180,10 +187,11 @@ class EncoderLayer(nn.Module):
             h, b = Product(cfg.hidden, cfg.dtype, self.dead_rows, name="ffn_out")(h, rows, wi.get("ffn_out"))
             return norm("ln_ffn")(x_res, norm_rows, residual=h, bias=b, copies=2)
         att = lin(cfg.hidden, "attn_out", att)
-        x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x_res + att)
+        norm = tied.LayerNorm if self.tied_sums else nn.LayerNorm
+        x = norm(epsilon=1e-12, dtype=cfg.dtype, name="ln_attn")(x_res + att)
         h = lin(cfg.ffn, "ffn_in", x, "gelu_exact")
         h = lin(cfg.hidden, "ffn_out", h)
-        return nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_ffn")(x + h)
+        return norm(epsilon=1e-12, dtype=cfg.dtype, name="ln_ffn")(x + h)
 
 
 class BertClassifier(nn.Module):
@@ -210,6 +218,10 @@ class BertClassifier(nn.Module):
     # pit mode with skip_padding: attention by `pit_jax.varlen_attention` (valid tokens only)
     # where its kernels take the shapes (16-bit, head_dim 64, seq <= 128), else `attention`.
     varlen_attention: bool = True
+    # The layers on flax's path (nn.LayerNorm, the dense and W-axis products' bias adds) by
+    # `tied`'s, whose parameter-gradient column sums are tied to the cotangent they read:
+    # computed next to it in any schedule XLA picks (sparse training's twins).
+    tied_sums: bool = False
 
     @nn.compact
     def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
@@ -235,7 +247,7 @@ class BertClassifier(nn.Module):
             dead = "unspecified" if self.dead_rows == "unspecified" else "zeros"
             x = LayerNorm(epsilon=1e-12, dtype=cfg.dtype, dead_rows=dead, name="ln_emb")(emb, norm_rows, copies=2)
         else:
-            x = nn.LayerNorm(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb)
+            x = (tied.LayerNorm if self.tied_sums else nn.LayerNorm)(epsilon=1e-12, dtype=cfg.dtype, name="ln_emb")(emb)
         wi = weight_index or {}
         for i in range(cfg.layers):
             name = f"layer_{i}"
@@ -243,7 +255,7 @@ class BertClassifier(nn.Module):
             if self.mode == "pit" and rows is None and set(layer_wi) != set(LINEARS):
                 raise ValueError(f"BertClassifier: skip_padding=False needs a weight index for every linear "
                                  f"of {name} ({LINEARS}), got {sorted(layer_wi)}")
-            x = EncoderLayer(cfg, self.mode, impl, self.live_norm, self.dead_rows, name=name)(
+            x = EncoderLayer(cfg, self.mode, impl, self.live_norm, self.dead_rows, self.tied_sums, name=name)(
                 x, lengths, batch, seq, rows, layer_wi, norm_rows)
         x = x[0] if isinstance(x, tuple) else x
         cls = x.reshape(batch, seq, cfg.hidden)[:, 0]
