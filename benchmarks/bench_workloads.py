@@ -39,6 +39,9 @@ Variants (`impl`):
   pit_rownorm   (prune) pit's routes with the residual adds and layer norms by pit_jax's
                 row kernels (every row valid): those kernels' gain, not the pruning's
   dense_rownorm (prune) the unpruned step with those row kernels: pit_rownorm's baseline
+  pit_tied / dense_tied  (prune) pit and the unpruned step, both with their layer norms
+                and bias adds by examples/pit_models/tied.py (gradient column sums tied
+                to their inputs, so XLA's schedule cannot defer them): one model, two twins
   pit_m         (opt) M axis everywhere, fc2 included: what the K axis adds
   ragged        (moe) sort by expert + jax.lax.ragged_dot + unsort: the best JAX alternative;
                 for moe, `dense` is every expert on every token (E x the FLOPs, same outputs)
@@ -426,6 +429,9 @@ def prune_case(suite, small, tiles=None):
     for tile_name, densities in plan:
         tile = pruning.parse_tile(tile_name)
         steps, _, dense = sparse_training.make_steps(cfg, tile, tx)
+        # pit_tied / dense_tied: both twins with their parameter-gradient sums tied to their
+        # inputs (pit_models.tied), so that XLA's schedule cannot defer them in either
+        tied_steps = sparse_training.make_steps(cfg, tile, tx, tied_sums=True)[0]
         routed = {}
         params = jax.jit(dense.init)(jax.random.PRNGKey(0), data[0], data[1])
         opt_state = jax.jit(tx.init)(params)
@@ -464,7 +470,9 @@ def prune_case(suite, small, tiles=None):
             variants = [("dense", steps["dense"], args, None), ("dense_masked", steps["dense_masked"], args, twin_loss),
                         ("pit", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes), scored, chk),
                         ("pit_rownorm", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes, True), scored,
-                         chk), ("dense_rownorm", steps["dense_rownorm"], args, None)]
+                         chk), ("dense_rownorm", steps["dense_rownorm"], args, None),
+                        ("pit_tied", sparse_training.routed_pit_step(routed, cfg, tile, tx, routes, tied_sums=True),
+                         scored, chk), ("dense_tied", tied_steps["dense"], args, None)]
             if any(r != "w" for r in routes.values()):
                 variants.append(("pit_w", steps["pit"], scored_w, chk))
             suite.run_interleaved(dict(base, routes=routes), variants)

@@ -223,7 +223,8 @@ def _category(name):
         return "cuDNN"
     if "memcpy" in n or "memset" in n:
         return "memcpy/memset"
-    if any(s in n for s in ("fusion", "loop_", "input_", "reduce", "transpose", "convert", "copy")):
+    # "wrapped_*": an HLO op XLA left unfused and runs as a kernel of its own
+    if any(s in n for s in ("fusion", "loop_", "input_", "reduce", "transpose", "convert", "copy", "wrapped_")):
         return "XLA fusion"
     return "other"
 
@@ -249,8 +250,12 @@ def _prune(small, tile_name, density):
     planned = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes)
     rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, row_norms=True)
     w_rownorm = sparse_training.routed_pit_step(cache, cfg, tile, tx, {}, row_norms=True)  # {}: W axis everywhere
+    # both twins with their parameter-gradient sums tied to their inputs (pit_models.tied)
+    tied = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, tied_sums=True)
+    dense_tied = sparse_training.make_steps(cfg, tile, tx, tied_sums=True)[0]["dense"]
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
+            "dense_tied": (jax.jit(dense_tied), args), "pit_tied": (tied, scored),
             "pit_w": (jax.jit(steps["pit"]), scored_w), "pit": (planned, scored), "pit_rownorm": (rownorm, scored),
             "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (w_rownorm, scored_w),
             # the pit step scoring the kernels themselves (a plain optimizer state)
