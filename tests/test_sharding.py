@@ -494,6 +494,12 @@ def test_explicit_mesh_axes():
     """With sharding in types (Explicit mesh axes): x [B, M, K] split over B gives results
     typed and computed per batch entry (no gather), the shared w's gradient replicated
     and x's split; x [M, K] without a batch gives replicated results (whole operands)."""
+    if DEVICES[0].platform == "gpu":
+        # On 2 H200s (jax 0.11.2, 2026-11-29) the gradient of w with xb split over the
+        # batch aborts the process in XLA's compile ("Check failed: reduction_kind.has_value()",
+        # all_reduce_thunk.cc); plain jit (test_jit_data_parallel_grad) and shard_map pass
+        # there. Skipped so that the rest of a multi-GPU run reports (docs/transformations.md).
+        pytest.skip("aborts XLA's GPU compile: the batch-summed gradient under Explicit mesh axes")
     mesh = jax.make_mesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=DEVICES[:N])
     rng = np.random.default_rng()
     xb, w, _ = _batch_case(rng, "m", 2 * N, 16, 32, 16)
