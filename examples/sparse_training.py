@@ -27,6 +27,8 @@ re-planned when the density has moved by 10 %).
     python examples/sparse_training.py                       # tiny, CPU
     python examples/sparse_training.py --full                # BERT-base, batch 32 x 128 (GPU)
     python examples/sparse_training.py --full --tile 32x1 --densities 0.1,0.02
+    python examples/sparse_training.py --full --tied-sums    # every model's layer norms and bias
+                                       # adds by pit_models.tied (both twins; docs/workloads.md)
 """
 
 from __future__ import annotations
