@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import linen as nn
 
 import pit_jax
 
@@ -381,8 +382,8 @@ def test_tied_layers_match_flax(dtype):
     ct_norm = jnp.asarray(rng.normal(size=x.shape), dtype)
     ct_dense = jnp.asarray(rng.normal(size=(3, 37, 24)), dtype)
     tol = F32_TOL if dtype == jnp.float32 else 2e-2
-    pairs = ((_flax_layer_norm(dtype), tied.LayerNorm(epsilon=1e-5, dtype=dtype), ct_norm),
-             (_flax_dense(24, dtype), tied.Dense(24, dtype=dtype), ct_dense))
+    pairs = ((nn.LayerNorm(epsilon=1e-5, dtype=dtype), tied.LayerNorm(epsilon=1e-5, dtype=dtype), ct_norm),
+             (nn.Dense(24, dtype=dtype), tied.Dense(24, dtype=dtype), ct_dense))
     for ref, got, ct in pairs:
         params = ref.init(jax.random.PRNGKey(0), x)
         # parameters away from their initial ones and biases
@@ -395,18 +396,6 @@ def test_tied_layers_match_flax(dtype):
             assert a.dtype == b.dtype and a.shape == b.shape
             assert _rel(a, b) < tol, type(got).__name__
         assert "optimization_barrier" in str(jax.make_jaxpr(jax.grad(loss(got), (0, 1)))(params, x))
-
-
-def _flax_layer_norm(dtype):
-    from flax import linen as nn
-
-    return nn.LayerNorm(epsilon=1e-5, dtype=dtype)
-
-
-def _flax_dense(features, dtype):
-    from flax import linen as nn
-
-    return nn.Dense(features, dtype=dtype)
 
 
 @pytest.mark.parametrize("routes", [MIXED_ROUTES, None])

@@ -57,8 +57,7 @@ def _ln_stats(x, epsilon):
 def layer_norm(x, scale, offset, epsilon, dtype):
     """((x - mean) * rstd * scale + offset) in `dtype` over x's last dim, statistics in
     float32; the gradients of scale and offset tied to x's."""
-    mean, rstd = _ln_stats(x, epsilon)
-    return ((x.astype(jnp.float32) - mean) * rstd * scale + offset).astype(dtype)
+    return _ln_fwd(x, scale, offset, epsilon, dtype)[0]
 
 
 def _ln_fwd(x, scale, offset, epsilon, dtype):
