@@ -9,6 +9,8 @@ fewer than 2)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -198,28 +200,38 @@ def test_jit_splits_the_batch(mesh, axis):
     assert "all-gather" not in hlo and "all-reduce" not in hlo
 
 
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("axis", ["m", "k", "w"])
-def test_jit_data_parallel_grad(mesh, axis, dtype):
+def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
     """A data-parallel gradient under plain jit: the shared w's gradient (a reduction over
     the batch) is each device's partial sum (rounded to the dtype by its kernel), added
     across the devices in float32 and rounded again; x's gradient stays sharded. Equal to
-    the unsharded gradients within the dtype's rounding."""
+    the unsharded gradients within the dtype's rounding. With Explicit mesh axes the
+    split op is a shard_map (_partition._shard_mapped), with Auto ones custom_partitioning."""
     rng = np.random.default_rng()
     x, w, tile = _batch_case(rng, axis, 2 * N, 64, 64, 64)
     x, w = x.astype(dtype), w.astype(dtype)
     def loss(w, x):
         return jnp.sum(jnp.tanh(pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile)).astype(jnp.float32))
     f = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    args = (_put(mesh, w, P()), _put(mesh, x, P("data")))
-    gw, gx = f(*args)
     ref = jax.grad(loss, argnums=(0, 1))(jnp.asarray(w), jnp.asarray(x))
+    if axis_type == "explicit":
+        mesh = jax.make_mesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=DEVICES[:N])
+    with jax.set_mesh(mesh) if axis_type == "explicit" else contextlib.nullcontext():
+        args = (_put(mesh, w, P()), _put(mesh, x, P("data")))
+        gw, gx = f(*args)
+        hlo = _compiled(f, *args)
     tol = 1e-4 if dtype == jnp.float32 else 2e-2
     assert_trees_close((gw, gx), ref, rtol=tol, atol=tol * np.abs(np.asarray(ref[0], np.float32)).max())
     assert gx.sharding.spec[0] == "data"
     if axis == "w":
         assert not np.any(np.asarray(gw)[w == 0])
-    assert "all-gather" not in _compiled(f, *args)
+    assert 'custom_call_target="Sharding"' not in hlo
+    # Known gather (docs/transformations.md): with Explicit axes the W axis's per-entry
+    # weight gradients are typed split, their primal (w broadcast over the batch for its
+    # index) replicated, so they are gathered before the batch sum.
+    assert ("all-gather" not in hlo) or (axis == "w" and axis_type == "explicit")
 
 
 def test_jit_varlen_attention_splits_the_batch(mesh):
@@ -493,13 +505,10 @@ def test_bert_pit_data_parallel(mesh):
 def test_explicit_mesh_axes():
     """With sharding in types (Explicit mesh axes): x [B, M, K] split over B gives results
     typed and computed per batch entry (no gather), the shared w's gradient replicated
-    and x's split; x [M, K] without a batch gives replicated results (whole operands)."""
-    if DEVICES[0].platform == "gpu":
-        # On 2 H200s (jax 0.11.2, 2026-11-29) the gradient of w with xb split over the
-        # batch aborts the process in XLA's compile ("Check failed: reduction_kind.has_value()",
-        # all_reduce_thunk.cc); plain jit (test_jit_data_parallel_grad) and shard_map pass
-        # there. Skipped so that the rest of a multi-GPU run reports (docs/transformations.md).
-        pytest.skip("aborts XLA's GPU compile: the batch-summed gradient under Explicit mesh axes")
+    and x's split; x [M, K] without a batch gives replicated results (whole operands).
+    The batch-summed gradient's all-reduce has a plain add for its reducer: with jax 0.11
+    a custom_partitioning lowering left sharding custom calls in it, which aborted XLA's
+    GPU compile (all_reduce_thunk.cc) and failed on the CPU (an unregistered custom call)."""
     mesh = jax.make_mesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=DEVICES[:N])
     rng = np.random.default_rng()
     xb, w, _ = _batch_case(rng, "m", 2 * N, 16, 32, 16)
@@ -512,6 +521,8 @@ def test_explicit_mesh_axes():
         yb, y = fwd(xbs, ws), fwd(xs, ws)
         (gw, gx), (gw2, _) = grad(ws, xbs), grad(ws, xs)
         hlo = _compiled(fwd, xbs, ws)
+        grad_hlo = _compiled(grad, ws, xbs)
+    assert 'custom_call_target="Sharding"' not in grad_hlo and " all-reduce(" in grad_hlo
     assert yb.sharding.spec == P("data", None, None) and y.sharding.spec == P(None, None)
     assert gx.sharding.spec[0] == "data" and gw.sharding.spec == P(None, None)
     assert "all-gather" not in hlo

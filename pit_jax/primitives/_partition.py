@@ -110,6 +110,58 @@ def _partitioned(prim, params: dict, avals_in, avals_out, in_batched, out_batche
     return wrapped
 
 
+def _entry_axes(entry) -> tuple:
+    """A PartitionSpec entry as a tuple of mesh axes."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _typed_split(avals_in, in_batched):
+    """(mesh, axes) when the operands' types (Explicit mesh axes) split the batch dim over
+    `axes`, evenly, and nothing else: each batched operand's first dim over those axes or
+    replicated (a weight's index broadcast over the batch: sliced, not sent), every other
+    dim and every unbatched operand replicated. Else None."""
+    split = _split_operand(avals_in, in_batched)
+    if split is None:
+        return None
+    v, entry = split
+    mesh, axes = v.sharding.mesh, _entry_axes(entry)
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    explicit = all(types[a] == jax.sharding.AxisType.Explicit for a in axes)
+    if not explicit or v.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return None
+    for a, b in zip(avals_in, in_batched):
+        spec = tuple(getattr(a.sharding, "spec", ()))
+        dims = [_entry_axes(e) for e in spec + (None,) * (a.ndim - len(spec))]
+        if any(dims[1:]) or dims[:1] not in ([], [()], [axes] if b else [()]):
+            return None
+    return mesh, axes
+
+
+def _shard_mapped(prim, params: dict, in_batched, out_batched, mesh, axes):
+    """`prim` per device under `jax.shard_map` over the batch's mesh axes, the results
+    without the batch summed across them: the Explicit-axes form of `_partitioned`.
+    custom_partitioning traces its per-device function under the caller's Explicit mesh,
+    so with jax 0.11 the psum's reducer there carries sharding custom calls that XLA's GPU
+    all-reduce cannot read (a CHECK failure in all_reduce_thunk.cc aborts the process; on
+    CPU an unregistered custom call); shard_map's manual axes carry none."""
+    spec = (lambda b: P(axes) if b else P())  # noqa: E731
+
+    def body(*args):
+        out = prim.bind(*args, **params)
+        outs = list(out) if prim.multiple_results else [out]
+        outs = [o if b else _sum_across(o, axes) for o, b in zip(outs, out_batched)]
+        return outs if prim.multiple_results else outs[0]
+
+    out_specs = [spec(b) for b in out_batched]
+    split = jax.shard_map(body, mesh=mesh, in_specs=tuple(spec(b) for b in in_batched),
+                          out_specs=out_specs if prim.multiple_results else out_specs[0], axis_names=frozenset(axes))
+
+    def call(*args):
+        return split(*(jax.sharding.reshard(a, spec(b)) if b else a for a, b in zip(args, in_batched)))
+
+    return call
+
+
 def _plain_multi_device_jit(ctx) -> bool:
     axis_ctx = ctx.module_context.axis_context
     # jax.export: a partitioning callback cannot be serialized, so exported programs keep
@@ -161,7 +213,11 @@ def batch_partitioned(prim, rule: Callable) -> Callable:
         if _plain_multi_device_jit(ctx):
             in_b, out_b = _batch_flags(prim, ctx.avals_in, ctx.avals_out, params)
             if _splittable(in_b, out_b):
-                f = _partitioned(prim, params, ctx.avals_in, ctx.avals_out, in_b, out_b)
+                typed = _typed_split(ctx.avals_in, in_b)
+                if typed is not None:
+                    f = _shard_mapped(prim, params, in_b, out_b, *typed)
+                else:
+                    f = _partitioned(prim, params, ctx.avals_in, ctx.avals_out, in_b, out_b)
                 return mlir.lower_fun(f, multiple_results=prim.multiple_results)(ctx, *args)
         return rule(ctx, *args, **params)
 
