@@ -14,7 +14,7 @@ from pit_jax.ops.attention import varlen_attention
 from pit_jax.ops.index import index, index_from_tiles
 from pit_jax.ops.layer_norm import layer_norm
 from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
-from pit_jax.ops.prune import TopBlocks, block_topk, block_topk_groups
+from pit_jax.ops.prune import TopBlocks, block_topk, block_topk_groups, mask_blocks
 from pit_jax.ops.sparse_dense import sparse_dense
 from pit_jax.ops.sread_swrite import sread, swrite
 from pit_jax.optimizer import Plan, plan
@@ -29,6 +29,7 @@ __all__ = [
     "TopBlocks",
     "block_topk",
     "block_topk_groups",
+    "mask_blocks",
     "checkpoint_policies",
     "export_checks",
     "grouped_matmul",

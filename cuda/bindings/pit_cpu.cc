@@ -18,6 +18,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_row_sum"] = pit::HandlerCapsule(PitRowSumCpu);
     targets["pit_row_concat_sum"] = pit::HandlerCapsule(PitRowConcatSumCpu);
     targets["pit_block_topk"] = pit::HandlerCapsule(PitBlockTopkCpu);
+    targets["pit_mask_blocks"] = pit::HandlerCapsule(PitMaskBlocksCpu);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCpu);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_row_gather_matmul3"] = pit::HandlerCapsule(PitRowGatherMatmul3Cpu);

@@ -22,6 +22,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_row_sum"] = pit::HandlerCapsule(PitRowSumCuda);
     targets["pit_row_concat_sum"] = pit::HandlerCapsule(PitRowConcatSumCuda);
     targets["pit_block_topk"] = pit::HandlerCapsule(PitBlockTopkCuda);
+    targets["pit_mask_blocks"] = pit::HandlerCapsule(PitMaskBlocksCuda);
     targets["pit_swrite"] = pit::HandlerCapsule(PitSwriteCuda);
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);
     targets["pit_row_gather_matmul3"] = pit::HandlerCapsule(PitRowGatherMatmul3Cuda);

@@ -173,6 +173,15 @@ auto BlockTopk(B b) {
 }
 
 template <class B>
+auto MaskBlocks(B b) {
+  return std::move(b).template Arg<AnyBuffer>()  // live pred [M, tk, tn]
+      .RemainingArgs()  // the matrices [..., K, N], one trailing shape and dtype
+      .RemainingRets()  // one per matrix: its shape, the results' dtype
+      .template Attr<int64_t>("tile_h")
+      .template Attr<int64_t>("tile_w");
+}
+
+template <class B>
 auto RowSum(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // x
       .template Arg<S32>()  // tiles
