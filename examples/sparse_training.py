@@ -72,7 +72,7 @@ def parse(argv=None):
 ROUTES = ("w", "dense")
 
 
-def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, tied_sums=False):
+def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, tied_sums=False, masked_cast="pit"):
     """{variant: step(params, opt_state, tokens, lengths, labels, density) -> (params, opt_state, loss, live)}.
 
     The pit step also takes a `pruning.ScoredState` as its state (`init_state`), and
@@ -91,7 +91,12 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, ti
     "dense_rownorm" is the unpruned step on those kernels, the baseline that separates the two.
     `tied_sums`: every model's flax layer norms and dense / W-axis bias adds by
     `pit_models.tied` (`BertClassifier.tied_sums`), in the pit step and its twins alike.
+    `masked_cast`: how the pit step masks and casts its dense-routed kernels: "pit" by
+    `pit_jax.mask_blocks` (one call per kernel shape, reading the live blocks only),
+    "jnp" by multiplying with the element masks, as the masked twin does (the same values).
     """
+    if masked_cast not in ("pit", "jnp"):
+        raise ValueError(f"make_steps: masked_cast must be 'pit' or 'jnp', got {masked_cast!r}")
     routes = dict(routes or {})
     bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
     if bad:
@@ -124,9 +129,20 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, ti
         # one index build per shape: the all-W shapes as stacked, the others' W-axis kernels restacked
         w_blocks = {**w_axis, **pruning.stack({n: b for n, b in blocks.items() if not routed(n)}, shapes)}
         wi = pruning.weight_indexes(w_blocks, tile)
-        ms = pruning.element_masks({n: b for n, b in blocks.items() if routed(n)}, tile, shapes)
-        wi.update({n: bert.DENSE_ROUTE for n in ms})
-        loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, pruning.apply_masks(q, ms), t, ln, y, wi))(p)
+        wi.update({n: bert.DENSE_ROUTE for n in blocks if routed(n)})
+        if masked_cast == "pit":
+            # each shape's dense-routed kernels and their stacked block masks, one call each
+            dense_by_shape = {}
+            for shape, (names, live) in by_shape.items():
+                sel = [i for i, n in enumerate(names) if routed(n)]
+                if sel:
+                    dense_by_shape[shape] = ([names[i] for i in sel],
+                                             live if len(sel) == len(names) else live[jnp.asarray(sel)])
+            masked = lambda q: pruning.masked_kernels(q, dense_by_shape, tile, cfg.dtype)  # noqa: E731
+        else:
+            ms = pruning.element_masks({n: b for n, b in blocks.items() if routed(n)}, tile, shapes)
+            masked = lambda q: pruning.apply_masks(q, ms)  # noqa: E731
+        loss, g = jax.value_and_grad(lambda q: bert.loss_fn(pit, masked(q), t, ln, y, wi))(p)
         return finish(p, s, loss, g, pruning.live_fraction(by_shape, tile))
 
     def masked_step(p, s, t, ln, y, density):
@@ -202,12 +218,12 @@ def plan_routes(params, density, tile, tokens, dtype, *, database=None, dense_ma
     return routes
 
 
-def routed_pit_step(cache, cfg, tile, tx, routes, row_norms=False, tied_sums=False):
+def routed_pit_step(cache, cfg, tile, tx, routes, row_norms=False, tied_sums=False, masked_cast="pit"):
     """The jitted pit step for `routes` (`make_steps`), built once per distinct routes in `cache`."""
-    key = (tuple(sorted(routes.items())), bool(row_norms), bool(tied_sums))
+    key = (tuple(sorted(routes.items())), bool(row_norms), bool(tied_sums), masked_cast)
     if key not in cache:
         cache[key] = jax.jit(make_steps(cfg, tile, tx, routes=routes, row_norms=row_norms,
-                                        tied_sums=tied_sums)[0]["pit"])
+                                        tied_sums=tied_sums, masked_cast=masked_cast)[0]["pit"])
     return cache[key]
 
 

@@ -453,6 +453,31 @@ def test_sparse_training_plan_routes_and_bad_routes():
         sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), routes={"qkv": "sparse"})
     with pytest.raises(ValueError, match="routes must map"):
         sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), routes={"fc1": "w"})
+    with pytest.raises(ValueError, match="masked_cast must be 'pit' or 'jnp'"):
+        sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), masked_cast="xla")
+
+
+def test_sparse_training_masked_cast_pit_equals_jnp():
+    """The pit step's dense-routed kernels masked by pit_jax.mask_blocks (the default) or by
+    multiplying with element masks: the same step, bit for bit (bf16 compute)."""
+    import sparse_training
+
+    cfg = bert.BertConfig.tiny(layers=2, dtype=jnp.bfloat16)
+    data = _batch(cfg, 2, 32, 5, lengths=[32, 20])
+    tx = optax.adam(1e-2)
+    routes = {"qkv": "dense", "attn_out": "dense", "ffn_in": "w", "ffn_out": "dense"}
+    steps = {c: jax.jit(sparse_training.make_steps(cfg, (32, 64), tx, routes=routes, masked_cast=c)[0]["pit"])
+             for c in ("pit", "jnp")}
+    dense = sparse_training.make_steps(cfg, (32, 64), tx)[2]
+    params = jax.jit(dense.init)(jax.random.PRNGKey(5), data[0], data[1])
+    state = sparse_training.init_state("pit", params, tx.init(params), (32, 64), routes)
+    a = b = (params, state)
+    for _ in range(2):
+        *a, la, _ = steps["pit"](*a, *data, jnp.float32(0.5))
+        *b, lb, _ = steps["jnp"](*b, *data, jnp.float32(0.5))
+        assert float(la) == float(lb)
+        for x, y in zip(jax.tree_util.tree_leaves(a[0]), jax.tree_util.tree_leaves(b[0])):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_sparse_training_mask_recomputed_each_step():

@@ -229,6 +229,18 @@ def apply_masks(params, mask_dict):
     return traverse_util.unflatten_dict(flat)
 
 
+def masked_kernels(params, by_shape, tile, dtype):
+    """params with the pruned kernels of `by_shape` ({(K, N): (names, bool [n, tk, tn])})
+    masked and cast to `dtype` by `pit_jax.mask_blocks`, one call per shape: the same
+    values as `apply_masks` then the model's cast, from the live blocks' weights only
+    (the dense route's input in the pit step). Gradients flow to the float32 kernels."""
+    flat = traverse_util.flatten_dict(params)
+    for names, live in by_shape.values():
+        keys = [("params", *n.split("/"), "kernel") for n in names]
+        flat.update(zip(keys, pit_jax.mask_blocks([flat[k] for k in keys], live, tile, dtype)))
+    return traverse_util.unflatten_dict(flat)
+
+
 def live_fraction(mask_dict, tile=None, shapes=None) -> jax.Array:
     """Live fraction of the pruned weights: of element masks ({name: bool [K, N]}), or of
     block masks with the blocks' areas (edge blocks are partial): {name: bool [tk, tn]}
