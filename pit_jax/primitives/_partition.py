@@ -15,7 +15,10 @@ Only under `jit` over several devices: inside `shard_map` the operands are per d
 already, on one device nothing is split, and a program lowered for `jax.export` keeps
 whole operands (its partitioning callback could not be serialized). The batch dim is split
 only when it divides evenly over its devices; otherwise the op sees whole operands, as
-before. The internals used (no public API in jax 0.10-0.11): `sharding_impls`'s axis
+before. With Explicit mesh axes, where the operands' types say how the batch is split,
+the op runs under `jax.shard_map` over those axes instead of custom_partitioning
+(`_shard_mapped`: jax 0.11 traces custom_partitioning's per-device function under the
+caller's Explicit mesh, which breaks its psum on the GPU). The internals used (no public API in jax 0.10-0.11): `sharding_impls`'s axis
 contexts, to leave lowerings outside plain multi-device jit untouched, and `dispatch`'s
 registry of primitives that need the devices while lowering.
 """
@@ -88,6 +91,19 @@ def _sum_across(x, axes):
     return jax.lax.psum(x, axes)
 
 
+def _per_device(prim, params: dict, out_batched, axes):
+    """`prim` on one device's operands (it lowers plainly there: manual axes), the results
+    without the batch summed across the devices of `axes` (None: nothing is split)."""
+
+    def run(*args):
+        out = prim.bind(*args, **params)
+        outs = list(out) if prim.multiple_results else [out]
+        outs = [o if b or axes is None else _sum_across(o, axes) for o, b in zip(outs, out_batched)]
+        return outs if prim.multiple_results else outs[0]
+
+    return run
+
+
 def _partitioned(prim, params: dict, avals_in, avals_out, in_batched, out_batched):
     call = functools.partial(prim.bind, **params)
 
@@ -96,13 +112,7 @@ def _partitioned(prim, params: dict, avals_in, avals_out, in_batched, out_batche
         spec = (lambda b: P(axes) if b and axes else P())  # noqa: E731
         arg_sh = tuple(NamedSharding(mesh, spec(b)) for b in in_batched)
         out_sh = [NamedSharding(mesh, spec(b)) for b in out_batched]
-
-        def lower(*args):  # per device; the primitive lowers plainly there (manual axes)
-            out = call(*args)
-            outs = list(out) if prim.multiple_results else [out]
-            outs = [o if b or axes is None else _sum_across(o, axes) for o, b in zip(outs, out_batched)]
-            return outs if prim.multiple_results else outs[0]
-
+        lower = _per_device(prim, params, out_batched, axes)
         return mesh, lower, (out_sh if prim.multiple_results else out_sh[0]), arg_sh
 
     wrapped = custom_partitioning(call)
@@ -145,15 +155,8 @@ def _shard_mapped(prim, params: dict, in_batched, out_batched, mesh, axes):
     all-reduce cannot read (a CHECK failure in all_reduce_thunk.cc aborts the process; on
     CPU an unregistered custom call); shard_map's manual axes carry none."""
     spec = (lambda b: P(axes) if b else P())  # noqa: E731
-
-    def body(*args):
-        out = prim.bind(*args, **params)
-        outs = list(out) if prim.multiple_results else [out]
-        outs = [o if b else _sum_across(o, axes) for o, b in zip(outs, out_batched)]
-        return outs if prim.multiple_results else outs[0]
-
     out_specs = [spec(b) for b in out_batched]
-    split = jax.shard_map(body, mesh=mesh, in_specs=tuple(spec(b) for b in in_batched),
+    split = jax.shard_map(_per_device(prim, params, out_batched, axes), mesh=mesh, in_specs=tuple(spec(b) for b in in_batched),
                           out_specs=out_specs if prim.multiple_results else out_specs[0], axis_names=frozenset(axes))
 
     def call(*args):
