@@ -200,7 +200,7 @@ def test_jit_splits_the_batch(mesh, axis):
     assert "all-gather" not in hlo and "all-reduce" not in hlo
 
 
-@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+@pytest.mark.parametrize("axis_type", ["auto", "explicit", "explicit_no_set_mesh"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("axis", ["m", "k", "w"])
 def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
@@ -208,7 +208,9 @@ def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
     the batch) is each device's partial sum (rounded to the dtype by its kernel), added
     across the devices in float32 and rounded again; x's gradient stays sharded. Equal to
     the unsharded gradients within the dtype's rounding. With Explicit mesh axes the
-    split op is a shard_map (_partition._shard_mapped), with Auto ones custom_partitioning."""
+    split op is a shard_map (_partition._shard_mapped), with Auto ones custom_partitioning;
+    Explicit axes also without `jax.set_mesh` (operands placed on an Explicit mesh, as
+    `jax.make_mesh` makes by default)."""
     rng = np.random.default_rng()
     x, w, tile = _batch_case(rng, axis, 2 * N, 64, 64, 64)
     x, w = x.astype(dtype), w.astype(dtype)
@@ -216,7 +218,7 @@ def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
         return jnp.sum(jnp.tanh(pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile)).astype(jnp.float32))
     f = jax.jit(jax.grad(loss, argnums=(0, 1)))
     ref = jax.grad(loss, argnums=(0, 1))(jnp.asarray(w), jnp.asarray(x))
-    if axis_type == "explicit":
+    if axis_type != "auto":
         mesh = jax.make_mesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=DEVICES[:N])
     with jax.set_mesh(mesh) if axis_type == "explicit" else contextlib.nullcontext():
         args = (_put(mesh, w, P()), _put(mesh, x, P("data")))
@@ -231,7 +233,7 @@ def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
     # Known gather (docs/transformations.md): with Explicit axes the W axis's per-entry
     # weight gradients are typed split, their primal (w broadcast over the batch for its
     # index) replicated, so they are gathered before the batch sum.
-    assert ("all-gather" not in hlo) or (axis == "w" and axis_type == "explicit")
+    assert ("all-gather" not in hlo) or (axis == "w" and axis_type != "auto")
 
 
 def test_jit_varlen_attention_splits_the_batch(mesh):

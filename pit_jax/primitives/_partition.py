@@ -160,7 +160,9 @@ def _shard_mapped(prim, params: dict, in_batched, out_batched, mesh, axes):
                           out_specs=out_specs if prim.multiple_results else out_specs[0], axis_names=frozenset(axes))
 
     def call(*args):
-        return split(*(jax.sharding.reshard(a, spec(b)) if b else a for a, b in zip(args, in_batched)))
+        # a NamedSharding, not a bare spec: the caller need not be inside `jax.set_mesh`
+        return split(*(jax.sharding.reshard(a, NamedSharding(mesh, spec(b))) if b else a
+                       for a, b in zip(args, in_batched)))
 
     return call
 

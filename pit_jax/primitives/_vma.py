@@ -99,7 +99,7 @@ def typed_cotangents(rule):
             want, have = getattr(a.aval, "sharding", None), getattr(jax.typeof(c), "sharding", None)
             if (isinstance(want, NamedSharding) and isinstance(have, NamedSharding) and want.mesh.explicit_axes
                     and want.spec != have.spec):
-                cts[i] = jax.sharding.reshard(c, want.spec)
+                cts[i] = jax.sharding.reshard(c, want)  # a NamedSharding: no jax.set_mesh needed
         return cts
 
     return transpose
