@@ -28,7 +28,8 @@ STDCXX=$(gcc -print-file-name=libstdc++.so.6)
 if [ $# -eq 0 ]; then
   set -- -q test_index.py test_sread_swrite.py test_ffi_targets.py test_moe_targets.py test_layer_norm.py \
     test_row_activation.py test_native.py test_sparse_dense.py test_sparse_dense_epilogue.py \
-    test_sparse_dense_parts.py test_moe.py test_transformations.py test_optimizer.py
+    test_sparse_dense_parts.py test_moe.py test_transformations.py test_optimizer.py test_block_topk.py \
+    test_mask_blocks.py
 fi
 cd tests
 JAX_PLATFORMS=cpu LD_PRELOAD="$ASAN_RT $STDCXX" ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 \
