@@ -236,6 +236,22 @@ def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
     assert ("all-gather" not in hlo) or (axis == "w" and axis_type != "auto")
 
 
+def test_jit_pruning_ops_on_sharded_kernels(mesh):
+    """block_topk and mask_blocks under plain jit with the kernels split over their leading
+    dim (no batch-split rule: they see whole operands): the single-device values."""
+    rng = np.random.default_rng()
+    ws = rng.standard_normal((2 * N, 64, 128)).astype(np.float32)
+
+    def prune(w):
+        live = pit_jax.block_topk(w, (32, 64), 0.5).live
+        return live, pit_jax.mask_blocks(w, live, (32, 64), jnp.bfloat16)
+
+    live, masked = jax.jit(prune)(_put(mesh, ws, P("data")))
+    want_live, want = jax.jit(prune)(ws)
+    np.testing.assert_array_equal(np.asarray(live), np.asarray(want_live))
+    np.testing.assert_array_equal(np.asarray(masked.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
+
+
 def test_jit_varlen_attention_splits_the_batch(mesh):
     """varlen_attention with q, k, v, lengths sharded over the batch: each device runs the
     forward and backward targets on its own sequences, nothing gathered; values and
