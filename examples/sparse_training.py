@@ -94,9 +94,13 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, ti
     `masked_cast`: how the pit step masks and casts its dense-routed kernels: "pit" by
     `pit_jax.mask_blocks` (one call per kernel shape, reading the live blocks only),
     "jnp" by multiplying with the element masks, as the masked twin does (the same values).
+    "pit_all": the W-axis kernels through `mask_blocks` too, instead of the model's cast
+    of the whole kernel (their products read the live blocks only, so the dead blocks'
+    zeros change nothing; at low density the cast then reads a fraction of the weights).
+    Not measured on a GPU yet, so not the default.
     """
-    if masked_cast not in ("pit", "jnp"):
-        raise ValueError(f"make_steps: masked_cast must be 'pit' or 'jnp', got {masked_cast!r}")
+    if masked_cast not in ("pit", "jnp", "pit_all"):
+        raise ValueError(f"make_steps: masked_cast must be 'pit', 'jnp' or 'pit_all', got {masked_cast!r}")
     routes = dict(routes or {})
     bad = {k: v for k, v in routes.items() if k not in bert.LINEARS or v not in ROUTES}
     if bad:
@@ -130,11 +134,11 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, ti
         w_blocks = {**w_axis, **pruning.stack({n: b for n, b in blocks.items() if not routed(n)}, shapes)}
         wi = pruning.weight_indexes(w_blocks, tile)
         wi.update({n: bert.DENSE_ROUTE for n in blocks if routed(n)})
-        if masked_cast == "pit":
-            # each shape's dense-routed kernels and their stacked block masks, one call each
+        if masked_cast in ("pit", "pit_all"):
+            # each shape's dense-routed (or all) kernels and their stacked block masks, one call each
             dense_by_shape = {}
             for shape, (names, live) in by_shape.items():
-                sel = [i for i, n in enumerate(names) if routed(n)]
+                sel = [i for i, n in enumerate(names) if masked_cast == "pit_all" or routed(n)]
                 if sel:
                     dense_by_shape[shape] = ([names[i] for i in sel],
                                              live if len(sel) == len(names) else live[jnp.asarray(sel)])

@@ -455,13 +455,14 @@ def test_sparse_training_plan_routes_and_bad_routes():
         sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), routes={"qkv": "sparse"})
     with pytest.raises(ValueError, match="routes must map"):
         sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), routes={"fc1": "w"})
-    with pytest.raises(ValueError, match="masked_cast must be 'pit' or 'jnp'"):
+    with pytest.raises(ValueError, match="masked_cast must be 'pit', 'jnp' or 'pit_all'"):
         sparse_training.make_steps(cfg, (32, 64), optax.sgd(0.1), masked_cast="xla")
 
 
 def test_sparse_training_masked_cast_pit_equals_jnp():
-    """The pit step's dense-routed kernels masked by pit_jax.mask_blocks (the default) or by
-    multiplying with element masks: the same step (bf16 compute). The masked kernels are
+    """The pit step's dense-routed kernels masked by pit_jax.mask_blocks (the default; with
+    "pit_all" the W-axis kernels too) or by multiplying with element masks: the same step
+    (bf16 compute). The masked kernels are
     the same bits (test_mask_blocks); the two programs' other reductions may fuse apart,
     and on an H200 5 of 6208 elements of one parameter came out 1 ulp apart, so the
     parameters are compared to float32 rounding."""
@@ -472,17 +473,20 @@ def test_sparse_training_masked_cast_pit_equals_jnp():
     tx = optax.sgd(0.1)  # updates proportional to the gradients (adam can magnify an ulp near 0)
     routes = {"qkv": "dense", "attn_out": "dense", "ffn_in": "w", "ffn_out": "dense"}
     steps = {c: jax.jit(sparse_training.make_steps(cfg, (32, 64), tx, routes=routes, masked_cast=c)[0]["pit"])
-             for c in ("pit", "jnp")}
+             for c in ("pit", "jnp", "pit_all")}
     dense = sparse_training.make_steps(cfg, (32, 64), tx)[2]
     params = jax.jit(dense.init)(jax.random.PRNGKey(5), data[0], data[1])
     state = sparse_training.init_state("pit", params, tx.init(params), (32, 64), routes)
-    a = b = (params, state)
+    runs = {c: (params, state) for c in steps}
     for _ in range(2):
-        *a, la, _ = steps["pit"](*a, *data, jnp.float32(0.5))
-        *b, lb, _ = steps["jnp"](*b, *data, jnp.float32(0.5))
-        np.testing.assert_allclose(float(la), float(lb), rtol=1e-6)
-        for x, y in zip(jax.tree_util.tree_leaves(a[0]), jax.tree_util.tree_leaves(b[0])):
-            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-8)
+        for c in steps:
+            *runs[c], loss, _ = steps[c](*runs[c], *data, jnp.float32(0.5))
+            runs[c].append(float(loss))
+        for c in ("pit", "pit_all"):  # against the element masks' multiply
+            np.testing.assert_allclose(runs[c][2], runs["jnp"][2], rtol=1e-6, err_msg=c)
+            for x, y in zip(jax.tree_util.tree_leaves(runs[c][0]), jax.tree_util.tree_leaves(runs["jnp"][0])):
+                np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-8, err_msg=c)
+        runs = {c: tuple(r[:2]) for c, r in runs.items()}
 
 
 def test_sparse_training_mask_recomputed_each_step():
