@@ -136,13 +136,13 @@ def make_steps(cfg, tile, tx, attention="auto", routes=None, row_norms=False, ti
         wi.update({n: bert.DENSE_ROUTE for n in blocks if routed(n)})
         if masked_cast in ("pit", "pit_all"):
             # each shape's dense-routed (or all) kernels and their stacked block masks, one call each
-            dense_by_shape = {}
+            cast_by_shape = {}
             for shape, (names, live) in by_shape.items():
                 sel = [i for i, n in enumerate(names) if masked_cast == "pit_all" or routed(n)]
                 if sel:
-                    dense_by_shape[shape] = ([names[i] for i in sel],
+                    cast_by_shape[shape] = ([names[i] for i in sel],
                                              live if len(sel) == len(names) else live[jnp.asarray(sel)])
-            masked = lambda q: pruning.masked_kernels(q, dense_by_shape, tile, cfg.dtype)  # noqa: E731
+            masked = lambda q: pruning.masked_kernels(q, cast_by_shape, tile, cfg.dtype)  # noqa: E731
         else:
             ms = pruning.element_masks({n: b for n, b in blocks.items() if routed(n)}, tile, shapes)
             masked = lambda q: pruning.apply_masks(q, ms)  # noqa: E731

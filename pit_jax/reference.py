@@ -354,14 +354,6 @@ def block_topk(density, *mats, tile_h: int, tile_w: int):
     return scores >= thresholds[:, None, None], scores, thresholds
 
 
-def expand_blocks(live, tile_h: int, tile_w: int, shape):
-    """bool [..., K, N] of a block mask [..., tk, tn]: each block's value over its
-    elements, edge blocks cropped to `shape` = (K, N)."""
-    k, n = shape
-    full = jnp.repeat(jnp.repeat(live, tile_h, axis=-2), tile_w, axis=-1)
-    return full[..., :k, :n]
-
-
 def mask_blocks(live, *mats, tile_h: int, tile_w: int, dtype):
     """Each matrix [..., K, N] with the elements of its dead blocks 0 and the rest cast to
     `dtype`: live bool [M, tk, tn] holds the blocks of every matrix (M = all of them, in
@@ -371,6 +363,6 @@ def mask_blocks(live, *mats, tile_h: int, tile_w: int, dtype):
         lead = m.shape[:-2]
         count = math.prod(lead)
         blocks = live[first:first + count].reshape(*lead, *live.shape[1:])
-        outs.append(jnp.where(expand_blocks(blocks, tile_h, tile_w, m.shape[-2:]), m, 0).astype(dtype))
+        outs.append(jnp.where(element_mask(blocks, (tile_h, tile_w), m.shape[-2:]), m, 0).astype(dtype))
         first += count
     return outs

@@ -28,7 +28,7 @@ struct alignas(sizeof(W) * kN) Words {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;  // vectors a thread loads before it stores
 
-template <typename In, typename Out, int kVec, int kUnroll, typename Index>
+template <typename In, typename Out, int kVec, typename Index>
 __global__ void __launch_bounds__(kThreads) MaskBlocksKernel(const MaskBlocksParams p, const MaskTable t,
                                                              int64_t first) {
   using InW = typename gemm::Elem<In>::Word;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) MaskBlocksKernel(const MaskBlocksPar
 
 template <typename In, typename Out, int kVec, typename Index>
 void LaunchOne(const dim3 grid, const MaskBlocksParams& p, const MaskTable& t, int64_t first, cudaStream_t stream) {
-  MaskBlocksKernel<In, Out, kVec, kUnroll, Index><<<grid, kThreads, 0, stream>>>(p, t, first);
+  MaskBlocksKernel<In, Out, kVec, Index><<<grid, kThreads, 0, stream>>>(p, t, first);
 }
 
 template <typename In, typename Out>

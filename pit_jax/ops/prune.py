@@ -9,10 +9,9 @@ from typing import NamedTuple, Sequence, Union
 import jax
 import jax.numpy as jnp
 
-from pit_jax import config
+from pit_jax import config, reference
 from pit_jax.pit_index import MicroTileSpec, normalize_micro_tile
 from pit_jax.primitives._products import FLOATS
-from pit_jax import reference
 from pit_jax.primitives.block_topk import block_topk_p, reference_groups
 from pit_jax.primitives.mask_blocks import mask_blocks_p
 

@@ -18,9 +18,10 @@ only when it divides evenly over its devices; otherwise the op sees whole operan
 before. With Explicit mesh axes, where the operands' types say how the batch is split,
 the op runs under `jax.shard_map` over those axes instead of custom_partitioning
 (`_shard_mapped`: jax 0.11 traces custom_partitioning's per-device function under the
-caller's Explicit mesh, which breaks its psum on the GPU). The internals used (no public API in jax 0.10-0.11): `sharding_impls`'s axis
-contexts, to leave lowerings outside plain multi-device jit untouched, and `dispatch`'s
-registry of primitives that need the devices while lowering.
+caller's Explicit mesh, which breaks its psum on the GPU). The internals used (no public
+API in jax 0.10-0.11): `sharding_impls`'s axis contexts, to leave lowerings outside plain
+multi-device jit untouched, and `dispatch`'s registry of primitives that need the devices
+while lowering.
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ def _shard_mapped(prim, params: dict, in_batched, out_batched, mesh, axes):
     CPU an unregistered custom call); shard_map's manual axes carry none."""
     spec = (lambda b: P(axes) if b else P())  # noqa: E731
     out_specs = [spec(b) for b in out_batched]
-    split = jax.shard_map(_per_device(prim, params, out_batched, axes), mesh=mesh, in_specs=tuple(spec(b) for b in in_batched),
+    split = jax.shard_map(_per_device(prim, params, out_batched, axes), mesh=mesh,
+                          in_specs=tuple(spec(b) for b in in_batched),
                           out_specs=out_specs if prim.multiple_results else out_specs[0], axis_names=frozenset(axes))
 
     def call(*args):
