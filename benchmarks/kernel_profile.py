@@ -255,15 +255,15 @@ def _prune(small, tile_name, density):
     # the dense routes' kernels masked by multiplying with element masks (XLA), as before pit_jax.mask_blocks
     jnp_mask = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, masked_cast="jnp")
     tied_jnp_mask = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, tied_sums=True, masked_cast="jnp")
-    # the W-axis kernels masked and cast by mask_blocks too (reading their live blocks only)
-    tied_mask_all = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, tied_sums=True,
-                                                    masked_cast="pit_all")
+    # only the dense routes' kernels masked and cast by mask_blocks, the W-axis kernels cast whole by the model
+    tied_mask_routed = sparse_training.routed_pit_step(cache, cfg, tile, tx, routes, tied_sums=True,
+                                                       masked_cast="pit")
     dense_tied = sparse_training.make_steps(cfg, tile, tx, tied_sums=True)[0]["dense"]
     print(f"pit's routes at density {density:g}: {routes}")
     return {"dense": (jax.jit(steps["dense"]), args), "dense_masked": (jax.jit(steps["dense_masked"]), args),
             "dense_tied": (jax.jit(dense_tied), args), "pit_tied": (tied, scored),
             "pit_jnp_mask": (jnp_mask, scored), "pit_tied_jnp_mask": (tied_jnp_mask, scored),
-            "pit_tied_mask_all": (tied_mask_all, scored),
+            "pit_tied_mask_routed": (tied_mask_routed, scored),
             "pit_w": (jax.jit(steps["pit"]), scored_w), "pit": (planned, scored), "pit_rownorm": (rownorm, scored),
             "dense_rownorm": (jax.jit(steps["dense_rownorm"]), args), "pit_w_rownorm": (w_rownorm, scored_w),
             # the pit step scoring the kernels themselves (a plain optimizer state)
