@@ -503,6 +503,79 @@ def test_k_and_weight_blocks_clustered_groups_gpu(dtype, axis, xs, ws, tile, lea
         assert not y[..., ~keep, :].any(), "rows of unlisted groups must be exactly zero"
 
 
+def _index_operand_shapes(jaxpr):
+    """The operand shape of every pit_index equation in a (closed) jaxpr, nested jaxprs included."""
+    found = []
+
+    def walk(j):
+        for eqn in j.eqns:
+            if eqn.primitive.name == "pit_index":
+                found.append(tuple(eqn.invars[0].aval.shape))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "xs,ws,tile,lead",
+    [((64, 64), (64, 64), (32, 64), (4,)), ((40, 70), (70, 50), (16, 32), (2, 3))],
+)
+def test_w_axis_shared_weight_over_a_batch(platform, dtype, xs, ws, tile, lead):
+    """x with batch dims against a w without: w and its index stay shared (one index build,
+    no copy of w per batch entry); forward and both gradients as the masked reference's,
+    dw summed over the batch."""
+    rng, seed = fresh_rng()
+    x, w, mask = make_case(rng, "w", xs, ws, tile, 0.5, dtype, lead=lead)
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), dtype))
+
+    def loss(a, b, gg):
+        y = pit_jax.sparse_dense(a, b, axis="w", micro_tile=tile)
+        return jnp.sum(y.astype(jnp.float32) * gg), y
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    shapes = _index_operand_shapes(jax.make_jaxpr(fn)(x, w, g))
+    assert shapes and all(s == w.shape for s in shapes), f"the index is built from the shared w alone, got {shapes}"
+    (_, y), (dx, dw) = fn(*put(platform, x, w, g))
+    want_y = f64(x) @ (f64(w) * mask)
+    want_dx = f64(g) @ (f64(w) * mask).T
+    want_dw = np.einsum("...mk,...mn->...kn", f64(x), f64(g)).reshape(-1, *ws).sum(0) * mask
+    assert dw.shape == w.shape
+    assert rel_err(y, want_y) < TOL[dtype], f"seed={seed}: y"
+    assert rel_err(dx, want_dx) < 2 * TOL[dtype], f"seed={seed}: dx"
+    assert rel_err(dw, want_dw) < 2 * TOL[dtype], f"seed={seed}: dw"
+    assert not np.asarray(dw, np.float32)[mask == 0].any(), "dead blocks' gradient must be exactly 0"
+
+
+@requires_gpu
+@pytest.mark.parametrize("density", [0.0, 0.2, 1.0])
+@pytest.mark.parametrize(
+    "xs,ws,tile,lead",
+    [((512, 768), (768, 2304), (32, 64), (2,)), ((264, 1000), (1000, 200), (32, 64), (3,)),
+     ((256, 515), (515, 264), (1, 32), (2,))],
+)
+def test_w_axis_shared_weight_over_a_batch_gpu(density, xs, ws, tile, lead):
+    """The same at the CUDA kernels' sizes (the sm90 weight-block kernel, its dx, the weight
+    gradient summing the batch in the product), bf16, outputs checked everywhere."""
+    rng, seed = fresh_rng()
+    x, w, mask = make_case(rng, "w", xs, ws, tile, density, jnp.bfloat16, lead=lead)
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), jnp.bfloat16))
+
+    def loss(a, b, gg):
+        y = pit_jax.sparse_dense(a, b, axis="w", micro_tile=tile)
+        return jnp.sum(y.astype(jnp.float32) * gg), y
+
+    (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(*put("gpu", x, w, g))
+    want_dw = np.einsum("...mk,...mn->...kn", f64(x), f64(g)).reshape(-1, *ws).sum(0) * mask
+    assert rel_err(y, f64(x) @ (f64(w) * mask)) < TOL[jnp.bfloat16], f"seed={seed}: y"
+    assert rel_err(dx, f64(g) @ (f64(w) * mask).T) < 2 * TOL[jnp.bfloat16], f"seed={seed}: dx"
+    assert rel_err(dw, want_dw) < 2 * TOL[jnp.bfloat16], f"seed={seed}: dw"
+    assert not np.asarray(dw, np.float32)[mask == 0].any(), "dead blocks' gradient must be exactly 0"
+
+
 # Small problems: check_grads' float32 finite differences are projections onto random
 # directions, whose rounding noise grows with the number of elements summed.
 GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}

@@ -298,8 +298,9 @@ def sparse_dense(
     if zero_dead and axis != "m":
         raise ValueError(f"sparse_dense: dead_rows={dead_rows!r} needs the M axis (token rows), got axis={axis!r}")
 
-    # The masked operand and the index must cover the full batch; the other operand may be
-    # shared (no batch dims) or carry the full batch (jnp.matmul broadcasting otherwise).
+    # The masked operand and the index cover the full batch, except a shared weight on the W
+    # axis (below); the other operand may be shared (no batch dims) or carry the full batch
+    # (jnp.matmul broadcasting otherwise).
     full = jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2])
     owner_name = "w" if axis == "w" else "x"
     owner = w if axis == "w" else x
@@ -308,7 +309,11 @@ def sparse_dense(
         tile = tile or _resolve_tile(None, axis, owner.shape[-2:], "micro_tile")
     else:
         _check_index(index, axis, owner, tile, owner_name)
-    if tuple(owner.shape[:-2]) != full:
+    # A shared weight (W axis, w without batch dims, its index too) stays shared: the
+    # products take a sparse operand whose batch divides the others' (one index build, no
+    # copy of w per batch entry).
+    shared_owner = axis == "w" and owner.ndim == 2 and (index is None or index.batch_shape == ())
+    if tuple(owner.shape[:-2]) != full and not shared_owner:
         owner = jnp.broadcast_to(owner, (*full, *owner.shape[-2:]))
     other = x if axis == "w" else w
     if other.ndim > 2 and tuple(other.shape[:-2]) != full:
@@ -317,7 +322,7 @@ def sparse_dense(
 
     if index is None:
         index = _own_index(owner, tile, axis)
-    elif index.batch_shape != full:
+    elif index.batch_shape != full and not shared_owner:
         lead = len(index.batch_shape)
         index = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (*full, *a.shape[lead:])), index)
 
