@@ -230,10 +230,7 @@ def test_jit_data_parallel_grad(mesh, axis, dtype, axis_type):
     if axis == "w":
         assert not np.any(np.asarray(gw)[w == 0])
     assert 'custom_call_target="Sharding"' not in hlo
-    # Known gather (docs/transformations.md): with Explicit axes the W axis's per-entry
-    # weight gradients are typed split, their primal (w broadcast over the batch for its
-    # index) replicated, so they are gathered before the batch sum.
-    assert ("all-gather" not in hlo) or (axis == "w" and axis_type != "auto")
+    assert "all-gather" not in hlo
 
 
 def test_jit_pruning_ops_on_sharded_kernels(mesh):

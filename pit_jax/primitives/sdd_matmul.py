@@ -65,6 +65,10 @@ def _dense_is_faster(shape, tile) -> bool:
 
 
 def _native(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch, cuda=False):
+    if trans_a and not trans_b and out_batch == 0 and a.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
+        # A shared weight's gradient, x^T @ dy summed over the batch: the batch is more of
+        # the reduction's (contiguous) rows of both operands, one 2-D product.
+        a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
     shape = _shape(a, b, idx, trans_a=trans_a, trans_b=trans_b, out_batch=out_batch)
     out = jax.ShapeDtypeStruct(shape.out_shape, a.dtype)
     if _row_gather(a, idx, shape, tile=tile, trans_a=trans_a, out_batch=out_batch):
