@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/block_grid.h"
 #include "cuda/common/host_device.h"
 #include "cuda/common/matmul_params.h"
 
@@ -17,15 +18,8 @@ constexpr int kTopkMaxMatrices = 64;
 // run as one launch.
 constexpr int kTopkMaxGroups = 16;
 
-struct BlockTopkParams {
-  DType dtype = DType::kF32;  // the matrices' element type
-  int64_t matrices = 0;       // M: the matrices of all operands, in operand order
-  int64_t rows = 0;           // K
-  int64_t cols = 0;           // N
-  int64_t tile_h = 1;         // block rows
-  int64_t tile_w = 1;         // block columns
-  int64_t tile_rows = 0;      // ceil(K / tile_h)
-  int64_t tile_cols = 0;      // ceil(N / tile_w)
+struct BlockTopkParams : BlockGrid {
+  DType dtype = DType::kF32;       // the matrices' element type
   const float* density = nullptr;  // [] on the device: the live fraction of each matrix's blocks
   bool* live = nullptr;            // [M, tile_rows, tile_cols]
   float* scores = nullptr;         // [M, tile_rows, tile_cols]: each block's L1 norm

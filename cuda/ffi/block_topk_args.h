@@ -47,8 +47,7 @@ inline ffi::ErrorOr<BlockTopkParams> DecodeBlockTopkGroup(const std::string& tar
   }
   if (p.rows < 1 || p.cols < 1) return InvalidArg(target + ": the matrices must not be empty");
   p.matrices = static_cast<int64_t>(bases.size() - first_base);
-  p.tile_rows = CeilDiv(p.rows, tile_h);
-  p.tile_cols = CeilDiv(p.cols, tile_w);
+  p.CountTiles();
   const int64_t blocks = p.matrices * p.tile_rows * p.tile_cols;
   if (p.tile_rows * p.tile_cols > (int64_t{1} << 30))
     return InvalidArg(target + ": at most 2^30 blocks per matrix");

@@ -59,8 +59,7 @@ inline ffi::Error DecodeMaskBlocks(ffi::AnyBuffer live, const ffi::RemainingArgs
     }
   }
   p.matrices = static_cast<int64_t>(src.size());
-  p.tile_rows = CeilDiv(p.rows, tile_h);
-  p.tile_cols = CeilDiv(p.cols, tile_w);
+  p.CountTiles();
   if (live.element_type() != ffi::DataType::PRED ||
       static_cast<int64_t>(live.element_count()) != p.matrices * p.tile_rows * p.tile_cols)
     return ffi::Error::InvalidArgument(target + ": live must be bool [" + std::to_string(p.matrices) + ", " +
