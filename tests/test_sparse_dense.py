@@ -576,6 +576,49 @@ def test_w_axis_shared_weight_over_a_batch_gpu(density, xs, ws, tile, lead):
     assert not np.asarray(dw, np.float32)[mask == 0].any(), "dead blocks' gradient must be exactly 0"
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "xs,ws,tile,lead",
+    [((64, 40), (40, 24), (32, 1), (3,)), ((16, 36), (36, 20), (8, 4), (2, 3)), ((20, 36), (36, 20), (8, 4), (2,))],
+    ids=["whole-tile-rows", "whole-tile-rows-2d-batch", "partial-tile-rows"],
+)
+def test_k_axis_batched_x_shared_weight(platform, dtype, xs, ws, tile, lead):
+    """K axis with x batched and w shared: where each entry holds whole tile rows the
+    forward runs as one product over x's folded rows (their per-row lists concatenated);
+    otherwise per entry. Forward and both gradients as the masked reference's."""
+    rng, seed = fresh_rng()
+    x, w, mask = make_case(rng, "k", xs, ws, tile, 0.4, dtype, lead=lead)
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), dtype))
+
+    def loss(a, b, gg):
+        y = pit_jax.sparse_dense(a, b, axis="k", micro_tile=tile)
+        return jnp.sum(y.astype(jnp.float32) * gg), y
+
+    (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(*put(platform, x, w, g))
+    xm = f64(x) * mask
+    assert rel_err(y, xm @ f64(w)) < TOL[dtype], f"seed={seed}: y"
+    assert rel_err(dx, (f64(g) @ f64(w).T) * mask) < 2 * TOL[dtype], f"seed={seed}: dx"
+    want_dw = np.einsum("...mk,...mn->...kn", xm, f64(g)).reshape(-1, *ws).sum(0)
+    assert rel_err(dw, want_dw) < 2 * TOL[dtype], f"seed={seed}: dw"
+    assert not np.asarray(dx, np.float32)[mask == 0].any(), "dx outside the live tiles must be exactly 0"
+
+
+@requires_gpu
+@pytest.mark.parametrize("density", [0.0, 0.2, 1.0])
+@pytest.mark.parametrize("xs,ws,lead", [((512, 768), (768, 2304), (2,)), ((256, 1000), (1000, 264), (3,))])
+def test_k_axis_batched_x_shared_weight_gpu(density, xs, ws, lead):
+    """The same at the Hopper stile kernel's sizes (x folded, then stored transposed), bf16."""
+    rng, seed = fresh_rng()
+    tile = (32, 1)
+    x, w, mask = make_case(rng, "k", xs, ws, tile, density, jnp.bfloat16, lead=lead)
+    y = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis="k", micro_tile=tile))(*put("gpu", x, w))
+    assert y.shape == (*lead, xs[0], ws[1])
+    assert rel_err(y, (f64(x) * mask) @ f64(w)) < TOL[jnp.bfloat16], f"seed={seed}"
+    if density == 0.0:
+        assert not np.asarray(y, np.float32).any(), "no live tile: the result must be all zeros"
+
+
 # Small problems: check_grads' float32 finite differences are projections onto random
 # directions, whose rounding noise grows with the number of elements summed.
 GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}
