@@ -182,9 +182,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) GroupedWgradKernel(const WgradA
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
       if constexpr (kKind == sm90_rg::kBf16) {
-        sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
+        sm90::WgmmaBf16N256<1, 1>(acc, da + step, db + step);
       } else {
-        sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
+        sm90::WgmmaF16N256<1, 1>(acc, da + step, db + step);
       }
     }
     sm90_rg::WgmmaCommit();
@@ -471,9 +471,9 @@ __global__ void __launch_bounds__(kW3Threads, 1)
         const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 K rows of 128 B
         if constexpr ((kDiag & kWgDiagNoMath) != 0) {
         } else if constexpr (kKind == sm90_rg::kBf16) {
-          sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
+          sm90::WgmmaBf16N256<1, 1>(acc, da + step, db + step);
         } else {
-          sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
+          sm90::WgmmaF16N256<1, 1>(acc, da + step, db + step);
         }
       }
       sm90_rg::WgmmaCommit();

@@ -39,7 +39,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/kernels/epilogue.cuh"
-#include "cuda/kernels/sm90/row_gather_wgmma.cuh"
+#include "cuda/kernels/sm90/wgmma.cuh"
 
 namespace pit {
 namespace sm90_rg {
@@ -722,14 +722,14 @@ template <int kKind, bool kTransB, int kN = kBN>
 __device__ __forceinline__ void Mma(float* acc, uint64_t da, uint64_t db) {
   static_assert(kN == 256 || kN == 128, "m64n256 or m64n128");
   if constexpr (kKind == kBf16) {
-    if constexpr (kN == 256) WgmmaBf16<0, kTransB ? 0 : 1>(acc, da, db);
-    else WgmmaBf16N128<0, kTransB ? 0 : 1>(acc, da, db);
+    if constexpr (kN == 256) sm90::WgmmaBf16N256<0, kTransB ? 0 : 1>(acc, da, db);
+    else sm90::WgmmaBf16N128<0, kTransB ? 0 : 1>(acc, da, db);
   } else if constexpr (kKind == kF16) {
-    if constexpr (kN == 256) WgmmaF16<0, kTransB ? 0 : 1>(acc, da, db);
-    else WgmmaF16N128<0, kTransB ? 0 : 1>(acc, da, db);
+    if constexpr (kN == 256) sm90::WgmmaF16N256<0, kTransB ? 0 : 1>(acc, da, db);
+    else sm90::WgmmaF16N128<0, kTransB ? 0 : 1>(acc, da, db);
   } else {
-    if constexpr (kN == 256) WgmmaTf32(acc, da, db);
-    else WgmmaTf32N128(acc, da, db);
+    if constexpr (kN == 256) sm90::WgmmaTf32N256(acc, da, db);
+    else sm90::WgmmaTf32N128(acc, da, db);
   }
 }
 

@@ -27,7 +27,7 @@
 
 #include "cuda/kernels/device_utils.cuh"
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"
-#include "cuda/kernels/sm90/stile_gemm_wgmma.cuh"
+#include "cuda/kernels/sm90/wgmma.cuh"
 
 namespace pit {
 namespace sm90_stile {
@@ -429,9 +429,9 @@ __device__ __forceinline__ void RunTiles(const Args& a, const TileOrder& order, 
             const uint64_t a_step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 k rows of 128 B
             const uint64_t b_step = static_cast<uint64_t>(kk * 32) >> 4;    // 16 k = 32 B of a 64 B row
             if constexpr (kKind == kBf16) {
-              sm90_rg::WgmmaBf16<1, 0>(acc, da + a_step, db + b_step);
+              sm90::WgmmaBf16N256<1, 0>(acc, da + a_step, db + b_step);
             } else {
-              sm90_rg::WgmmaF16<1, 0>(acc, da + a_step, db + b_step);
+              sm90::WgmmaF16N256<1, 0>(acc, da + a_step, db + b_step);
             }
           }
         } else if constexpr (kMode == kWeightBlocks) {
@@ -441,9 +441,9 @@ __device__ __forceinline__ void RunTiles(const Args& a, const TileOrder& order, 
           for (int kk = 0; kk < kTok / 16; ++kk) {
             const uint64_t step = static_cast<uint64_t>(kk * 2048) >> 4;  // 16 k rows of 128 B
             if constexpr (kKind == kBf16) {
-              sm90_rg::WgmmaBf16<1, 1>(acc, da + step, db + step);
+              sm90::WgmmaBf16N256<1, 1>(acc, da + step, db + step);
             } else {
-              sm90_rg::WgmmaF16<1, 1>(acc, da + step, db + step);
+              sm90::WgmmaF16N256<1, 1>(acc, da + step, db + step);
             }
           }
         } else {
@@ -456,13 +456,13 @@ __device__ __forceinline__ void RunTiles(const Args& a, const TileOrder& order, 
             for (int j = 0; j < 4; ++j) {
               const uint64_t da = sm90_rg::MakeDesc(ss + (1 + 4 * wg + j) * kBlock, kBlock, 1024);
               if constexpr (kMode == kKAxis && kKind == kBf16) {
-                WgmmaBf16MnMn64(acc + kAcc * j, da + step, db + step);
+                sm90::WgmmaBf16N64<1, 1>(acc + kAcc * j, da + step, db + step);
               } else if constexpr (kMode == kKAxis) {
-                WgmmaF16MnMn64(acc + kAcc * j, da + step, db + step);
+                sm90::WgmmaF16N64<1, 1>(acc + kAcc * j, da + step, db + step);
               } else if constexpr (kKind == kBf16) {
-                WgmmaBf16MnMn32(acc + kAcc * j, da + step, db + step);
+                sm90::WgmmaBf16N32<1, 1>(acc + kAcc * j, da + step, db + step);
               } else {
-                WgmmaF16MnMn32(acc + kAcc * j, da + step, db + step);
+                sm90::WgmmaF16N32<1, 1>(acc + kAcc * j, da + step, db + step);
               }
             }
           }

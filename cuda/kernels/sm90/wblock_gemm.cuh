@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/sm90/row_gather_gemm.cuh"  // PTX helpers (sm90_rg)
-#include "cuda/kernels/sm90/wblock_wgmma.cuh"
+#include "cuda/kernels/sm90/wgmma.cuh"
 
 namespace pit {
 namespace sm90_wblock {
@@ -56,11 +56,11 @@ template <int kKind, bool kDx>
 __device__ __forceinline__ void Mma(float* acc, uint64_t da, uint64_t db) {
   // Forward: B is a w block [32 k][64 n], N-major. dx: a w block [32 (C columns)][64 k], K-major.
   if constexpr (kDx) {
-    if constexpr (kKind == kBf16) WgmmaBf16N32<0, 0>(acc, da, db);
-    else WgmmaF16N32<0, 0>(acc, da, db);
+    if constexpr (kKind == kBf16) sm90::WgmmaBf16N32<0, 0>(acc, da, db);
+    else sm90::WgmmaF16N32<0, 0>(acc, da, db);
   } else {
-    if constexpr (kKind == kBf16) WgmmaBf16N64<0, 1>(acc, da, db);
-    else WgmmaF16N64<0, 1>(acc, da, db);
+    if constexpr (kKind == kBf16) sm90::WgmmaBf16N64<0, 1>(acc, da, db);
+    else sm90::WgmmaF16N64<0, 1>(acc, da, db);
   }
 }
 
