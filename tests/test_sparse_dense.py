@@ -518,6 +518,32 @@ def _index_operand_shapes(jaxpr):
     return found
 
 
+def _value_and_grads(axis, tile):
+    """jit of x, w, g -> ((sum(y * g), y), (dx, dw)) with y = sparse_dense(x, w)."""
+
+    def loss(a, b, gg):
+        y = pit_jax.sparse_dense(a, b, axis=axis, micro_tile=tile)
+        return jnp.sum(y.astype(jnp.float32) * gg), y
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+
+
+def _check_shared_weight_grads(fn, platform, axis, dtype, x, w, g, mask, seed):
+    """fn's y, dx and dw (summed over x's batch into the shared w) against the float64
+    masked reference; the masked operand's gradient exactly 0 off its live tiles."""
+    (_, y), (dx, dw) = fn(*put(platform, x, w, g))
+    xm, wm = (f64(x), f64(w) * mask) if axis == "w" else (f64(x) * mask, f64(w))
+    want_dx = f64(g) @ wm.T if axis == "w" else (f64(g) @ wm.T) * mask
+    want_dw = np.einsum("...mk,...mn->...kn", xm, f64(g)).reshape(-1, *w.shape[-2:]).sum(0)
+    want_dw = want_dw * mask if axis == "w" else want_dw
+    assert dw.shape == w.shape
+    assert rel_err(y, xm @ wm) < TOL[dtype], f"seed={seed}: y"
+    assert rel_err(dx, want_dx) < 2 * TOL[dtype], f"seed={seed}: dx"
+    assert rel_err(dw, want_dw) < 2 * TOL[dtype], f"seed={seed}: dw"
+    masked_grad = np.asarray(dw if axis == "w" else dx, np.float32)  # the masked operand's, of its shape
+    assert not masked_grad[mask == 0].any(), "the gradient off the live tiles must be exactly 0"
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize(
@@ -531,23 +557,10 @@ def test_w_axis_shared_weight_over_a_batch(platform, dtype, xs, ws, tile, lead):
     rng, seed = fresh_rng()
     x, w, mask = make_case(rng, "w", xs, ws, tile, 0.5, dtype, lead=lead)
     g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), dtype))
-
-    def loss(a, b, gg):
-        y = pit_jax.sparse_dense(a, b, axis="w", micro_tile=tile)
-        return jnp.sum(y.astype(jnp.float32) * gg), y
-
-    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    fn = _value_and_grads("w", tile)
     shapes = _index_operand_shapes(jax.make_jaxpr(fn)(x, w, g))
     assert shapes and all(s == w.shape for s in shapes), f"the index is built from the shared w alone, got {shapes}"
-    (_, y), (dx, dw) = fn(*put(platform, x, w, g))
-    want_y = f64(x) @ (f64(w) * mask)
-    want_dx = f64(g) @ (f64(w) * mask).T
-    want_dw = np.einsum("...mk,...mn->...kn", f64(x), f64(g)).reshape(-1, *ws).sum(0) * mask
-    assert dw.shape == w.shape
-    assert rel_err(y, want_y) < TOL[dtype], f"seed={seed}: y"
-    assert rel_err(dx, want_dx) < 2 * TOL[dtype], f"seed={seed}: dx"
-    assert rel_err(dw, want_dw) < 2 * TOL[dtype], f"seed={seed}: dw"
-    assert not np.asarray(dw, np.float32)[mask == 0].any(), "dead blocks' gradient must be exactly 0"
+    _check_shared_weight_grads(fn, platform, "w", dtype, x, w, g, mask, seed)
 
 
 @requires_gpu
@@ -563,17 +576,7 @@ def test_w_axis_shared_weight_over_a_batch_gpu(density, xs, ws, tile, lead):
     rng, seed = fresh_rng()
     x, w, mask = make_case(rng, "w", xs, ws, tile, density, jnp.bfloat16, lead=lead)
     g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), jnp.bfloat16))
-
-    def loss(a, b, gg):
-        y = pit_jax.sparse_dense(a, b, axis="w", micro_tile=tile)
-        return jnp.sum(y.astype(jnp.float32) * gg), y
-
-    (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(*put("gpu", x, w, g))
-    want_dw = np.einsum("...mk,...mn->...kn", f64(x), f64(g)).reshape(-1, *ws).sum(0) * mask
-    assert rel_err(y, f64(x) @ (f64(w) * mask)) < TOL[jnp.bfloat16], f"seed={seed}: y"
-    assert rel_err(dx, f64(g) @ (f64(w) * mask).T) < 2 * TOL[jnp.bfloat16], f"seed={seed}: dx"
-    assert rel_err(dw, want_dw) < 2 * TOL[jnp.bfloat16], f"seed={seed}: dw"
-    assert not np.asarray(dw, np.float32)[mask == 0].any(), "dead blocks' gradient must be exactly 0"
+    _check_shared_weight_grads(_value_and_grads("w", tile), "gpu", "w", jnp.bfloat16, x, w, g, mask, seed)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -584,31 +587,20 @@ def test_w_axis_shared_weight_over_a_batch_gpu(density, xs, ws, tile, lead):
     ids=["whole-tile-rows", "whole-tile-rows-2d-batch", "partial-tile-rows"],
 )
 def test_k_axis_batched_x_shared_weight(platform, dtype, xs, ws, tile, lead):
-    """K axis with x batched and w shared: where each entry holds whole tile rows the
-    forward runs as one product over x's folded rows (their per-row lists concatenated);
-    otherwise per entry. Forward and both gradients as the masked reference's."""
+    """K axis with x batched (its index per entry) and w shared, entries of whole and of
+    partial tile rows: forward and both gradients as the masked reference's, dw summed
+    over the batch."""
     rng, seed = fresh_rng()
     x, w, mask = make_case(rng, "k", xs, ws, tile, 0.4, dtype, lead=lead)
     g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), dtype))
-
-    def loss(a, b, gg):
-        y = pit_jax.sparse_dense(a, b, axis="k", micro_tile=tile)
-        return jnp.sum(y.astype(jnp.float32) * gg), y
-
-    (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(*put(platform, x, w, g))
-    xm = f64(x) * mask
-    assert rel_err(y, xm @ f64(w)) < TOL[dtype], f"seed={seed}: y"
-    assert rel_err(dx, (f64(g) @ f64(w).T) * mask) < 2 * TOL[dtype], f"seed={seed}: dx"
-    want_dw = np.einsum("...mk,...mn->...kn", xm, f64(g)).reshape(-1, *ws).sum(0)
-    assert rel_err(dw, want_dw) < 2 * TOL[dtype], f"seed={seed}: dw"
-    assert not np.asarray(dx, np.float32)[mask == 0].any(), "dx outside the live tiles must be exactly 0"
+    _check_shared_weight_grads(_value_and_grads("k", tile), platform, "k", dtype, x, w, g, mask, seed)
 
 
 @requires_gpu
 @pytest.mark.parametrize("density", [0.0, 0.2, 1.0])
 @pytest.mark.parametrize("xs,ws,lead", [((512, 768), (768, 2304), (2,)), ((256, 1000), (1000, 264), (3,))])
 def test_k_axis_batched_x_shared_weight_gpu(density, xs, ws, lead):
-    """The same at the Hopper stile kernel's sizes (x folded, then stored transposed), bf16."""
+    """The forward at the Hopper stile kernel's sizes (x stored transposed per entry), bf16."""
     rng, seed = fresh_rng()
     tile = (32, 1)
     x, w, mask = make_case(rng, "k", xs, ws, tile, density, jnp.bfloat16, lead=lead)
