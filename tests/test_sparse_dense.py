@@ -234,6 +234,31 @@ def test_m_axis_weight_grad_lowers_to_grouped_wgrad_on_cuda():
     assert hlo.count("@pit_index(") == 1
 
 
+@pytest.mark.parametrize("trans_a, trans_b, trans_c", [(True, False, False), (False, True, True)])
+@pytest.mark.parametrize("lead, out_batch", [((3,), 0), ((2, 3), 1), ((2, 3), 0)])
+def test_dense_route_sums_batches_inside_the_product(trans_a, trans_b, trans_c, lead, out_batch):
+    """The CUDA dense route's product with summed batch dims that both operands carry (a
+    shared weight's gradient) contracts them in the GEMM: no per-entry float32 products and
+    reduce after it. Same values as the product per entry summed in float64; 16-bit results
+    in their dtype."""
+    from pit_jax.primitives import _dense_route
+
+    rng, seed = fresh_rng()
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
+        a = jnp.asarray(rng.standard_normal((*lead, 24, 40)), dtype)
+        b = jnp.asarray(rng.standard_normal((*lead, 24, 16) if trans_a else (*lead, 16, 40)), dtype)
+        kw = dict(trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, allow_tf32=False, out_batch=out_batch)
+        got = jax.jit(lambda a, b: _dense_route.product(a, b, **kw))(a, b)
+        opa = np.swapaxes(np.asarray(a, np.float64), -1, -2) if trans_a else np.asarray(a, np.float64)
+        opb = np.swapaxes(np.asarray(b, np.float64), -1, -2) if trans_b else np.asarray(b, np.float64)
+        want = (opa @ opb).sum(axis=tuple(range(out_batch, len(lead))))
+        want = np.swapaxes(want, -1, -2) if trans_c else want
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * np.abs(want).max(),
+                                   err_msg=f"seed {seed}")
+        jaxpr = str(jax.make_jaxpr(lambda a, b: _dense_route.product(a, b, **kw))(a, b))
+        assert "reduce_sum" not in jaxpr and "dot_general" in jaxpr
+
 @requires_gpu
 @pytest.mark.parametrize(
     "lead,rows,k,n,h,density,capacity,force,overflow",
