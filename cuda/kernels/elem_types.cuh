@@ -65,6 +65,29 @@ struct Elem<__half> {
   }
 };
 
+// Four values of one row at columns n .. n + 3 of a result (p = that row's element n, the
+// next columns `step` words apart), each rounded once: one 16- or 8-byte store where `vec`
+// (contiguous columns, the row pitch and n multiples of 4) and the quad ends by n_hi, else
+// element by element up to n_hi.
+template <typename T>
+__device__ __forceinline__ void StoreQuad(typename Elem<T>::Word* p, int64_t step, bool vec, int n, int n_hi,
+                                          float v0, float v1, float v2, float v3) {
+  if (vec && n + 4 <= n_hi) {
+    if constexpr (sizeof(typename Elem<T>::Word) == 4) {
+      *reinterpret_cast<float4*>(p) = make_float4(v0, v1, v2, v3);
+    } else {
+      *reinterpret_cast<uint2*>(p) =
+          make_uint2(Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16),
+                     Elem<T>::FromFloat(v2) | (static_cast<uint32_t>(Elem<T>::FromFloat(v3)) << 16));
+    }
+  } else {
+    if (n < n_hi) p[0] = Elem<T>::FromFloat(v0);
+    if (n + 1 < n_hi) p[step] = Elem<T>::FromFloat(v1);
+    if (n + 2 < n_hi) p[2 * step] = Elem<T>::FromFloat(v2);
+    if (n + 3 < n_hi) p[3 * step] = Elem<T>::FromFloat(v3);
+  }
+}
+
 // V elements at p as loaded, unconverted (LoadWords), and as floats (ToFloats). Kernels
 // that keep several vectors in flight load them all into Words first and convert after:
 // LoadF's conversion next to its load, inside a `c < n` branch, made ptxas wait for each

@@ -87,20 +87,7 @@ __device__ __forceinline__ void StoreTile(const Math& math, typename Elem<T>::Wo
         const int n = n_lo + Math::Col(js);
         const float v0 = act(math.acc[i][js]), v1 = act(math.acc[i][js + 1]), v2 = act(math.acc[i][js + 2]),
                     v3 = act(math.acc[i][js + 3]);
-        if (vec && n + 4 <= n_hi) {  // ld % 4 == 0, n % 4 == 0: aligned quad
-          if constexpr (sizeof(Word) == 4) {
-            *reinterpret_cast<float4*>(&at(row, n)) = make_float4(v0, v1, v2, v3);
-          } else {
-            *reinterpret_cast<uint2*>(&at(row, n)) =
-                make_uint2(Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16),
-                           Elem<T>::FromFloat(v2) | (static_cast<uint32_t>(Elem<T>::FromFloat(v3)) << 16));
-          }
-        } else {
-          if (n < n_hi) at(row, n) = Elem<T>::FromFloat(v0);
-          if (n + 1 < n_hi) at(row, n + 1) = Elem<T>::FromFloat(v1);
-          if (n + 2 < n_hi) at(row, n + 2) = Elem<T>::FromFloat(v2);
-          if (n + 3 < n_hi) at(row, n + 3) = Elem<T>::FromFloat(v3);
-        }
+        StoreQuad<T>(&at(row, n), 1, vec, n, n_hi, v0, v1, v2, v3);  // vec: ld % 4 == 0, n % 4 == 0
       }
     }
   }

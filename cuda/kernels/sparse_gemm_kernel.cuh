@@ -581,20 +581,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
           v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
           v2 = epilogue(v2, row, n + 2), v3 = epilogue(v3, row, n + 3);
         }
-        if (g.c_vec && n + 4 <= n_hi) {  // row-major C, n % 4 == 0, N % 4 == 0: aligned quad
-          if constexpr (sizeof(Word) == 4) {
-            *reinterpret_cast<float4*>(&out(row, n)) = make_float4(v0, v1, v2, v3);
-          } else {
-            *reinterpret_cast<uint2*>(&out(row, n)) =
-                make_uint2(Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16),
-                           Elem<T>::FromFloat(v2) | (static_cast<uint32_t>(Elem<T>::FromFloat(v3)) << 16));
-          }
-        } else {
-          if (n < n_hi) out(row, n) = Elem<T>::FromFloat(v0);
-          if (n + 1 < n_hi) out(row, n + 1) = Elem<T>::FromFloat(v1);
-          if (n + 2 < n_hi) out(row, n + 2) = Elem<T>::FromFloat(v2);
-          if (n + 3 < n_hi) out(row, n + 3) = Elem<T>::FromFloat(v3);
-        }
+        // c_vec: row-major C, N % 4 == 0
+        StoreQuad<T>(&out(row, n), g.trans_c ? g.M : 1, g.c_vec, n, n_hi, v0, v1, v2, v3);
       }
     }
   }
