@@ -146,12 +146,13 @@ def test_bench_wblock_smoke(tmp_path):
     assert len(list(tmp_path.glob("wblock_*.json"))) == 1
 
 
-@pytest.mark.parametrize("axis", ["w", "k"])
+@pytest.mark.parametrize("axis", ["w", "k", "m", "moe"])
 def test_bench_shared_weight_smoke(tmp_path, axis):
     from benchmarks import bench_shared_weight
 
     rows = bench_shared_weight.main(["--small", "--axis", axis, "--densities", "0.0,0.5", "--out", str(tmp_path)])
-    assert len(rows) == 2 and all(r["shared_ms"] > 0 and r["max_rel_diff"] < 2e-2 for r in rows)
+    n = len(bench_shared_weight.MOE_CASES) if axis == "moe" else 2
+    assert len(rows) == n and all(r["shared_ms"] > 0 and r["max_rel_diff"] < 2e-2 for r in rows)
     assert len(list(tmp_path.glob("shared_weight_*.json"))) == 1
 
 

@@ -437,6 +437,49 @@ def test_vmap_and_vmap_grad_over_token_groups(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_token_groups_sharing_experts_run_as_one_group(platform, dtype):
+    """Groups [2, 3] of tokens with shared experts: the lowering folds them into one index
+    over all 6 * T tokens (each product and weight gradient one custom call on [E+1, 6 T k]
+    lists), with groups of every kind: uniform, every token on one expert, some ids out of
+    range (dropped), and all ids out of range (an empty group). Values and gradients against
+    the per-group reference; batched weights are not folded."""
+    rng, seed = fresh_rng()
+    lead, t, d, f, e, k = (2, 3), 19, 16, 24, 8, 2
+    ids, x, gates, w_in, w_out, _ = make(rng, t, d, f, e, k, dtype, batch=lead)
+    ids = ids.reshape(6, t, k).copy()
+    ids[1] = routing(rng, t, k, e, "one")
+    ids[2, ::3, 0] = e + 5  # dropped: counted in group E, contributes 0
+    ids[3] = -1  # a group with nothing routed
+    ids = jnp.asarray(ids.reshape(*lead, t, k))
+    ct = jnp.asarray(rng.standard_normal((*lead, t, d)), jnp.float32)
+    ids, x, gates, w_in, w_out, ct = put(platform, ids, x, gates, w_in, w_out, ct)
+
+    def loss(x, gates, w_in, w_out):
+        y = pit_jax.moe_ffn(x, gates, pit_jax.moe_index(ids, e), w_in, w_out, activation="gelu")
+        return jnp.sum(y.astype(jnp.float32) * ct)
+
+    def ref_loss(x, gates, w_in, w_out):
+        y = pit_jax.reference.moe_ffn(x, gates, ids, w_in, w_out, activation="gelu")
+        return jnp.sum(y.astype(jnp.float32) * ct)
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+    hlo = fn.lower(x, gates, w_in, w_out).as_text()
+    folded = rf"tensor<{e + 1}x{6 * t * k}xi32>"
+    assert len(re.findall(r"@pit_grouped_(?:matmul|wgrad)\(", hlo)) == 6
+    assert all(folded in line for line in hlo.splitlines() if re.search(r"@pit_grouped_(?:matmul|wgrad)\(", line))
+    v, grads = fn(x, gates, w_in, w_out)
+    v_ref, refs = jax.value_and_grad(ref_loss, argnums=(0, 1, 2, 3))(x, gates, w_in, w_out)
+    assert rel_err(v, v_ref) < 2 * TOL[dtype], f"seed {seed}"
+    for name, g, want in zip(("x", "gates", "w_in", "w_out"), grads, refs):
+        assert rel_err(g, want) < 5 * TOL[dtype], f"{name}: seed {seed}"
+    # Weights with the groups' batch dims: one product per group (nothing shared to fold).
+    wb = jnp.broadcast_to(w_in, (*lead, *w_in.shape))
+    hlo = jax.jit(lambda x, w: pit_jax.grouped_matmul(x, w, pit_jax.moe_index(ids, e))).lower(x, wb).as_text()
+    assert folded not in hlo
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 def test_jit_training_step_decreases_loss(platform):
     rng, seed = fresh_rng()
     t, d, f, e, k = 64, 16, 32, 8, 2

@@ -636,6 +636,39 @@ def test_k_axis_batched_x_shared_weight_gpu(density, xs, ws, lead):
         assert not np.asarray(y, np.float32).any(), "no live tile: the result must be all zeros"
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "xs,ws,h,lead,folds",
+    [((48, 40), (40, 24), 1, (3,), True), ((20, 36), (36, 20), 2, (2, 3), True), ((21, 36), (36, 20), 2, (3,), False)],
+    ids=["rows", "row-pairs-2d-batch", "partial-row-block"],
+)
+def test_m_axis_batched_x_shared_weight(platform, dtype, xs, ws, h, lead, folds):
+    """M axis with x batched and w shared, an entry with no live row and one with every row
+    live among them: the products (forward, dx, dw) run on the entries' stacked rows with
+    one folded index where M is a multiple of the row block (the custom calls' index operands
+    1-D), per entry where it is not; values and both gradients as the masked reference's."""
+    rng, seed = fresh_rng()
+    tile = (h, None)
+    x, w, mask = make_case(rng, "m", xs, ws, tile, 0.4, dtype, lead=lead)
+    x, mask = np.array(x).reshape(-1, *xs), np.array(mask).reshape(-1, *xs)
+    x[0], mask[0] = 0, 0
+    x[-1], mask[-1] = np.asarray(jnp.asarray(rng.standard_normal(xs), dtype)), 1
+    x, mask = x.reshape(*lead, *xs), mask.reshape(*lead, *xs)
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, xs[0], ws[1])), dtype))
+    fn = _value_and_grads("m", tile)
+    hlo = fn.lower(*put(platform, x, w, g)).as_text()
+    calls = [ln for ln in hlo.splitlines() if "custom_call @pit_" in ln and "@pit_index(" not in ln]
+    tr = -(-xs[0] // h)
+    per_entry = f"tensor<{'x'.join(map(str, (*lead, tr)))}xi32>"
+    folded = [ln for ln in calls if re.search(rf"[<x]{math.prod(lead) * tr}xi32>", ln)]
+    if folds:  # no product reads the per-entry lists; the forward and dx read the folded ones
+        assert len(folded) >= 2 and not any(per_entry in ln for ln in calls), calls
+    else:
+        assert not folded and sum(per_entry in ln for ln in calls) >= 2, calls
+    _check_shared_weight_grads(fn, platform, "m", dtype, x, w, g, mask, seed)
+
+
 # Small problems: check_grads' float32 finite differences are projections onto random
 # directions, whose rounding noise grows with the number of elements summed.
 GRAD_CHECK_CASES = {"m": ((12, 10), (10, 6), (3, None)), "k": ((12, 10), (10, 6), (4, 2)), "w": ((6, 12), (12, 10), (4, 5))}

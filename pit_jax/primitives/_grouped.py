@@ -9,7 +9,8 @@ trailing entries.
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+import math
+from typing import Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 
@@ -38,6 +39,35 @@ def reduce_batch(x, keep: int, dtype):
     if keep < nb:
         x = x.astype(jnp.float32).sum(axis=tuple(range(keep, nb)))
     return x.astype(dtype)
+
+
+def folded_index(lists, counts):
+    """One routing index over a batch of token groups: lists [..., E+1, A] and counts
+    [..., E+1] of G groups -> [E+1, G*A] and [E+1], assignment a of group g becoming
+    g*A + a (each group's lists in group order, so the result is a fixed function of the
+    index: the products stay deterministic). Entries past a count are never read."""
+    e1, a = lists.shape[-2:]
+    g = math.prod(lists.shape[:-2])
+    lists, counts = lists.reshape(g, e1, a), jnp.clip(counts.reshape(g, e1), 0, a)
+    start = jnp.cumsum(counts, axis=0) - counts  # each group's offset in an expert's folded list
+    i = jnp.arange(a, dtype=jnp.int32)
+    pos = jnp.where(i < counts[:, :, None], start[:, :, None] + i, g * a)  # past the count: dropped
+    vals = lists + (jnp.arange(g, dtype=jnp.int32) * a)[:, None, None]
+    rows = jnp.arange(e1, dtype=jnp.int32)[None, :, None]
+    out = jnp.zeros((e1, g * a), jnp.int32).at[rows, pos].set(vals, mode="drop", unique_indices=True)
+    return out, counts.sum(0, dtype=jnp.int32)
+
+
+def foldable(src, lists, shared) -> Optional[Tuple[int, ...]]:
+    """The batch of token groups to fold into one, or None: src and the index carry the same
+    batch and the weight (`shared`: w, or the summed-over dW) has none. Per-group tiles
+    are cut at each group's expert counts, so small groups waste most of their tiles
+    (E = 64 over 8 groups of 2048 tokens: 2.4x the folded time, forward + backward on the
+    H200); one index over all the groups' tokens has the folded tiles."""
+    lead = tuple(src.shape[:-2])
+    if lead and shared and tuple(lists.shape[:-2]) == lead:
+        return lead
+    return None
 
 
 def batch_rule(prim, args, dims, base_ranks: Sequence[int], **params):

@@ -66,6 +66,12 @@ def _abstract_eval(src, w, lists, counts, *, row_div, trans_w, allow_tf32, relu=
 
 
 def _native(src, w, lists, counts, *, row_div, trans_w, allow_tf32, relu):
+    lead = _grouped.foldable(src, lists, shared=w.ndim == 3)
+    if lead:  # token groups sharing the experts: one product over all their tokens
+        fl, fc = _grouped.folded_index(lists, counts)
+        y = _native(src.reshape(-1, src.shape[-1]), w, fl, fc, row_div=row_div, trans_w=trans_w,
+                    allow_tf32=allow_tf32, relu=relu)
+        return y.reshape(*lead, lists.shape[-1], y.shape[-1])
     out = _abstract_eval(src, w, lists, counts, row_div=row_div, trans_w=trans_w, allow_tf32=allow_tf32)
     return jax.ffi.ffi_call("pit_grouped_matmul", jax.ShapeDtypeStruct(out.shape, out.dtype))(
         src, w, lists, counts, row_div=np.int64(row_div), trans_w=bool(trans_w), allow_tf32=bool(allow_tf32),

@@ -45,6 +45,11 @@ def _abstract_eval(src, dy, lists, counts, *, row_div, allow_tf32, out_batch):
 
 
 def _native(src, dy, lists, counts, *, row_div, allow_tf32, out_batch):
+    lead = _grouped.foldable(src, lists, shared=out_batch == 0)
+    if lead and tuple(dy.shape[:-2]) == lead:  # a shared weight's gradient: one product over all the groups' tokens
+        fl, fc = _grouped.folded_index(lists, counts)
+        return _native(src.reshape(-1, src.shape[-1]), dy.reshape(-1, dy.shape[-1]), fl, fc, row_div=row_div,
+                       allow_tf32=allow_tf32, out_batch=0)
     out = _abstract_eval(src, dy, lists, counts, row_div=row_div, allow_tf32=allow_tf32, out_batch=out_batch)
     return jax.ffi.ffi_call("pit_grouped_wgrad", jax.ShapeDtypeStruct(out.shape, out.dtype))(
         src, dy, lists, counts, row_div=np.int64(row_div), allow_tf32=bool(allow_tf32)

@@ -149,6 +149,16 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         y = _native(a.reshape(-1, a.shape[-1]), b, *idx, sparse=sparse, tile=tile, trans_a=False, trans_b=trans_b,
                     trans_c=False, allow_tf32=allow_tf32, out_batch=0, cuda=cuda)
         return y.reshape(*a.shape[:-1], y.shape[-1])
+    if _rows_wgrad_folds(a, b, idx, sparse=sparse, tile=tile, trans_a=trans_a, trans_b=trans_b, trans_c=trans_c,
+                         out_batch=out_batch):
+        # The M axis's weight gradient x^T dy summed over x's batch (a shared w): the
+        # entries' rows of both as one matrix, their lists as one (the forward and dx fold
+        # the same way in _lowering.row_gather_call).
+        nb = a.ndim - 2
+        lists = (v.reshape(v.shape[nb:]) for v in idx[2:])
+        return _native(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]),
+                       *_lowering.folded_row_index(idx[0], idx[1]), *lists, sparse=sparse, tile=tile, trans_a=True,
+                       trans_b=False, trans_c=False, allow_tf32=allow_tf32, out_batch=0, cuda=cuda)
     shape = _products.product_shape(
         a, b, (), trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch, what="stile_matmul"
     )
@@ -192,6 +202,17 @@ def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out
         trans_b=bool(trans_b),
         trans_c=bool(trans_c),
         allow_tf32=bool(allow_tf32),
+    )
+
+
+def _rows_wgrad_folds(a, b, idx, *, sparse, tile, trans_a, trans_b, trans_c, out_batch) -> bool:
+    """Whether this is a weight gradient x^T dy over x's row blocks with x and dy batched
+    alike and the batch summed, on a row index that folds (`_lowering.row_index_folds`, no
+    row or column lists)."""
+    return (
+        sparse == "a" and trans_a and not (trans_b or trans_c) and out_batch == 0 and tile[1] >= a.shape[-1]
+        and tuple(b.shape[:-1]) == tuple(a.shape[:-1]) and not any(v.size for v in idx[2:])
+        and _lowering.row_index_folds(idx[0], a.shape[:-1], tile[0])
     )
 
 
