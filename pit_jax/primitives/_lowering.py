@@ -39,12 +39,16 @@ def register_ffi_lowerings(prim: Primitive, target: str, attr_names: Sequence[st
         return lower(ctx, *args, **_attrs(params, attr_names))
 
     _partition.register(prim, *core)
-    rule = _partition.batch_partitioned(prim, rule)
+    register_platforms(prim, _partition.batch_partitioned(prim, rule), target)
+
+
+def register_platforms(prim: Primitive, rule: Callable, target: str, cuda_rule: Callable | None = None) -> None:
+    """Registers `rule` as `prim`'s CPU lowering and `cuda_rule` (default: `rule`) as its CUDA
+    one, or, in a build without the CUDA module, a CUDA rule that names `target` and says why
+    it cannot run."""
     mlir.register_lowering(prim, rule, platform="cpu")
-    if _native.has_cuda():
-        mlir.register_lowering(prim, rule, platform="cuda")
-    else:
-        mlir.register_lowering(prim, _missing_cuda(target), platform="cuda")
+    cuda = (rule if cuda_rule is None else cuda_rule) if _native.has_cuda() else _missing_cuda(target)
+    mlir.register_lowering(prim, cuda, platform="cuda")
 
 
 def _missing_cuda(target: str) -> Callable:
@@ -67,14 +71,8 @@ def register_traced_lowering(
     callable of the params: under jit over several devices the op is split over its first
     batch dim (`_partition`)."""
     _partition.register(prim, *core)
-    rule = _partition.batch_partitioned(prim, mlir.lower_fun(fn, multiple_results=prim.multiple_results))
-    mlir.register_lowering(prim, rule, platform="cpu")
-    if _native.has_cuda():
-        cuda_rule = rule if cuda_fn is None else _partition.batch_partitioned(
-            prim, mlir.lower_fun(cuda_fn, multiple_results=prim.multiple_results))
-        mlir.register_lowering(prim, cuda_rule, platform="cuda")
-    else:
-        mlir.register_lowering(prim, _missing_cuda(", ".join(targets)), platform="cuda")
+    traced = lambda f: _partition.batch_partitioned(prim, mlir.lower_fun(f, multiple_results=prim.multiple_results))  # noqa: E731
+    register_platforms(prim, traced(fn), ", ".join(targets), None if cuda_fn is None else traced(cuda_fn))
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.interpreters import ad, batching, mlir, xla
+from jax.interpreters import ad, batching, xla
 
-from pit_jax import _native, reference
-from pit_jax.primitives._lowering import _missing_cuda
+from pit_jax import reference
+from pit_jax.primitives import _lowering
 from pit_jax.primitives._vma import Primitive, zero_tangent
 
 block_topk_p = Primitive("pit_block_topk")
@@ -111,6 +111,4 @@ block_topk_p.def_impl(lambda *args, **params: xla.apply_primitive(block_topk_p, 
 block_topk_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[block_topk_p] = _jvp
 batching.primitive_batchers[block_topk_p] = _batch
-mlir.register_lowering(block_topk_p, _lowering_rule, platform="cpu")
-mlir.register_lowering(block_topk_p, _lowering_rule if _native.has_cuda() else _missing_cuda("pit_block_topk"),
-                       platform="cuda")
+_lowering.register_platforms(block_topk_p, _lowering_rule, "pit_block_topk")

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.interpreters import ad, batching, mlir, xla
+from jax.interpreters import ad, batching, xla
 
-from pit_jax import _native, reference
-from pit_jax.primitives._lowering import _missing_cuda
+from pit_jax import reference
+from pit_jax.primitives import _lowering
 from pit_jax.primitives._vma import Primitive
 
 mask_blocks_p = Primitive("pit_mask_blocks")
@@ -82,6 +82,4 @@ mask_blocks_p.def_impl(lambda *args, **params: xla.apply_primitive(mask_blocks_p
 mask_blocks_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[mask_blocks_p] = _jvp
 batching.primitive_batchers[mask_blocks_p] = _batch
-mlir.register_lowering(mask_blocks_p, _lowering_rule, platform="cpu")
-mlir.register_lowering(mask_blocks_p, _lowering_rule if _native.has_cuda() else _missing_cuda("pit_mask_blocks"),
-                       platform="cuda")
+_lowering.register_platforms(mask_blocks_p, _lowering_rule, "pit_mask_blocks")
