@@ -82,16 +82,24 @@ def _moe_main(args, reps, calls, m):
                          common.random_normal(k[3], (e, d, f), jnp.bfloat16),
                          common.random_normal(k[4], (e, f, d), jnp.bfloat16),
                          common.random_normal(k[5], (groups, t, d), jnp.bfloat16)))
-        row, outs = {"axis": "moe", "experts": e, "top_k": topk, "d": d, "f": f, "batch": groups, "m": m}, {}
-        for variant in ("shared", "folded"):
-            r = common.time_op(_moe_step(variant, e, topk), sets, reps=reps, keep_output=True, device_calls=calls)
-            outs[variant] = r.pop("output")
-            row[f"{variant}_ms"] = r["median_ms"]
-            row[f"{variant}_device_ms"] = r.get("device_ms")
-        row["max_rel_diff"] = max(_rel(a, b) for a, b in zip(outs["shared"], outs["folded"]))
-        rows.append(row)
-        print(common.table([row], list(row)), flush=True)
+        row = {"axis": "moe", "experts": e, "top_k": topk, "d": d, "f": f, "batch": groups, "m": m}
+        rows.append(_time_variants(row, {v: _moe_step(v, e, topk) for v in ("shared", "folded")}, sets, reps, calls))
     return rows
+
+
+def _time_variants(row, fns, sets, reps, calls):
+    """row + each variant's wall and device ms over `sets`, and the largest relative
+    difference of the others' outputs from "shared"'s (they compute the same thing, to bf16
+    rounding: their sums differ in order). Prints and returns the row."""
+    outs = {}
+    for variant, fn in fns.items():
+        t = common.time_op(fn, sets, reps=reps, keep_output=True, device_calls=calls)
+        outs[variant] = t.pop("output")
+        row[f"{variant}_ms"] = t["median_ms"]
+        row[f"{variant}_device_ms"] = t.get("device_ms")
+    row["max_rel_diff"] = max(_rel(a, b) for v in fns if v != "shared" for a, b in zip(outs["shared"], outs[v]))
+    print(common.table([row], list(row)), flush=True)
+    return row
 
 
 def _rel(a, b):
@@ -137,18 +145,8 @@ def main(argv=None):
                     x = x * jnp.asarray(np.repeat(live, tile[0], 1)[:, :seq], jnp.bfloat16)
                 sets.append((x, w, common.random_normal(kd, (args.batch, seq, n), jnp.bfloat16)))
             row = {"axis": args.axis, "k": k, "n": n, "density": density, "batch": args.batch, "m": m}
-            outs = {}
-            for variant in VARIANTS[args.axis]:
-                t = common.time_op(_step(variant, args.batch, args.axis), sets, reps=reps, keep_output=True,
-                                   device_calls=calls)
-                outs[variant] = t.pop("output")
-                row[f"{variant}_ms"] = t["median_ms"]
-                row[f"{variant}_device_ms"] = t.get("device_ms")
-            # the variants compute the same thing (to bf16 rounding: their sums differ in order)
-            row["max_rel_diff"] = max(_rel(a, b) for v in VARIANTS[args.axis][1:]
-                                      for a, b in zip(outs["shared"], outs[v]))
-            rows.append(row)
-            print(common.table([row], list(row)), flush=True)
+            fns = {v: _step(v, args.batch, args.axis) for v in VARIANTS[args.axis]}
+            rows.append(_time_variants(row, fns, sets, reps, calls))
     payload = {"meta": common.device_info(), "tile": list(TILES[args.axis] or (1, "K")), "rows": rows}
     suite = "shared_weight" + ("" if args.axis == "w" else f"_{args.axis}")
     print("wrote", common.write_results(suite, payload, args.out))
