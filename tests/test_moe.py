@@ -470,7 +470,11 @@ def test_token_groups_sharing_experts_run_as_one_group(platform, dtype):
     assert all(folded in line for line in hlo.splitlines() if re.search(r"@pit_grouped_(?:matmul|wgrad)\(", line))
     v, grads = fn(x, gates, w_in, w_out)
     v_ref, refs = jax.value_and_grad(ref_loss, argnums=(0, 1, 2, 3))(x, gates, w_in, w_out)
-    assert rel_err(v, v_ref) < 2 * TOL[dtype], f"seed {seed}"
+    # The loss sums ~1800 terms of both signs, so it can land near zero, and a check relative
+    # to it failed once on the H200 (2026-11-29): bound its error by the terms' sizes instead.
+    scale = float(jnp.sum(jnp.abs(pit_jax.reference.moe_ffn(x, gates, ids, w_in, w_out, activation="gelu")
+                                  .astype(jnp.float32) * ct)))
+    assert abs(float(v) - float(v_ref)) < 2 * TOL[dtype] * scale, f"seed {seed}"
     for name, g, want in zip(("x", "gates", "w_in", "w_out"), grads, refs):
         assert rel_err(g, want) < 5 * TOL[dtype], f"{name}: seed {seed}"
     # Weights with the groups' batch dims: one product per group (nothing shared to fold).

@@ -133,6 +133,13 @@ def test_kernel_writes_parts_only_where_it_can():
     assert not rlp.kernel_writes_parts(x16, w, tiles[:50], 1, 3)  # the list below full capacity
 
 
+def _requires_parts_kernel():
+    # The three-result kernel is sm_90a's; other GPUs (or PIT_JAX_HOPPER=0) run the single
+    # product and a split, which test_sparse_dense_parts's other cases cover.
+    if not rlp._lowering.cuda_is_sm90():
+        pytest.skip("the three-part kernel runs on sm_90 devices")
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("m,k,tile_h,density,batch", [(4096, 768, 1, 0.27, ()), (1000, 264, 2, 0.4, (2,)),
@@ -140,6 +147,7 @@ def test_kernel_writes_parts_only_where_it_can():
 def test_kernel_parts_gpu(dtype, m, k, tile_h, density, batch):
     """The kernel's own three results (BERT's qkv shape, odd shapes, a batch, all dead):
     equal to the single product split, bit for bit, and to float64 within bf16/f16."""
+    _requires_parts_kernel()
     rng, seed = fresh_rng()
     x, live = tiled_sparse(rng, (*batch, m, k), (tile_h, k), density, dtype)
     w, b = randn(rng, (k, 2304), dtype), randn(rng, (2304,), dtype)
@@ -166,6 +174,7 @@ def test_kernel_parts_gradients_gpu(dtype):
     step takes its primal from pit_row_gather_matmul3 (no split of one product over every
     row) and its gradients for x, w and the bias (live and dead rows: the bias is on every
     row) match float64."""
+    _requires_parts_kernel()
     rng, seed = fresh_rng()
     m, k = 4096, 768
     x, live = tiled_sparse(rng, (m, k), (1, k), 0.27, dtype)
