@@ -195,7 +195,10 @@ def _sparse_dense(small, axis, tile_name, density, shape=(4096, 4096, 4096), dty
     xw = (s["x"], s["w"])
     return {"dense": (matmul, xw), **oracle,
             "pit": (jax.jit(lambda x, w: pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile, precision=prec)), xw),
-            "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=axis, precision=prec)), (*xw, idx))}
+            "pit_pre": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(x, w, i, axis=axis, precision=prec)), (*xw, idx)),
+            # M axis: the same with the dead rows left unwritten (what the zero-fill costs).
+            **({"pit_unspecified": (jax.jit(lambda x, w, i: pit_jax.sparse_dense(
+                x, w, i, axis=axis, precision=prec, dead_rows="unspecified")), (*xw, idx))} if axis == "m" else {})}
 
 
 def _short(name):
