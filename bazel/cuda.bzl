@@ -2,16 +2,20 @@
 
 Bazel 4.2.3 has no CUDA rules we can use offline, so nvcc runs as a plain action.
 Machine code is built for Hopper (sm_90a: wgmma, setmaxnreg) and, for kernels that
-do not need Hopper-only instructions, for Ampere (sm_80) as well. Where the
-toolkit is absent every macro here defines nothing.
+do not need Hopper-only instructions, for Ampere (sm_80) as well, with their
+compute_80 PTX beside it: the driver compiles that PTX on first use for GPUs newer
+than the machine code (Blackwell's sm_100 / sm_120; Ada runs the sm_80 code). The
+PTX costs no compile time (nvcc makes it on the way to sm_80) but fatbin bytes.
+Where the toolkit is absent every macro here defines nothing.
 """
 
-load("@local_config_cuda//:defs.bzl", "CUDA_ENABLED")
+load("@local_config_cuda//:defs.bzl", "CUDA_ENABLED", "CUDA_EXTRA_ARCHS")
 load("@cutlass//:defs.bzl", "CUTLASS_FOUND")
 
 ARCH_SM90A = "-gencode=arch=compute_90a,code=sm_90a"
 ARCH_SM80 = "-gencode=arch=compute_80,code=sm_80"
-DEFAULT_ARCHS = [ARCH_SM90A, ARCH_SM80]
+ARCH_SM80_PTX = "-gencode=arch=compute_80,code=compute_80"
+DEFAULT_ARCHS = [ARCH_SM90A, ARCH_SM80, ARCH_SM80_PTX] + CUDA_EXTRA_ARCHS  # PIT_CUDA_EXTRA_ARCHS
 
 _NVCC_FLAGS = [
     "-std=c++17",

@@ -5,9 +5,26 @@ Finds the toolkit through $CUDA_PATH, $CUDA_HOME, /usr/local/cuda, then nvcc on 
 time), an `nvcc` wrapper for `cuda_library`, and `defs.bzl` with CUDA_ENABLED. Where
 no toolkit is found (or PIT_DISABLE_CUDA=1) CUDA_ENABLED is False and the CUDA
 targets are simply not defined, so everything else still builds.
+
+PIT_CUDA_EXTRA_ARCHS (e.g. "sm_100,sm_120") adds machine code for those GPUs to the
+generic kernels (defs.bzl's CUDA_EXTRA_ARCHS): without it such GPUs compile the kernels'
+compute_80 PTX on first use.
 """
 
-_ENVS = ["CUDA_PATH", "CUDA_HOME", "PIT_DISABLE_CUDA", "PATH"]
+_ENVS = ["CUDA_PATH", "CUDA_HOME", "PIT_DISABLE_CUDA", "PIT_CUDA_EXTRA_ARCHS", "PATH"]
+
+def _extra_archs(repository_ctx):
+    """-gencode flags for PIT_CUDA_EXTRA_ARCHS: "sm_100,sm_120" or "100,120"."""
+    value = repository_ctx.os.environ.get("PIT_CUDA_EXTRA_ARCHS", "")
+    flags = []
+    for item in value.replace(" ", ",").split(","):
+        if not item:
+            continue
+        num = item[3:] if item.startswith("sm_") else item
+        if not num.isdigit() or int(num) < 80:
+            fail("PIT_CUDA_EXTRA_ARCHS=%r: expected GPU architectures like sm_100,sm_120 (sm_80 or newer)" % value)
+        flags.append("-gencode=arch=compute_%s,code=sm_%s" % (num, num))
+    return flags
 
 def _is_cuda_root(repository_ctx, root):
     return (repository_ctx.path(root + "/bin/nvcc").exists and
@@ -27,7 +44,7 @@ def _find_cuda(repository_ctx):
     return None
 
 def _disabled(repository_ctx, why):
-    repository_ctx.file("defs.bzl", "CUDA_ENABLED = False\nCUDA_VERSION = None\nCUDA_WHY_DISABLED = %r\n" % why)
+    repository_ctx.file("defs.bzl", "CUDA_ENABLED = False\nCUDA_VERSION = None\nCUDA_EXTRA_ARCHS = []\nCUDA_WHY_DISABLED = %r\n" % why)
     repository_ctx.file("BUILD", "")
 
 def _cuda_configure_impl(repository_ctx):
@@ -49,7 +66,8 @@ def _cuda_configure_impl(repository_ctx):
     repository_ctx.symlink(root + "/include", "include")
     repository_ctx.symlink(lib + "/libcudart_static.a", "lib/libcudart_static.a")
     repository_ctx.file("nvcc.sh", "#!/bin/sh\nexec %s/bin/nvcc \"$@\"\n" % root, executable = True)
-    repository_ctx.file("defs.bzl", "CUDA_ENABLED = True\nCUDA_VERSION = %r\nCUDA_PATH = %r\n" % (release, root))
+    repository_ctx.file("defs.bzl", "CUDA_ENABLED = True\nCUDA_VERSION = %r\nCUDA_PATH = %r\nCUDA_EXTRA_ARCHS = %r\n" % (
+        release, root, _extra_archs(repository_ctx)))
     repository_ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 

@@ -42,3 +42,68 @@ def test_newer_headers_than_runtime_is_a_readable_error():
 
 def test_version():
     assert pit_jax.__version__
+
+
+# -- which GPUs: the capability check and the switch to the generic kernels -----------------
+
+
+class _FakeGpu:
+    def __init__(self, cc: str, kind: str = "Fake GPU"):
+        self.compute_capability, self.device_kind = cc, kind
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Sets what `_lowering` sees as the first CUDA device; clears cuda_is_sm90's cache around."""
+    from pit_jax.primitives import _lowering
+
+    def use(cc, kind="Fake GPU"):
+        monkeypatch.setattr(_lowering, "_first_cuda_device", lambda: _FakeGpu(cc, kind))
+        _lowering.cuda_is_sm90.cache_clear()
+
+    yield use
+    _lowering.cuda_is_sm90.cache_clear()
+
+
+def test_gpu_older_than_the_kernels_is_a_clear_error(fake_gpu):
+    """Below compute capability 8.0 no kernel of pit_jax can load (sm_80 machine code and
+    compute_80 PTX): the CUDA lowering says so, naming the target, the device and its
+    capability, instead of the launch failing with CUDA's "no kernel image is available"."""
+    from pit_jax.primitives import _lowering
+
+    fake_gpu("7.5", "Tesla T4")
+    with pytest.raises(NotImplementedError, match=r"capability 8\.0 or newer .*Tesla T4 has 7\.5, so 'pit_index'"):
+        _lowering.check_cuda_device("pit_index")
+    for cc in ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0", ""):  # "": capability unknown, no check
+        fake_gpu(cc)
+        _lowering.check_cuda_device("pit_index")
+
+
+def test_old_gpu_error_comes_from_the_lowering(fake_gpu):
+    """The same error when a jitted pit_jax function is lowered for CUDA (here on the CPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    if not _native.has_cuda():
+        pytest.skip("built without the CUDA module: its lowering says that instead")
+    fake_gpu("7.0", "Tesla V100")
+    f = jax.jit(lambda x: pit_jax.index(x, "row").count)
+    with pytest.raises(NotImplementedError, match=r"Tesla V100 has 7\.0, so 'pit_index'"):
+        f.trace(jnp.ones((8, 4), jnp.float32)).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("value,allowed", [(None, True), ("", True), ("1", True), ("0", False), ("0 (generic)", False)])
+def test_hopper_switch(monkeypatch, fake_gpu, value, allowed):
+    """PIT_JAX_HOPPER=0 runs the generic kernels on a Hopper too (the native launchers read
+    the same variable): the lowerings then choose as for any other GPU."""
+    from pit_jax.primitives import _lowering
+
+    if value is None:
+        monkeypatch.delenv("PIT_JAX_HOPPER", raising=False)
+    else:
+        monkeypatch.setenv("PIT_JAX_HOPPER", value)
+    fake_gpu("9.0", "NVIDIA H200")
+    assert _lowering.hopper_kernels_allowed() is allowed
+    assert _lowering.cuda_is_sm90() is allowed
+    fake_gpu("10.0", "NVIDIA B200")  # not Hopper: the generic kernels either way
+    assert _lowering.cuda_is_sm90() is False

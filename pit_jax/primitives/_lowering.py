@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Callable, Sequence
 
 import jax
@@ -45,10 +46,55 @@ def register_ffi_lowerings(prim: Primitive, target: str, attr_names: Sequence[st
 def register_platforms(prim: Primitive, rule: Callable, target: str, cuda_rule: Callable | None = None) -> None:
     """Registers `rule` as `prim`'s CPU lowering and `cuda_rule` (default: `rule`) as its CUDA
     one, or, in a build without the CUDA module, a CUDA rule that names `target` and says why
-    it cannot run."""
+    it cannot run. The CUDA rule first checks the GPU's compute capability (`check_cuda_device`)."""
     mlir.register_lowering(prim, rule, platform="cpu")
-    cuda = (rule if cuda_rule is None else cuda_rule) if _native.has_cuda() else _missing_cuda(target)
+    cuda = _device_checked(rule if cuda_rule is None else cuda_rule, target) if _native.has_cuda() else _missing_cuda(target)
     mlir.register_lowering(prim, cuda, platform="cuda")
+
+
+# The generic kernels are built for sm_80 (machine code, and PTX that the driver compiles
+# for newer GPUs on first use); the sm_90a ones run on compute capability 9.0 only.
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def _first_cuda_device():
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:  # no GPU here (e.g. lowering for CUDA on a CPU machine)
+        return None
+    return devices[0] if devices else None
+
+
+def _capability(device) -> tuple[int, int] | None:
+    text = str(getattr(device, "compute_capability", "") or "")
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
+
+
+def check_cuda_device(target: str) -> None:
+    """Raises at lowering time, naming `target`, where the GPU is older than any kernel pit_jax
+    ships (the launch would otherwise fail with CUDA's "no kernel image is available")."""
+    device = _first_cuda_device()
+    cc = None if device is None else _capability(device)
+    if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+        need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
+        raise NotImplementedError(
+            f"pit_jax's CUDA kernels need a GPU of compute capability {need} or newer (Ampere, Ada, "
+            f"Hopper, Blackwell); {getattr(device, 'device_kind', 'this GPU')} has {cc[0]}.{cc[1]}, so "
+            f"'{target}' cannot run on it. Run on the CPU, or set PIT_JAX_REFERENCE=1 to use the "
+            f"pure-JAX references."
+        )
+
+
+def _device_checked(rule: Callable, target: str) -> Callable:
+    def checked(ctx, *args, **params):
+        check_cuda_device(target)
+        return rule(ctx, *args, **params)
+
+    return checked
 
 
 def _missing_cuda(target: str) -> Callable:
@@ -75,15 +121,24 @@ def register_traced_lowering(
     register_platforms(prim, traced(fn), ", ".join(targets), None if cuda_fn is None else traced(cuda_fn))
 
 
+# PIT_JAX_HOPPER=0 runs the generic kernels on a Hopper too, as on any other GPU (testing
+# them where the fast kernels would run, A/B timing). Read once per process, as the native
+# launchers read it (cuda/kernels/sm90/launch_util.h): unset or empty means on, a value
+# starting with "0" off.
+HOPPER_ENV_VAR = "PIT_JAX_HOPPER"
+
+
+def hopper_kernels_allowed() -> bool:
+    return not os.environ.get(HOPPER_ENV_VAR, "").startswith("0")
+
+
 @functools.lru_cache(maxsize=None)
 def cuda_is_sm90() -> bool:
     """Whether the first CUDA device is a Hopper (compute capability 9.0), where the
-    sm_90a kernels run and some lowerings feed them a layout of their own."""
-    try:
-        devices = jax.devices("cuda")
-    except RuntimeError:
-        return False
-    return bool(devices) and str(getattr(devices[0], "compute_capability", "")).startswith("9.0")
+    sm_90a kernels run and some lowerings feed them a layout of their own (and
+    PIT_JAX_HOPPER does not turn them off)."""
+    device = _first_cuda_device()
+    return device is not None and _capability(device) == (9, 0) and hopper_kernels_allowed()
 
 
 def tf32_k_major(b, trans_b, *, dtype, allow_tf32):

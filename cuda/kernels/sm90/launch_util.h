@@ -8,13 +8,18 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
+#include "cuda/kernels/device_utils.cuh"  // EnvFlag
+
 namespace pit {
 namespace sm90 {
 
 constexpr int kMaxDevices = 64;
 
 struct DeviceInfo {
-  bool sm90 = false;  // compute capability 9.0 exactly: sm_90a code runs nowhere else
+  // Compute capability 9.0 exactly (sm_90a code runs nowhere else), unless PIT_JAX_HOPPER=0
+  // asks for the generic kernels, as on other GPUs; the Python lowerings read the same
+  // variable (pit_jax/primitives/_lowering.py, cuda_is_sm90).
+  bool sm90 = false;
   int sms = 0;
 };
 
@@ -29,7 +34,7 @@ inline const DeviceInfo* GetDeviceInfo() {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    info[dev].sm90 = major == 9 && minor == 0;
+    info[dev].sm90 = major == 9 && minor == 0 && EnvFlag("PIT_JAX_HOPPER", true);
     info[dev].sms = sms;
   });
   return &info[dev];
