@@ -48,7 +48,8 @@ def register_platforms(prim: Primitive, rule: Callable, target: str, cuda_rule: 
     one, or, in a build without the CUDA module, a CUDA rule that names `target` and says why
     it cannot run. The CUDA rule first checks the GPU's compute capability (`check_cuda_device`)."""
     mlir.register_lowering(prim, rule, platform="cpu")
-    cuda = _device_checked(rule if cuda_rule is None else cuda_rule, target) if _native.has_cuda() else _missing_cuda(target)
+    cuda_rule = rule if cuda_rule is None else cuda_rule
+    cuda = _device_checked(cuda_rule, target) if _native.has_cuda() else _missing_cuda(target)
     mlir.register_lowering(prim, cuda, platform="cuda")
 
 
