@@ -347,6 +347,10 @@ def test_grouped_gemm_with_lagging_warps_gpu():
     tokens per expert), so warp 0 runs ahead. With one B-stage release per warpgroup this
     hung at once (a training loop hit it every few hundred steps); it must finish and
     agree with the reference. In a subprocess: a hang fails the test, not the suite."""
+    from pit_jax.primitives import _lowering
+
+    if not _lowering.cuda_is_sm90():  # elsewhere (or PIT_JAX_HOPPER=0) the switch has no kernel to slow
+        pytest.skip("the stress switch is the sm_90a grouped GEMM's")
     _, seed = fresh_rng()
     script = textwrap.dedent(
         f"""
