@@ -107,3 +107,51 @@ def test_hopper_switch(monkeypatch, fake_gpu, value, allowed):
     assert _lowering.cuda_is_sm90() is allowed
     fake_gpu("10.0", "NVIDIA B200")  # not Hopper: the generic kernels either way
     assert _lowering.cuda_is_sm90() is False
+
+
+def _fatbin_entries(path: str) -> list:
+    """(kind, arch) of every entry of the CUDA fat binaries in the ELF file `path`: kind 1 is
+    PTX, 2 machine code; arch 80 is sm_80 / compute_80, 90 sm_90a. (The container's layout:
+    a 16-byte header per fat binary, magic 0xBA55ED50, then entries of kind, header size and
+    payload size, the arch at byte 28 of an entry's header; cuobjdump lists the same.)"""
+    import struct
+
+    data = open(path, "rb").read()
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = sections[shstrndx][4]
+
+    def name(sec):
+        start = names + sec[0]
+        return data[start:data.index(b"\0", start)].decode()
+
+    out = []
+    for sec in sections:
+        if name(sec) != ".nv_fatbin":
+            continue
+        pos, end_all = sec[4], sec[4] + sec[5]
+        while pos + 16 <= end_all:
+            magic, _, header, size = struct.unpack_from("<IHHQ", data, pos)
+            if magic != 0xBA55ED50:  # padding between fat binaries
+                pos += 8
+                continue
+            entry, end = pos + header, pos + header + size
+            while entry < end:
+                kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
+                out.append((kind, struct.unpack_from("<I", data, entry + 28)[0]))
+                entry += entry_header + payload
+            pos = end
+    return out
+
+
+def test_cuda_module_carries_ptx_for_newer_gpus():
+    """The generic kernels ship compute_80 PTX beside their sm_80 code (one of each per
+    kernel file), so GPUs newer than the machine code compile them on first use; the
+    Hopper kernels ship sm_90a code (docs/gpu.md, "Which GPUs")."""
+    if not _native.has_cuda():
+        pytest.skip("built without the CUDA module")
+    entries = _fatbin_entries(_native._cuda.__file__)
+    ptx80, sass80 = entries.count((1, 80)), entries.count((2, 80))
+    assert ptx80 > 0 and ptx80 == sass80, entries
+    assert (2, 90) in entries, entries
