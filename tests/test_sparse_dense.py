@@ -259,6 +259,7 @@ def test_dense_route_sums_batches_inside_the_product(trans_a, trans_b, trans_c, 
         jaxpr = str(jax.make_jaxpr(lambda a, b: _dense_route.product(a, b, **kw))(a, b))
         assert "reduce_sum" not in jaxpr and "dot_general" in jaxpr
 
+
 @requires_gpu
 @pytest.mark.parametrize(
     "lead,rows,k,n,h,density,capacity,force,overflow",
