@@ -65,6 +65,22 @@ struct Elem<__half> {
   }
 };
 
+// Two values of one row at columns n, n + 1 of a 16-bit result (p = that row's element n,
+// the next column `step` words on), each rounded once: one 4-byte store where `vec`
+// (contiguous columns, the row pitch and n even) and the pair ends by n_hi, else element by
+// element up to n_hi.
+template <typename T>
+__device__ __forceinline__ void StorePair(typename Elem<T>::Word* p, int64_t step, bool vec, int n, int n_hi,
+                                          float v0, float v1) {
+  static_assert(sizeof(typename Elem<T>::Word) == 2, "pairs of 16-bit values");
+  if (vec && n + 2 <= n_hi) {
+    *reinterpret_cast<uint32_t*>(p) = Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16);
+  } else {
+    if (n < n_hi) p[0] = Elem<T>::FromFloat(v0);
+    if (n + 1 < n_hi) p[step] = Elem<T>::FromFloat(v1);
+  }
+}
+
 // Four values of one row at columns n .. n + 3 of a result (p = that row's element n, the
 // next columns `step` words apart), each rounded once: one 16- or 8-byte store where `vec`
 // (contiguous columns, the row pitch and n multiples of 4) and the quad ends by n_hi, else

@@ -56,40 +56,13 @@ __device__ __forceinline__ void StoreTile(const Math& math, typename Elem<T>::Wo
   auto act = [relu](float v) { return relu ? ActivateT<static_cast<int>(Activation::kRelu)>(v) : v; };
   auto at = [&](int row, int n) -> Word& { return out[static_cast<int64_t>(row) * ld + n]; };
   if constexpr (Cfg::kMma) {
-    const int lane = Math::Lane(), gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < Cfg::MT; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row_of(Math::WarpM() * Cfg::WM + mt * 16 + h * 8 + gq);
-        if (row < 0) continue;
-#pragma unroll
-        for (int nt = 0; nt < Cfg::NT; ++nt) {
-          const int n = n_lo + Math::WarpN() * Cfg::WN + nt * 8 + 2 * tq;
-          const float v0 = act(math.acc[mt][nt][2 * h]), v1 = act(math.acc[mt][nt][2 * h + 1]);
-          if (vec && n + 2 <= n_hi) {  // ld even, n even: 4-byte aligned pair
-            *reinterpret_cast<uint32_t*>(&at(row, n)) =
-                Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16);
-          } else {
-            if (n < n_hi) at(row, n) = Elem<T>::FromFloat(v0);
-            if (n + 1 < n_hi) at(row, n + 1) = Elem<T>::FromFloat(v1);
-          }
-        }
-      }
-    }
+    math.ForEachPair(row_of, n_lo, [&](int row, int n, float v0, float v1) {
+      StorePair<T>(&at(row, n), 1, vec, n, n_hi, act(v0), act(v1));  // vec: ld even, n even
+    });
   } else {
-#pragma unroll
-    for (int i = 0; i < Cfg::TM; ++i) {
-      const int row = row_of(Math::Row(i));
-      if (row < 0) continue;
-#pragma unroll
-      for (int js = 0; js < Cfg::TN; js += 4) {
-        const int n = n_lo + Math::Col(js);
-        const float v0 = act(math.acc[i][js]), v1 = act(math.acc[i][js + 1]), v2 = act(math.acc[i][js + 2]),
-                    v3 = act(math.acc[i][js + 3]);
-        StoreQuad<T>(&at(row, n), 1, vec, n, n_hi, v0, v1, v2, v3);  // vec: ld % 4 == 0, n % 4 == 0
-      }
-    }
+    math.ForEachQuad(row_of, n_lo, [&](int row, int n, float v0, float v1, float v2, float v3) {
+      StoreQuad<T>(&at(row, n), 1, vec, n, n_hi, act(v0), act(v1), act(v2), act(v3));  // vec: ld % 4 == 0, n % 4 == 0
+    });
   }
 }
 

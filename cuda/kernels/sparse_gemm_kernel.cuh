@@ -251,6 +251,20 @@ struct SimtMath {
   static __device__ __forceinline__ int Col(int j) {
     return (j / 4) * kStrideN + (static_cast<int>(threadIdx.x) % kTx) * 4 + j % 4;
   }
+  // The epilogue's walk: fn(row, n, v0, v1, v2, v3) for each quad of this thread's
+  // accumulators (columns n .. n + 3 from n_lo) in the tile rows r whose row = row_of(r)
+  // is not negative.
+  template <class RowOf, class Fn>
+  __device__ __forceinline__ void ForEachQuad(RowOf row_of, int n_lo, Fn fn) const {
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int row = row_of(Row(i));
+      if (row < 0) continue;
+#pragma unroll
+      for (int js = 0; js < TN; js += 4)
+        fn(row, n_lo + Col(js), acc[i][js], acc[i][js + 1], acc[i][js + 2], acc[i][js + 3]);
+    }
+  }
 
   __device__ __forceinline__ void Step(const float* __restrict__ As, const float* __restrict__ Bs) {
     const float* a_ptr = As + Row(0);
@@ -305,6 +319,23 @@ struct MmaMath {
   static __device__ __forceinline__ int Lane() { return static_cast<int>(threadIdx.x) & 31; }
   static __device__ __forceinline__ int WarpM() { return (static_cast<int>(threadIdx.x) >> 5) / Cfg::WARPS_N; }
   static __device__ __forceinline__ int WarpN() { return (static_cast<int>(threadIdx.x) >> 5) % Cfg::WARPS_N; }
+  // The epilogue's walk: fn(row, n, v0, v1) for each pair of this thread's accumulators
+  // (columns n, n + 1 from n_lo) in the tile rows r whose row = row_of(r) is not negative.
+  template <class RowOf, class Fn>
+  __device__ __forceinline__ void ForEachPair(RowOf row_of, int n_lo, Fn fn) const {
+    const int lane = Lane(), gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_of(WarpM() * WM + mt * 16 + h * 8 + gq);
+        if (row < 0) continue;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          fn(row, n_lo + WarpN() * WN + nt * 8 + 2 * tq, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
+    }
+  }
 
   __device__ __forceinline__ void Step(const uint16_t* __restrict__ As, const uint16_t* __restrict__ Bs) {
     const int lane = Lane();
@@ -545,46 +576,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) SparseGemmKern
         static_cast<int64_t>(row) * g.N + n] = Elem<T>::FromFloat(v);
     return Activate(v, g.epi.act);
   };
+  auto row_of = [&](int r) { return s_mrow[r]; };
+  const int64_t step = g.trans_c ? g.M : 1;  // between C's consecutive columns
   if constexpr (Cfg::kMma) {
-    const int lane = Math::Lane(), gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < Cfg::MT; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = s_mrow[Math::WarpM() * Cfg::WM + mt * 16 + h * 8 + gq];
-        if (row < 0) continue;
-#pragma unroll
-        for (int nt = 0; nt < Cfg::NT; ++nt) {
-          const int n = n_lo + Math::WarpN() * Cfg::WN + nt * 8 + 2 * tq;
-          float v0 = math.acc[mt][nt][2 * h], v1 = math.acc[mt][nt][2 * h + 1];
-          if (g.epi.on) v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
-          if (g.c_vec && n + 2 <= n_hi) {  // row-major C, n even, N even: 4-byte aligned pair
-            *reinterpret_cast<uint32_t*>(&out(row, n)) =
-                Elem<T>::FromFloat(v0) | (static_cast<uint32_t>(Elem<T>::FromFloat(v1)) << 16);
-          } else {
-            if (n < n_hi) out(row, n) = Elem<T>::FromFloat(v0);
-            if (n + 1 < n_hi) out(row, n + 1) = Elem<T>::FromFloat(v1);
-          }
-        }
-      }
-    }
+    math.ForEachPair(row_of, n_lo, [&](int row, int n, float v0, float v1) {
+      if (g.epi.on) v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
+      StorePair<T>(&out(row, n), step, g.c_vec, n, n_hi, v0, v1);  // c_vec: row-major C, N even
+    });
   } else {
-#pragma unroll
-    for (int i = 0; i < Cfg::TM; ++i) {
-      const int row = s_mrow[Math::Row(i)];
-      if (row < 0) continue;
-#pragma unroll
-      for (int js = 0; js < Cfg::TN; js += 4) {
-        const int n = n_lo + Math::Col(js);
-        float v0 = math.acc[i][js], v1 = math.acc[i][js + 1], v2 = math.acc[i][js + 2], v3 = math.acc[i][js + 3];
-        if (g.epi.on) {
-          v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
-          v2 = epilogue(v2, row, n + 2), v3 = epilogue(v3, row, n + 3);
-        }
-        // c_vec: row-major C, N % 4 == 0
-        StoreQuad<T>(&out(row, n), g.trans_c ? g.M : 1, g.c_vec, n, n_hi, v0, v1, v2, v3);
+    math.ForEachQuad(row_of, n_lo, [&](int row, int n, float v0, float v1, float v2, float v3) {
+      if (g.epi.on) {
+        v0 = epilogue(v0, row, n), v1 = epilogue(v1, row, n + 1);
+        v2 = epilogue(v2, row, n + 2), v3 = epilogue(v3, row, n + 3);
       }
-    }
+      StoreQuad<T>(&out(row, n), step, g.c_vec, n, n_hi, v0, v1, v2, v3);  // c_vec: row-major C, N % 4 == 0
+    });
   }
 }
 
