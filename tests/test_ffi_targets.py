@@ -316,6 +316,80 @@ def test_row_gather_matmul(platform, h, dims, density, dtype, trans_b, lead, all
     check_close(c, ref, dtype, msg, allow_tf32, exact=np.broadcast_to(~rows, ref.shape))
 
 
+# -- pit_row_gather_matmul_packed -------------------------------------------------------
+
+# (tile_h, (M, K, N), density, dtype, a's leading dims): rows, K and N off the tile sizes,
+# row blocks, batches, nothing / everything live, every dtype (f32: its kernels gather).
+ROW_PACKED_CASES = [
+    (1, (200, 136, 264), 0.3, jnp.bfloat16, ()),
+    (4, (96, 72, 520), 0.5, jnp.float16, (3,)),
+    (1, (300, 64, 64), 0.0, jnp.bfloat16, ()),
+    (1, (333, 64, 128), 1.0, jnp.bfloat16, (2,)),
+    (2, (130, 40, 48), 0.4, jnp.float32, ()),
+]
+
+
+def _packed_rows(a, tiles, count, h):
+    """pit_sread_live of a's listed row blocks, as the lowering spells it."""
+    lead, cap = tuple(tiles.shape[:-1]), tiles.shape[-1]
+    p = ffi("pit_sread_live", (*lead, cap, h, a.shape[-1]), a.dtype, a, tiles, count, tile_h=h, tile_w=a.shape[-1])
+    return p.reshape(*lead, cap * h, a.shape[-1])
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("h,dims,density,dtype,lead", ROW_PACKED_CASES,
+                         ids=[f"h{c[0]}-{c[1]}-d{c[2]}-{dname(c[3])}-{c[4]}" for c in ROW_PACKED_CASES])
+def test_row_gather_matmul_packed(platform, h, dims, density, dtype, lead):
+    """pit_row_gather_matmul_packed, given a's listed rows packed by pit_sread_live with the
+    same list: the result of pit_row_gather_matmul (the sm_90a kernel reads the packed rows
+    by TMA, every other path gathers from a)."""
+    rng, seed = fresh_rng()
+    m, k, n = dims
+    a = randn(rng, (*lead, m, k), dtype)
+    b = randn(rng, (k, n), dtype)
+    mask, live, index = build_index(rng, a.shape, (h, k), density)
+    empty = np.zeros((0,), dtype)
+
+    def f(mk, a, b):
+        idx = index(mk)
+        c = ffi("pit_row_gather_matmul_packed", (*lead, m, n), dtype, a, _packed_rows(a, idx.tiles, idx.count, h), b,
+                idx.tiles, idx.count, empty, empty, tile_h=h, trans_b=False, allow_tf32=False, activation=0,
+                skip_dead=False)
+        return c, idx.tiles, idx.count
+
+    c, tiles, count = run(platform, f, mask, a, b)
+    rows = expand(flat_listed(tiles, count, math.ceil(m / h), 1), (h, 1), (m, 1))
+    ref = np.where(rows, batched_product(f64(a), f64(b), lead, False, False), 0.0)
+    check_close(c, ref, dtype, f"seed={seed}", False, exact=np.broadcast_to(~rows, ref.shape))
+
+
+@pytest.mark.parametrize("platform", [p for p in PLATFORMS if p == "gpu"])
+def test_row_gather_matmul_packed_reads_the_packed_rows_gpu(platform):
+    """On sm_90 the default form reads A from a_packed: packed rows scaled by 2 give twice
+    the product (a size whose static tiles take the clustered form, 8192 x 4096)."""
+    from pit_jax.primitives import _lowering
+
+    if not _lowering.cuda_is_sm90():
+        pytest.skip("A by TMA is the sm_90a kernel's")
+    rng, seed = fresh_rng()
+    m, k, n = 8192, 256, 4096
+    a = randn(rng, (m, k), jnp.bfloat16)
+    b = randn(rng, (k, n), jnp.bfloat16)
+    mask, live, index = build_index(rng, a.shape, (1, k), 0.3)
+    empty = np.zeros((0,), jnp.bfloat16)
+
+    def f(mk, a, b):
+        idx = index(mk)
+        scaled = (_packed_rows(a, idx.tiles, idx.count, 1).astype(jnp.float32) * 2).astype(a.dtype)
+        return ffi("pit_row_gather_matmul_packed", (m, n), a.dtype, a, scaled, b, idx.tiles, idx.count, empty, empty,
+                   tile_h=1, trans_b=False, allow_tf32=False, activation=0, skip_dead=False)
+
+    c = run(platform, f, mask, a, b)
+    rows = live  # [M, 1]: tile (1, K)
+    ref = np.where(rows, 2 * (f64(a) @ f64(b)), 0.0)
+    check_close(c, ref, jnp.bfloat16, f"seed={seed}", False, exact=np.broadcast_to(~rows, ref.shape))
+
+
 # -- pit_stile_matmul ------------------------------------------------------------------
 
 STILE_DIMS = (70, 100, 90)  # M, K, N: every stored dim >= 64 so (1, 64) and (32, 64) fit
@@ -639,6 +713,10 @@ BAD_CALLS = {
         "pit_row_gather_matmul", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((4, 6)), _s32(8), _s32(),
         jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=7,
         skip_dead=False),
+    "packed_rows_shape": lambda: ffi(
+        "pit_row_gather_matmul_packed", (8, 6), jnp.float32, jnp.ones((8, 4)), jnp.ones((7, 4)), jnp.ones((4, 6)),
+        _s32(8), _s32(), jnp.zeros((0,)), jnp.zeros((0,)), tile_h=1, trans_b=False, allow_tf32=False, activation=0,
+        skip_dead=False),
     "stile_inner_dims": lambda: ffi(
         "pit_stile_matmul", (8, 6), jnp.float32, jnp.ones((8, 5)), jnp.ones((4, 6)), _s32(8, 5), _s32(8),
         sparse_b=False, tile_h=1, tile_w=1, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False),
@@ -669,7 +747,8 @@ BAD_CALLS = {
 @pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_bad_input_is_an_error_naming_the_target(platform, case):
     target = {"row": "pit_row_gather_matmul", "sti": "pit_stile_matmul", "sdd": "pit_sdd_matmul",
-              "sre": "pit_sread", "swr": "pit_swrite"}[case[:3]]
+              "sre": "pit_sread", "swr": "pit_swrite",
+              "pac": r"pit_row_gather_matmul_packed: a_packed must have a's dtype and shape"}[case[:3]]
     assert_call_raises(platform, target, BAD_CALLS[case])
 
 

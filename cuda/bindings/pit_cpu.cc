@@ -23,6 +23,7 @@ PYBIND11_MODULE(_pit_cpu, m) {
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCpu);
     targets["pit_row_gather_matmul3"] = pit::HandlerCapsule(PitRowGatherMatmul3Cpu);
     targets["pit_row_gather_matmul_pre"] = pit::HandlerCapsule(PitRowGatherMatmulPreCpu);
+    targets["pit_row_gather_matmul_packed"] = pit::HandlerCapsule(PitRowGatherMatmulPackedCpu);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCpu);
     targets["pit_sdd_matmul"] = pit::HandlerCapsule(PitSddMatmulCpu);
     targets["pit_moe_index"] = pit::HandlerCapsule(PitMoeIndexCpu);

@@ -27,6 +27,7 @@ PYBIND11_MODULE(_pit_cuda, m) {
     targets["pit_row_gather_matmul"] = pit::HandlerCapsule(PitRowGatherMatmulCuda);
     targets["pit_row_gather_matmul3"] = pit::HandlerCapsule(PitRowGatherMatmul3Cuda);
     targets["pit_row_gather_matmul_pre"] = pit::HandlerCapsule(PitRowGatherMatmulPreCuda);
+    targets["pit_row_gather_matmul_packed"] = pit::HandlerCapsule(PitRowGatherMatmulPackedCuda);
     targets["pit_stile_matmul"] = pit::HandlerCapsule(PitStileMatmulCuda);
     targets["pit_sdd_matmul"] = pit::HandlerCapsule(PitSddMatmulCuda);
     targets["pit_moe_index"] = pit::HandlerCapsule(PitMoeIndexCuda);

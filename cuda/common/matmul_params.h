@@ -80,6 +80,11 @@ struct MatmulParams {
   void* c_part[kMaxCParts] = {};
   bool trans_a = false, trans_b = false, trans_c = false;
   Epilogue epi;  // row gather only
+  // Row gather only, optional: A's listed rows already packed in list order
+  // ([a.batch, capacity * tile_h, K]: row j = the j-th listed row, zeros past the count),
+  // which a kernel may read instead of gathering them from A (the sm_90a kernel by TMA);
+  // kernels that do not, gather from A as usual (same result).
+  const void* a_packed = nullptr;
 };
 
 // The live micro-tiles that drive a product (see docs/kernels.md per target).

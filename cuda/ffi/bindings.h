@@ -99,6 +99,21 @@ auto RowGatherMatmul(B b) {
   return RowGatherAttrs(RowGatherOperands(std::move(b)).template Ret<AnyBuffer>());  // c
 }
 
+// pit_row_gather_matmul_packed: the same product given also a's listed rows packed in list
+// order (pit_sread_live's result), which the sm_90a kernel reads by TMA instead of
+// gathering them.
+template <class B>
+auto RowGatherMatmulPacked(B b) {
+  auto operands = std::move(b).template Arg<AnyBuffer>()  // a
+                      .template Arg<AnyBuffer>()           // a_packed: [..., capacity * tile_h, K]
+                      .template Arg<AnyBuffer>()           // b
+                      .template Arg<S32>()                 // tiles
+                      .template Arg<S32>()                 // count
+                      .template Arg<AnyBuffer>()           // bias: [N] or empty
+                      .template Arg<AnyBuffer>();          // dead_row: [N] or empty
+  return RowGatherAttrs(std::move(operands).template Ret<AnyBuffer>());  // c
+}
+
 // pit_row_gather_matmul_pre: the same product with an activation, and z = A @ op(B) + bias
 // (the activation's input) as a second result on the listed rows only.
 template <class B>

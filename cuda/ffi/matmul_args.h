@@ -201,6 +201,28 @@ inline ffi::ErrorOr<ProductArgs> DecodeRowGatherArgs(ffi::AnyBuffer a, ffi::AnyB
   return DecodeRowGatherRest(target, *p, tiles, count, bias, dead_row, tile_h, activation, skip_dead);
 }
 
+// pit_row_gather_matmul_packed: as pit_row_gather_matmul, plus a_packed, a's listed rows
+// packed in list order ([..., capacity * tile_h, K] with a's leading dims and dtype: what
+// pit_sread_live makes of a), which a kernel may read instead of gathering a's rows.
+inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPackedArgs(ffi::AnyBuffer a, ffi::AnyBuffer a_packed, ffi::AnyBuffer b,
+                                                           S32Buffer tiles, S32Buffer count, ffi::AnyBuffer bias,
+                                                           ffi::AnyBuffer dead_row, ffi::Result<ffi::AnyBuffer>& c,
+                                                           int64_t tile_h, bool trans_b, bool allow_tf32,
+                                                           int64_t activation, bool skip_dead) {
+  const std::string target = "pit_row_gather_matmul_packed";
+  auto args = DecodeRowGatherArgs(a, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32, activation,
+                                  skip_dead, target);
+  if (args.has_error()) return args;
+  auto ad = a.dimensions(), pdims = a_packed.dimensions();
+  std::vector<int64_t> want(ad.begin(), ad.end()), pd(pdims.begin(), pdims.end());
+  want[want.size() - 2] = args->index.capacity * args->index.tile_h;
+  if (a_packed.element_type() != a.element_type() || !SameDims(pd, want))
+    return InvalidArg(target + ": a_packed must have a's dtype and shape [..., capacity * tile_h, K] = " +
+                      DimsString(want) + ", got " + DimsString(pd));
+  args->mm.a_packed = a_packed.untyped_data();
+  return args;
+}
+
 // pit_row_gather_matmul_pre: as pit_row_gather_matmul (with an activation), plus z, the
 // activation's input on the listed rows, a second result of c's shape and dtype.
 inline ffi::ErrorOr<ProductArgs> DecodeRowGatherPreArgs(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,

@@ -81,6 +81,20 @@ ffi::Error RowGatherMatmulCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tile
   return ffi::Error::Success();
 }
 
+// The product given also a's listed rows packed (checked, then not read: the rows of a are
+// the same values, and this loop reads them in place).
+ffi::Error RowGatherMatmulPackedCpu(ffi::AnyBuffer a, ffi::AnyBuffer a_packed, ffi::AnyBuffer b, S32Buffer tiles,
+                                    S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                    ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b, bool allow_tf32,
+                                    int64_t activation, bool skip_dead) {
+  auto args = DecodeRowGatherPackedArgs(a, a_packed, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32,
+                                        activation, skip_dead);
+  if (args.has_error()) return args.error();
+  cpu::Poison(c->untyped_data(), c->size_bytes());
+  if (args->mm.batch > 0) RowGather(args->mm, args->index);
+  return ffi::Error::Success();
+}
+
 // The product with its activation and z, the activation's input, on the listed rows (z's
 // other rows keep the poison: nothing may read them).
 ffi::Error RowGatherMatmulPreCpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles, S32Buffer count,
@@ -127,6 +141,8 @@ ffi::Error RowGatherMatmul3Cpu(ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer til
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCpu, pit::RowGatherMatmulCpu,
                               pit::bind::RowGatherMatmul(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulPackedCpu, pit::RowGatherMatmulPackedCpu,
+                              pit::bind::RowGatherMatmulPacked(xla::ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulPreCpu, pit::RowGatherMatmulPreCpu,
                               pit::bind::RowGatherMatmulPre(xla::ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmul3Cpu, pit::RowGatherMatmul3Cpu,

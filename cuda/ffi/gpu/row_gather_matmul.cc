@@ -27,6 +27,19 @@ ffi::Error RowGatherMatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBu
   return gpu::LaunchStatus(kTarget, status);
 }
 
+ffi::Error RowGatherMatmulPackedCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_packed, ffi::AnyBuffer b,
+                                     S32Buffer tiles, S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
+                                     ffi::Result<ffi::AnyBuffer> c, int64_t tile_h, bool trans_b, bool allow_tf32,
+                                     int64_t activation, bool skip_dead) {
+  ++HandlerCalls();
+  auto args = DecodeRowGatherPackedArgs(a, a_packed, b, tiles, count, bias, dead_row, c, tile_h, trans_b, allow_tf32,
+                                        activation, skip_dead);
+  if (args.has_error()) return args.error();
+  cudaError_t status = gpu::Poison(c->untyped_data(), c->size_bytes(), stream);
+  if (status == cudaSuccess) status = LaunchRowGatherMatmul(args->mm, args->index, stream);
+  return gpu::LaunchStatus("pit_row_gather_matmul_packed", status);
+}
+
 ffi::Error RowGatherMatmulPreCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, S32Buffer tiles,
                                   S32Buffer count, ffi::AnyBuffer bias, ffi::AnyBuffer dead_row,
                                   ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> z, int64_t tile_h,
@@ -69,6 +82,10 @@ ffi::Error RowGatherMatmul3Cuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyB
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulCuda, pit::RowGatherMatmulCuda,
                               pit::bind::RowGatherMatmul(pit::gpu::Binding()),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulPackedCuda, pit::RowGatherMatmulPackedCuda,
+                              pit::bind::RowGatherMatmulPacked(pit::gpu::Binding()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PitRowGatherMatmulPreCuda, pit::RowGatherMatmulPreCuda,

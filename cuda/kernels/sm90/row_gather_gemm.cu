@@ -66,7 +66,7 @@ constexpr int64_t kDualMaxN = 1024;
 constexpr int kSingleTilesPerSm = 4;
 
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
-cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const CUtensorMap& map_b_half, const Args& g_in, int sms,
+cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const CUtensorMap& map_aux, const Args& g_in, int sms,
                    cudaStream_t stream) {
   auto kernel = sm90_rg::RowGatherGemmKernel<Cfg, kKind, kTransB, kCluster, kDiag, kSplitK>;
   // Per device: the shared-memory opt-in and how many clusters fit at once (queries, not
@@ -104,7 +104,7 @@ cudaError_t Launch(const Variant& v, const CUtensorMap& map_b, const CUtensorMap
   }
   cfg.gridDim = dim3(kCluster * clusters[dev]);
   const Args g = g_in;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map_b, map_b_half, g);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map_b, map_aux, g);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -333,17 +333,26 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   // B box: trans_b: (128 B of K) x (256 / cluster) rows of N; else (64 columns of N) x 64 rows of K.
   if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? v.bn / m_cluster : 64u)) return kNo;
   // The two-width kernel's map for 128-column tiles: another box only when B is K-major.
-  CUtensorMap map_b_half = map_b;
-  if (v.dual && p.trans_b && !make_map(&map_b_half, p.b.data, inner, outer, p.b.batch, 128u)) return kNo;
+  // The second map: the two-width kernel's for 128-column tiles (another box only when B
+  // is K-major), or A's packed rows (boxes of 64 rows x 128 bytes) where the form reads A
+  // by TMA: one width, no split-K, 16-bit (a packed operand the caller has anyway: the
+  // TMA-fed A measured 3-4 % faster than the gather, docs/notes/sm90_row_gather.md).
+  CUtensorMap map_aux = map_b;
+  if (v.dual && p.trans_b && !make_map(&map_aux, p.b.data, inner, outer, p.b.batch, 128u)) return kNo;
+  if (p.a_packed && kind != kTf32 && !v.dual && !v.split_k && v.gather_warps == 0 && v.epi_in_a &&
+      Aligned16(p.a_packed)) {
+    if (!make_map(&map_aux, p.a_packed, p.K, rows.capacity * rows.tile_h, p.a.batch, 64u)) return kNo;
+    g.a_tma = 1;
+  }
 
   const int sms = dev->sms;
   if (kind == kBf16)
-    return p.trans_b ? LaunchKind<kBf16, true>(v, map_b, map_b_half, g, sms, stream)
-                     : LaunchKind<kBf16, false>(v, map_b, map_b_half, g, sms, stream);
+    return p.trans_b ? LaunchKind<kBf16, true>(v, map_b, map_aux, g, sms, stream)
+                     : LaunchKind<kBf16, false>(v, map_b, map_aux, g, sms, stream);
   if (kind == kF16)
-    return p.trans_b ? LaunchKind<kF16, true>(v, map_b, map_b_half, g, sms, stream)
-                     : LaunchKind<kF16, false>(v, map_b, map_b_half, g, sms, stream);
-  return LaunchKind<kTf32, true>(v, map_b, map_b_half, g, sms, stream);
+    return p.trans_b ? LaunchKind<kF16, true>(v, map_b, map_aux, g, sms, stream)
+                     : LaunchKind<kF16, false>(v, map_b, map_aux, g, sms, stream);
+  return LaunchKind<kTf32, true>(v, map_b, map_aux, g, sms, stream);
 }
 
 }  // namespace

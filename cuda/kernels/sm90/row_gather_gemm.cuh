@@ -178,6 +178,10 @@ struct Args {
   int total_tiles = 0;                       // batch * m_groups * n_tiles
   int n_tiles_half = 0, total_tiles_half = 0;  // kDualWidth: the 128-column tile space
   EpilogueDev epi;                           // bias + activation (live rows), act(bias) (dead rows)
+  // A's rows are packed in list order (row j of entry b: the j-th listed row, zeros past
+  // the count) and read by TMA through map_aux instead of gathered by cp.async (consumer
+  // gather, one width, no split-K): the M axis's dx, whose dy the weight gradient packs.
+  int a_tma = 0;
 };
 
 // Where the tile (or dead row) of batch entry b in part `part` stores: the base of C, or
@@ -841,6 +845,8 @@ struct ALoader {
   bool valid = false;
   const char* a_b = nullptr;
   int64_t off[4];  // row byte offsets (or -1: no row)
+  int m0 = 0, a_entry = 0;              // Args::a_tma: the tile's first packed row, A's batch entry
+  const CUtensorMap* map_a = nullptr;  // Args::a_tma: the packed rows
   __device__ __forceinline__ void Start(const Args& g, const W& w, int wg, int warp, int lane) {
     t = w.first - w.step;
     kb = w.kfirst;
@@ -859,6 +865,8 @@ struct ALoader {
   // This thread's 4 rows of `tile` (their byte offsets, -1: no row) and its batch entry's A.
   __device__ __forceinline__ void TakeRows(const Args& g, const Tile& tile, int wg, int warp, int lane) {
     a_b = g.a + static_cast<int64_t>(tile.b / g.a_div) * g.a_batch_bytes;
+    m0 = tile.m0, a_entry = tile.b / g.a_div;
+    if (g.a_tma) return;  // packed rows: no lookups
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = RowOf(g, tile, tile.m0 + wg * 64 + warp * 16 + (lane >> 3) + 4 * i);
@@ -871,14 +879,24 @@ struct ALoader {
     const int64_t kbyte = static_cast<int64_t>(kb) * kBKBytes + chunk * 16;
     const bool k_ok = kbyte < g.a_row_bytes;
     const uint32_t sa = base + Cfg::kAOffset + stage * kStageABytes + wg * (64 * kBKBytes);
+    const uint32_t full = base + Cfg::kFullA + (wg * Cfg::kStagesA + stage) * 8;
+    if (g.a_tma) {
+      // The warpgroup's 64 packed rows x 128 bytes in one box, in the layout the gather
+      // writes (128B swizzle); TMA zero-fills past K and past the packed rows.
+      if (warp == 0 && lane == 0) {
+        MbarArriveExpectTx(full, 64 * kBKBytes);
+        TmaLoad3d(sa, map_a, kb * (kBKBytes / 2), m0 + wg * 64, a_entry, full);
+      }
+    } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int rl = warp * 16 + (lane >> 3) + 4 * i;
-      const bool ok = k_ok && off[i] >= 0;
-      if constexpr (!kNoA)  // kDiagNoA: the barrier's arrivals without the copies (timing only)
-        CpAsync16(sa + rl * kBKBytes + ((chunk ^ (rl & 7)) << 4), ok ? a_b + off[i] + kbyte : g.a, ok ? 16u : 0u);
+      for (int i = 0; i < 4; ++i) {
+        const int rl = warp * 16 + (lane >> 3) + 4 * i;
+        const bool ok = k_ok && off[i] >= 0;
+        if constexpr (!kNoA)  // kDiagNoA: the barrier's arrivals without the copies (timing only)
+          CpAsync16(sa + rl * kBKBytes + ((chunk ^ (rl & 7)) << 4), ok ? a_b + off[i] + kbyte : g.a, ok ? 16u : 0u);
+      }
+      CpAsyncArriveNoinc(full);
     }
-    CpAsyncArriveNoinc(base + Cfg::kFullA + (wg * Cfg::kStagesA + stage) * 8);
     if (++stage == Cfg::kStagesA) stage = 0;
     kb += w.kstep;
     if (kb >= g.num_kb) {
@@ -969,7 +987,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
 // Consumer warpgroup wg (0/1): rows wg*64 .. wg*64+63 of each tile. Split-K: the tile's
 // partial sums are left in shared memory and described by the returned SplitTile.
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK>
-__device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, int tid) {
+__device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, int tid, const CUtensorMap* map_a) {
   SplitTile split;
   const uint32_t base = SmemAddr(smem);
   const int warp = tid >> 5, lane = tid & 31;
@@ -983,6 +1001,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   constexpr int kAcc = Cfg::kBN / 2;  // fp32 accumulators per thread
   float acc[kAcc];
   ALoader<Cfg, W, (kDiag & kDiagNoA) != 0> loader;
+  loader.map_a = map_a;
   const bool stamper = wg == 0 && tid == 0;
   if (stamper) Stamp<kDiag>(20);
   if constexpr (Cfg::kConsumerGather) {
@@ -1148,6 +1167,12 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
     if (stamper && stamp_tiles == 1) Stamp<kDiag>(8);
     if constexpr (Cfg::kEpiInA) {
       __syncwarp();  // the warp's staging reads are done before its refill lands there
+      if (g.a_tma) {
+        // One TMA refills the whole warpgroup's rows: every warp's staging reads first,
+        // then the async proxy's write (the fence orders the two proxies).
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+        FenceProxyAsync();
+      }
       loader.Issue(g, w, base, wg, warp, lane);
     }
   }
@@ -1213,11 +1238,12 @@ __device__ __forceinline__ void ReduceSplit(const Args& g, const SplitTile& st, 
 
 // kCluster: CTAs per cluster along M (1, 2 or 4; B multicast when > 1), or with kSplitK
 // the cluster of up to kCluster CTAs sharing a tile's K (no multicast, batch 1). kDiag:
-// timing experiments (see Diag), kOutParts, kDualWidth. map_b_half: kDualWidth's B map
-// for 128-column tiles (its box differs when B is K-major); map_b again otherwise.
+// timing experiments (see Diag), kOutParts, kDualWidth. map_aux: kDualWidth's B map for
+// 128-column tiles (its box differs when B is K-major), or with Args::a_tma A's packed
+// rows (never both: one width only there); map_b again otherwise.
 template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag, bool kSplitK = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const __grid_constant__ CUtensorMap map_b_half,
+    RowGatherGemmKernel(const __grid_constant__ CUtensorMap map_b, const __grid_constant__ CUtensorMap map_aux,
                         const Args g) {
   static_assert(!kSplitK || (kCluster > 1 && Cfg::kConsumerGather), "split-K: clusters, consumer gather");
   constexpr bool kDual = (kDiag & kDualWidth) != 0;
@@ -1254,8 +1280,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint32_t base = SmemAddr(smem);
     for (int s = 0; s < Cfg::kStagesA; ++s) {
       if constexpr (Cfg::kConsumerGather) {
-        MbarInit(base + Cfg::kFullA + s * 8, 128);                    // warpgroup 0's cp.async (noinc)
-        MbarInit(base + Cfg::kFullA + (Cfg::kStagesA + s) * 8, 128);  // warpgroup 1's
+        // warpgroup 0's, then 1's: its 128 threads' cp.async (noinc), or its TMA lane (+ bytes)
+        const uint32_t arrivals = g.a_tma ? 1 : 128;
+        MbarInit(base + Cfg::kFullA + s * 8, arrivals);
+        MbarInit(base + Cfg::kFullA + (Cfg::kStagesA + s) * 8, arrivals);
       } else {
         MbarInit(base + Cfg::kFullA + s * 8, Cfg::kGatherThreads);  // cp.async arrivals (noinc)
         MbarInit(base + Cfg::kEmptyA + s * 8, 2);                   // the 2 local consumer warpgroups
@@ -1267,8 +1295,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-    if constexpr (kDual && kTransB)
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b_half)) : "memory");
+    if ((kDual && kTransB) || g.a_tma)
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_aux)) : "memory");
   }
   if constexpr (kCluster == 1) {
     __syncthreads();
@@ -1292,7 +1320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (warp == Cfg::kBWarp) {
       WithTileWidth<Cfg, kDual>(g, [&](auto c) {
         using C = decltype(c);
-        LoadB<C, kKind, kTransB, kCluster, kDiag, kSplitK>(g, C::kAltSpace ? &map_b_half : &map_b, smem, lane);
+        LoadB<C, kKind, kTransB, kCluster, kDiag, kSplitK>(g, C::kAltSpace ? &map_aux : &map_b, smem, lane);
       });
     } else if (Cfg::kConsumerGather) {
       ZeroFillOf<kDiag> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
@@ -1333,7 +1361,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int wg = (warp >> 2) - 1;
     const int ct = threadIdx.x - 128 * (wg + 1);
     WithTileWidth<Cfg, kDual>(g, [&](auto c) {
-      split = Consume<decltype(c), kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct);
+      split = Consume<decltype(c), kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct, &map_aux);
     });
   }
   if constexpr (kSplitK) {
