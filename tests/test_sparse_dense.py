@@ -315,6 +315,83 @@ def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density
     assert np.array_equal(np.asarray(dw), np.asarray(dw2)), "deterministic"
 
 
+def _m_axis_grads(argnums):
+    """jit(grad) of sum(sparse_dense(x, w, index, axis="m") * g) w.r.t. `argnums`."""
+    return jax.jit(jax.grad(lambda a, b, gg, i: jnp.sum(
+        pit_jax.sparse_dense(a, b, i, axis="m").astype(jnp.float32) * gg.astype(jnp.float32)), argnums=argnums))
+
+
+@pytest.mark.parametrize("argnums,packed", [((0, 1), True), (0, False), (1, False)])
+def test_m_axis_dx_reads_packed_dy_only_with_dw(monkeypatch, argnums, packed):
+    """Lowered for an sm_90 GPU (here on the CPU): with both gradients taken, dx asks for
+    dy's live rows packed (the weight gradient packs them: XLA's CSE merges the two
+    pit_sread_live calls) and reads them from there; with w frozen, dx alone does not pack
+    (packing for it alone would cost more than it saves)."""
+    from pit_jax import _native
+    from pit_jax.primitives import _lowering
+
+    if not _native.has_cuda():
+        pytest.skip("built without the CUDA module: nothing lowers for CUDA")
+
+    class _H200:
+        compute_capability, device_kind = "9.0", "NVIDIA H200"
+
+    monkeypatch.setattr(_lowering, "_first_cuda_device", lambda: _H200())
+    monkeypatch.delenv("PIT_JAX_HOPPER", raising=False)
+    _lowering.cuda_is_sm90.cache_clear()
+    try:
+        x = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16)
+        w = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
+        g = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16)
+        idx = jax.eval_shape(lambda a: pit_jax.index(a, "row"), x)
+        text = _m_axis_grads(argnums).trace(x, w, g, idx).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        _lowering.cuda_is_sm90.cache_clear()
+    assert text.count("@pit_row_gather_matmul_packed(") == (1 if packed else 0)
+    # x's and dy's packings for the weight gradient, and dy's again for dx (merged by XLA).
+    assert text.count("@pit_sread_live(") == {(0, 1): 3, 0: 0, 1: 2}[argnums]
+
+
+@requires_gpu
+@pytest.mark.parametrize(
+    "rows,k,n,h,density,force",
+    [(1000, 136, 264, 1, 0.3, True),  # rows, K and N off the tile sizes
+     (512, 64, 72, 4, 0.5, True),  # row blocks of 4
+     (300, 64, 64, 1, 0.0, True),  # nothing live: zeros
+     (333, 64, 128, 1, 1.0, True),  # every row live
+     (4096, 2048, 2048, 1, 0.27, False)],  # by default (K * N at the packing threshold)
+)
+def test_m_axis_dx_reads_packed_dy_gpu(monkeypatch, rows, k, n, h, density, force):
+    """The M axis's dx and dw taken together on sm_90: dy's live rows are packed once (CSE)
+    for both, dx reads them by TMA. Against float64; `force`: small shapes too."""
+    from pit_jax.primitives import _lowering, stile_matmul as sm
+
+    if not _lowering.cuda_is_sm90():
+        pytest.skip("dx reads packed rows on sm_90 devices")
+    if force:
+        monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
+    rng, seed = fresh_rng()
+    x, live = tiled_sparse(rng, (rows, k), (h, k), density, jnp.bfloat16)
+    g = np.asarray(jnp.asarray(rng.standard_normal((rows, n)), jnp.bfloat16))
+    w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
+    fn = _m_axis_grads((0, 1))
+    args = put("gpu", x, w, g)
+    idx = jax.jit(lambda a: pit_jax.index(a, (h, None)))(args[0])
+    hlo = fn.lower(*args, idx).compile().as_text()
+    assert len(re.findall(r'custom_call_target="pit_row_gather_matmul_packed"', hlo)) == 1, "dx reads packed dy"
+    assert len(re.findall(r'custom_call_target="pit_sread_live"', hlo)) == 2, "dy packed once (CSE), and x"
+    dx, dw = fn(*args, idx)
+    mask = np.repeat(live, h, -2)[:rows, :1].astype(np.float64)
+    rdx, rdw = mask * (f64(g) @ f64(w).T), (f64(x) * mask).T @ f64(g)
+    for got, want, what in ((dx, rdx, "dx"), (dw, rdw, "dw")):
+        assert got.shape == want.shape and not np.isnan(np.asarray(got, np.float32)).any(), f"seed={seed}: {what}"
+        if np.abs(want).max() == 0:
+            assert (np.asarray(got, np.float32) == 0).all(), f"seed={seed}: {what} of nothing live"
+        else:
+            assert rel_err(got, want) < 2 * TOL[jnp.bfloat16], f"seed={seed}: {what}"
+    assert (np.asarray(dx, np.float32)[~mask[:, 0].astype(bool)] == 0).all(), f"seed={seed}: dead rows of dx"
+
+
 @requires_gpu
 @pytest.mark.parametrize("rows,k,n", [(4096, 768, 768), (4096, 3072, 768), (2048, 256, 1024)])
 def test_m_axis_weight_grad_few_tiles_gpu(rows, k, n):

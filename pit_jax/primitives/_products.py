@@ -96,13 +96,16 @@ def has_cols(index_avals) -> bool:
 # -- autodiff -------------------------------------------------------------------------
 
 
-def bilinear_tangent(prim, primals, tangents, **params):
-    """d prim(a, b, *index) of a product bilinear in (a, b), or None when both tangents are zero."""
+def bilinear_tangent(prim, primals, tangents, *, both_flag=None, **params):
+    """d prim(a, b, *index) of a product bilinear in (a, b), or None when both tangents are zero.
+    both_flag: the name of a bool param set on the a-term when the b-term exists too (so
+    that its transpose may share work with the b-term's)."""
     a, b, *idx = primals
     da, db = tangents[:2]
     terms = []
     if type(da) is not ad.Zero:
-        terms.append(prim.bind(da, b, *idx, **params))
+        a_params = dict(params, **{both_flag: type(db) is not ad.Zero}) if both_flag else params
+        terms.append(prim.bind(da, b, *idx, **a_params))
     if type(db) is not ad.Zero:
         terms.append(prim.bind(a, db, *idx, **params))
     if not terms:
@@ -110,12 +113,13 @@ def bilinear_tangent(prim, primals, tangents, **params):
     return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
 
-def bilinear_jvp(prim):
-    """JVP rule of a product bilinear in its first two operands (the index is constant)."""
+def bilinear_jvp(prim, both_flag=None):
+    """JVP rule of a product bilinear in its first two operands (the index is constant);
+    both_flag as for bilinear_tangent."""
 
     def jvp(primals, tangents, **params):
         out = prim.bind(*primals, **params)
-        dout = bilinear_tangent(prim, primals, tangents, **params)
+        dout = bilinear_tangent(prim, primals, tangents, both_flag=both_flag, **params)
         return out, zero_tangent(out) if dout is None else dout
 
     return jvp

@@ -131,7 +131,8 @@ def _linear_tangents(primals, tangents, *, tile_h, allow_tf32, parts, zero_dead)
     dx, dw, db = tangents[:3]
     mm = functools.partial(stile_matmul, idx=idx, sparse="a", tile=_tile(x, tile_h), allow_tf32=allow_tf32,
                            out_batch=x.ndim - 2)
-    terms = ([mm(dx, w)] if type(dx) is not ad.Zero else []) + ([mm(x, dw)] if type(dw) is not ad.Zero else [])
+    with_dw = type(dw) is not ad.Zero
+    terms = ([mm(dx, w, with_b_grad=with_dw)] if type(dx) is not ad.Zero else []) + ([mm(x, dw)] if with_dw else [])
     t = functools.reduce(jnp.add, terms) if terms else None
     has_db = type(db) is not ad.Zero and bias.shape[-1]
     if parts > 1 and zero_dead and t is not None:

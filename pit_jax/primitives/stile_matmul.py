@@ -130,7 +130,7 @@ def _check_index(a, b, idx, *, sparse, tile):
         raise ValueError(f"stile_matmul: the index's column lists are not those of a {tile} tiling of {(rows, cols)}")
 
 
-def _abstract_eval(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
+def _abstract_eval(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch, with_b_grad=False):
     shape = _products.product_shape(
         a, b, (), trans_a=trans_a, trans_b=trans_b, trans_c=trans_c, out_batch=out_batch, what="stile_matmul"
     )
@@ -139,8 +139,9 @@ def _abstract_eval(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf
     return ShapedArray(shape.out_shape, a.dtype)
 
 
-def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch, cuda=False):
-    """The custom call(s), traced inside the lowering (one per platform)."""
+def _native(a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch, with_b_grad=False, cuda=False):
+    """The custom call(s), traced inside the lowering (one per platform). `with_b_grad`
+    matters only to the transpose (see stile_matmul)."""
     if sparse == "b" and b.ndim == 2 and a.ndim > 2 and not (trans_a or trans_c) and out_batch == a.ndim - 2:
         # A shared sparse weight under a batched x (W axis, forward and dx): x's batch is
         # more of its (contiguous) rows, so the call is one 2-D product, which the kernels
@@ -307,12 +308,8 @@ def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
     if packed:
         # The raw count: pit_sread_live packs min(count, capacity) slots and the kernel
         # clamps its count to the packed rows, so a min here would be one more launch.
-        a, b = (
-            jax.ffi.ffi_call("pit_sread_live", jax.ShapeDtypeStruct(lead + (cap, h, m.shape[-1]), m.dtype))(
-                m, tiles, count, tile_h=np.int64(h), tile_w=np.int64(m.shape[-1])
-            ).reshape(*lead, cap * h, m.shape[-1])
-            for m in (a, b)
-        )
+        # dy's packing is the one dx reads too (sdd_matmul's packed_a; CSE merges them).
+        a, b = (_lowering.pack_live_rows(m, tiles, count, tile_h=h) for m in (a, b))
         # The packed kernel reads rows 0 .. count - 1 in order and never the lists' values:
         # a constant identity (XLA folds it; no kernel builds it per call).
         ids = jnp.broadcast_to(jnp.arange(cap * h, dtype=jnp.int32), lead + (cap * h,))
@@ -330,7 +327,11 @@ def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
     )
 
 
-def stile_matmul(a, b, idx, *, sparse, tile, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False, out_batch):
+def stile_matmul(a, b, idx, *, sparse, tile, trans_a=False, trans_b=False, trans_c=False, allow_tf32=False, out_batch,
+                 with_b_grad=False):
+    """with_b_grad (set by the JVPs on a tangent's a-term when b has a tangent too): the
+    same trace also takes b's gradient, so a's gradient may read what that one packs
+    (the M axis's dx reads dy's live rows as the weight gradient packs them)."""
     return stile_matmul_p.bind(
         a,
         b,
@@ -342,13 +343,14 @@ def stile_matmul(a, b, idx, *, sparse, tile, trans_a=False, trans_b=False, trans
         trans_c=bool(trans_c),
         allow_tf32=bool(allow_tf32),
         out_batch=int(out_batch),
+        with_b_grad=bool(with_b_grad),
     )
 
 
 # -- autodiff: bilinear in (a, b) for a fixed index ------------------------------------
 
 
-def _transpose(ct, a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch):
+def _transpose(ct, a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf32, out_batch, with_b_grad=False):
     from pit_jax.primitives.sdd_matmul import sdd_matmul  # the masked operand's gradient
 
     nones = [None] * _products.NUM_INDEX
@@ -362,7 +364,8 @@ def _transpose(ct, a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf
         nb = a.aval.ndim - 2
         if sparse == "a":
             ct_a = (
-                sdd_matmul(ct, b, idx, tile=tile, trans_a=trans_c, trans_b=not trans_b, out_batch=nb, **common)
+                sdd_matmul(ct, b, idx, tile=tile, trans_a=trans_c, trans_b=not trans_b, out_batch=nb,
+                           packed_a=with_b_grad and not trans_c, **common)
                 if not trans_a
                 else sdd_matmul(b, ct, idx, tile=tile, trans_a=trans_b, trans_b=not trans_c, out_batch=nb, **common)
             )
@@ -395,7 +398,7 @@ def _batch(args, dims, **params):
 
 stile_matmul_p.def_impl(lambda *args, **params: xla.apply_primitive(stile_matmul_p, *args, **params))
 stile_matmul_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p)
+ad.primitive_jvps[stile_matmul_p] = _products.bilinear_jvp(stile_matmul_p, both_flag="with_b_grad")
 ad.primitive_transposes[stile_matmul_p] = typed_cotangents(_transpose)
 batching.primitive_batchers[stile_matmul_p] = _batch
 _lowering.register_traced_lowering(
