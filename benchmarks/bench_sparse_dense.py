@@ -742,10 +742,12 @@ WHY_MISSED = {
         "cuBLAS's (13 row tiles of 128 x 256 make 2 rounds where cuBLAS's 128 x 208 fill theirs). "
         "H200 2026-11-29: 1.77 / 1.25 / 1.18x the oracle backward, 1.80 / 1.27 / 1.19x in a rerun and "
         "1.75 / 1.26 / 1.19x in a third "
-        "(1.77 / 1.32 / 1.26x before): 30 % sits on the target's edge. dx could read the packed dy "
-        "by TMA (3-4 % of dx in the harness), but dx's transpose cannot see whether the weight "
-        "gradient packs dy, and with w frozen it would pay the packing alone (not built). "
-        "docs/notes/sm90_grouped.md, runs 11 and 21."
+        "(1.77 / 1.32 / 1.26x before): 30 % sat on the target's edge. Since 2026-11-30 dx reads the "
+        "dy the weight gradient packs (one packing, merged by XLA's CSE) by TMA where the JVP saw both "
+        "gradients taken (`with_b_grad`): dx 2.5-5 % faster, the call 1.67-1.76 / 1.21-1.22 / 1.15x "
+        "in two runs. The 10 % case stays far off: the index (33 us), the packing and dx's second "
+        "round of tiles. docs/notes/sm90_grouped.md, runs 11 and 21; docs/notes/sm90_row_gather.md, "
+        "2026-11-30."
     ),
 }
 
