@@ -321,12 +321,14 @@ def _m_axis_grads(argnums):
         pit_jax.sparse_dense(a, b, i, axis="m").astype(jnp.float32) * gg.astype(jnp.float32)), argnums=argnums))
 
 
+@pytest.mark.parametrize("lead", [(), (2,)])
 @pytest.mark.parametrize("argnums,packed", [((0, 1), True), (0, False), (1, False)])
-def test_m_axis_dx_reads_packed_dy_only_with_dw(monkeypatch, argnums, packed):
+def test_m_axis_dx_reads_packed_dy_only_with_dw(monkeypatch, lead, argnums, packed):
     """Lowered for an sm_90 GPU (here on the CPU): with both gradients taken, dx asks for
     dy's live rows packed (the weight gradient packs them: XLA's CSE merges the two
     pit_sread_live calls) and reads them from there; with w frozen, dx alone does not pack
-    (packing for it alone would cost more than it saves)."""
+    (packing for it alone would cost more than it saves). A batch under the shared w folds
+    its rows alike in both products."""
     from pit_jax import _native
     from pit_jax.primitives import _lowering
 
@@ -340,9 +342,9 @@ def test_m_axis_dx_reads_packed_dy_only_with_dw(monkeypatch, argnums, packed):
     monkeypatch.delenv("PIT_JAX_HOPPER", raising=False)
     _lowering.cuda_is_sm90.cache_clear()
     try:
-        x = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16)
+        x = jax.ShapeDtypeStruct((*lead, 4096 // max(1, math.prod(lead)), 2048), jnp.bfloat16)
         w = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
-        g = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16)
+        g = jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)
         idx = jax.eval_shape(lambda a: pit_jax.index(a, "row"), x)
         text = _m_axis_grads(argnums).trace(x, w, g, idx).lower(lowering_platforms=("cuda",)).as_text()
     finally:
@@ -354,14 +356,15 @@ def test_m_axis_dx_reads_packed_dy_only_with_dw(monkeypatch, argnums, packed):
 
 @requires_gpu
 @pytest.mark.parametrize(
-    "rows,k,n,h,density,force",
-    [(1000, 136, 264, 1, 0.3, True),  # rows, K and N off the tile sizes
-     (512, 64, 72, 4, 0.5, True),  # row blocks of 4
-     (300, 64, 64, 1, 0.0, True),  # nothing live: zeros
-     (333, 64, 128, 1, 1.0, True),  # every row live
-     (4096, 2048, 2048, 1, 0.27, False)],  # by default (K * N at the packing threshold)
+    "lead,rows,k,n,h,density,force",
+    [((), 1000, 136, 264, 1, 0.3, True),  # rows, K and N off the tile sizes
+     ((), 512, 64, 72, 4, 0.5, True),  # row blocks of 4
+     ((), 300, 64, 64, 1, 0.0, True),  # nothing live: zeros
+     ((), 333, 64, 128, 1, 1.0, True),  # every row live
+     ((3,), 200, 72, 136, 2, 0.4, True),  # a batch under the shared w: both products fold its rows
+     ((), 4096, 2048, 2048, 1, 0.27, False)],  # by default (K * N at the packing threshold)
 )
-def test_m_axis_dx_reads_packed_dy_gpu(monkeypatch, rows, k, n, h, density, force):
+def test_m_axis_dx_reads_packed_dy_gpu(monkeypatch, lead, rows, k, n, h, density, force):
     """The M axis's dx and dw taken together on sm_90: dy's live rows are packed once (CSE)
     for both, dx reads them by TMA. Against float64; `force`: small shapes too."""
     from pit_jax.primitives import _lowering, stile_matmul as sm
@@ -371,8 +374,8 @@ def test_m_axis_dx_reads_packed_dy_gpu(monkeypatch, rows, k, n, h, density, forc
     if force:
         monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
     rng, seed = fresh_rng()
-    x, live = tiled_sparse(rng, (rows, k), (h, k), density, jnp.bfloat16)
-    g = np.asarray(jnp.asarray(rng.standard_normal((rows, n)), jnp.bfloat16))
+    x, live = tiled_sparse(rng, (*lead, rows, k), (h, k), density, jnp.bfloat16)
+    g = np.asarray(jnp.asarray(rng.standard_normal((*lead, rows, n)), jnp.bfloat16))
     w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
     fn = _m_axis_grads((0, 1))
     args = put("gpu", x, w, g)
@@ -381,15 +384,16 @@ def test_m_axis_dx_reads_packed_dy_gpu(monkeypatch, rows, k, n, h, density, forc
     assert len(re.findall(r'custom_call_target="pit_row_gather_matmul_packed"', hlo)) == 1, "dx reads packed dy"
     assert len(re.findall(r'custom_call_target="pit_sread_live"', hlo)) == 2, "dy packed once (CSE), and x"
     dx, dw = fn(*args, idx)
-    mask = np.repeat(live, h, -2)[:rows, :1].astype(np.float64)
-    rdx, rdw = mask * (f64(g) @ f64(w).T), (f64(x) * mask).T @ f64(g)
+    mask = np.repeat(live, h, -2)[..., :rows, :1].astype(np.float64)
+    rdx = mask * (f64(g) @ f64(w).T)
+    rdw = (np.swapaxes(f64(x) * mask, -1, -2) @ f64(g)).reshape(-1, k, n).sum(0)
     for got, want, what in ((dx, rdx, "dx"), (dw, rdw, "dw")):
         assert got.shape == want.shape and not np.isnan(np.asarray(got, np.float32)).any(), f"seed={seed}: {what}"
         if np.abs(want).max() == 0:
             assert (np.asarray(got, np.float32) == 0).all(), f"seed={seed}: {what} of nothing live"
         else:
             assert rel_err(got, want) < 2 * TOL[jnp.bfloat16], f"seed={seed}: {what}"
-    assert (np.asarray(dx, np.float32)[~mask[:, 0].astype(bool)] == 0).all(), f"seed={seed}: dead rows of dx"
+    assert (np.asarray(dx, np.float32)[~mask[..., 0].astype(bool)] == 0).all(), f"seed={seed}: dead rows of dx"
 
 
 @requires_gpu

@@ -208,7 +208,7 @@ def pack_live_rows(m, tiles, count, *, tile_h):
 
 
 def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bias=None, activation=None, parts=1,
-                    zero_dead=False, skip_dead=False, pre=False, a_packed=None):
+                    zero_dead=False, skip_dead=False, pre=False, pack_a=False):
     """pit_row_gather_matmul: C = act(A @ op(B) + bias) on the listed row blocks of A,
     act(bias) elsewhere (zeros without a bias or with `zero_dead`). `bias` [N] in A's dtype
     or float32 (the kernel rounds it to A's dtype); the dead rows' value act(bias) is
@@ -217,22 +217,23 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
     (a list of three results). pre (with an activation): pit_row_gather_matmul_pre, [C, Z]
     with Z = A @ op(B) + bias, rounded, on the listed rows (its other rows unwritten).
     skip_dead: C's unlisted rows are left unwritten too (the caller never reads them).
-    a_packed: a's listed rows as pack_live_rows makes them (one part, no pre; unfolded):
-    pit_row_gather_matmul_packed, whose sm_90a kernel reads them by TMA."""
+    pack_a: a's listed rows packed first (pack_live_rows, after the fold below: the
+    packing the M axis's weight gradient makes of the same operand, which XLA's CSE
+    merges with this one), then pit_row_gather_matmul_packed, whose sm_90a kernel reads
+    them by TMA (one part, no pre)."""
     if parts not in (1, 3):
         raise ValueError(f"row_gather_call: parts must be 1 or 3 (the targets), got {parts}")
-    if a_packed is not None and (parts != 1 or pre or a_packed.shape[:-2] != a.shape[:-2]):
-        raise ValueError("row_gather_call: a_packed needs one part, no pre and a's batch dims")
+    if pack_a and (parts != 1 or pre):
+        raise ValueError("row_gather_call: pack_a needs one part and no pre")
     if b.ndim == 2 and row_index_folds(tiles, a.shape[:-1], tile_h):
         # x batched under a shared w: the entries' rows as one matrix and their lists as
         # one. Per-entry row tiles are cut at each entry's live count, so short entries
         # waste most of a tile (8 x 512 tokens on the H200: forward + backward 1.2-1.4x the
         # stacked rows' time).
         flat = jax.ShapeDtypeStruct((math.prod(a.shape[:-1]), out.shape[-1]), out.dtype)
-        # (a_packed, by entry, is not a's folded rows: the folded call gathers them.)
         ys = row_gather_call(a.reshape(-1, a.shape[-1]), b, *folded_row_index(tiles, count), flat, tile_h=tile_h,
                              trans_b=trans_b, allow_tf32=allow_tf32, bias=bias, activation=activation, parts=parts,
-                             zero_dead=zero_dead, skip_dead=skip_dead, pre=pre)
+                             zero_dead=zero_dead, skip_dead=skip_dead, pre=pre, pack_a=pack_a)
         unflat = lambda y: y.reshape(out.shape)  # noqa: E731
         return unflat(ys) if parts == 1 and not pre else [unflat(y) for y in ys]
     empty = jnp.zeros((0,), a.dtype)
@@ -247,8 +248,8 @@ def row_gather_call(a, b, tiles, count, out, *, tile_h, trans_b, allow_tf32, bia
     if pre:
         target, outs = "pit_row_gather_matmul_pre", (out, out)
     operands = (a, b)
-    if a_packed is not None:
-        target, operands = "pit_row_gather_matmul_packed", (a, a_packed, b)
+    if pack_a:
+        target, operands = "pit_row_gather_matmul_packed", (a, pack_live_rows(a, tiles, count, tile_h=tile_h), b)
     return jax.ffi.ffi_call(target, outs)(
         *operands, tiles, count, bias, dead, tile_h=np.int64(tile_h), trans_b=bool(trans_b), allow_tf32=bool(allow_tf32),
         activation=np.int64(ACTIVATION_CODES[activation]), skip_dead=bool(skip_dead),

@@ -65,16 +65,20 @@ def _dense_is_faster(shape, tile) -> bool:
     return shape.k > _SDD_MAX_REDUCTION or h * w < _SDD_MIN_AREA
 
 
-def _packs_a(a, idx, shape, *, tile) -> bool:
+def _packs_a(a, b, idx, shape, *, tile) -> bool:
     """Whether the M axis's weight gradient of this dx packs A's (dy's) live rows on this
-    device: the conditions of stile_matmul's packed route for x^T @ dy, seen from dx =
-    (dy @ w^T) on the listed rows (its columns are x's, its reduction dy's). Unbatched
-    only: the batched weight gradient packs a reshaped dy, which CSE cannot merge."""
+    device, as row_gather_call would pack them here: the conditions of stile_matmul's
+    packed route for x^T @ dy, seen from dx = (dy @ w^T) on the listed rows (its columns
+    are x's, its reduction dy's), at full capacity. A batched dy under a shared w folds
+    its entries' rows in both products alike (same reshape, same folded index) where the
+    index has no row or column lists; per-entry weights pack per entry in both."""
     from pit_jax.primitives.stile_matmul import PACKED_WGRAD_MIN_KN
 
+    folds = b.ndim == 2 and a.ndim > 2
     return (
-        a.ndim == 2 and a.dtype in (jnp.bfloat16, jnp.float16) and shape.n * shape.k >= PACKED_WGRAD_MIN_KN
-        and shape.m % tile[0] == 0 and idx[0].shape[-1] * tile[0] == shape.m and _lowering.cuda_is_sm90()
+        a.dtype in (jnp.bfloat16, jnp.float16) and shape.n * shape.k >= PACKED_WGRAD_MIN_KN
+        and shape.m % tile[0] == 0 and idx[0].shape[-1] * tile[0] == shape.m
+        and not (folds and any(v.size for v in idx[2:])) and _lowering.cuda_is_sm90()
     )
 
 
@@ -89,11 +93,9 @@ def _native(a, b, *idx, tile, trans_a, trans_b, allow_tf32, out_batch, packed_a=
         # packed_a (the JVP's flag: the weight gradient is taken too): that gradient packs
         # dy's live rows (pit_sread_live); the same call here is merged with it by XLA's
         # CSE, and the kernel reads A by TMA from it (3-4 % faster than its row gather).
-        a_packed = None
-        if cuda and packed_a and _packs_a(a, idx, shape, tile=tile):
-            a_packed = _lowering.pack_live_rows(a, idx[0], idx[1], tile_h=tile[0])
+        pack_a = cuda and packed_a and _packs_a(a, b, idx, shape, tile=tile)
         return _lowering.row_gather_call(a, b, idx[0], idx[1], out, tile_h=tile[0], trans_b=trans_b,
-                                         allow_tf32=allow_tf32, a_packed=a_packed)
+                                         allow_tf32=allow_tf32, pack_a=pack_a)
     if cuda and _dense_is_faster(shape, tile):
         return _dense_route.sdd(a, b, idx[0], idx[1], tile=tile, trans_a=trans_a, trans_b=trans_b,
                                 allow_tf32=allow_tf32, out_batch=out_batch)
