@@ -260,6 +260,17 @@ def test_dense_route_sums_batches_inside_the_product(trans_a, trans_b, trans_c, 
         assert "reduce_sum" not in jaxpr and "dot_general" in jaxpr
 
 
+def _packed_route(monkeypatch, force, why):
+    """Skips (saying `why`) off sm_90, where the M axis's backward packs no rows; `force`:
+    the packed route on small shapes too (PACKED_WGRAD_MIN_KN = 0)."""
+    from pit_jax.primitives import _lowering, stile_matmul as sm
+
+    if not _lowering.cuda_is_sm90():
+        pytest.skip(why)
+    if force:
+        monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
+
+
 @requires_gpu
 @pytest.mark.parametrize(
     "lead,rows,k,n,h,density,capacity,force,overflow",
@@ -277,12 +288,7 @@ def test_m_axis_weight_grad_packed_gpu(monkeypatch, lead, rows, k, n, h, density
     stages of them by TMA. `force`: on small shapes too (PACKED_WGRAD_MIN_KN = 0);
     `overflow`: x keeps more live rows than the index has slots. Checked against float64,
     for determinism with one index, and for the targets it lowers to."""
-    from pit_jax.primitives import _lowering, stile_matmul as sm
-
-    if not _lowering.cuda_is_sm90():
-        pytest.skip("the packed weight gradient is for sm_90 devices")
-    if force:
-        monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
+    _packed_route(monkeypatch, force, "the packed weight gradient is for sm_90 devices")
     rng, seed = fresh_rng()
     x, live = tiled_sparse(rng, (*lead, rows, k), (h, k), density, jnp.bfloat16)
     if capacity is not None and not overflow:  # at most `capacity` live blocks per entry
@@ -367,12 +373,7 @@ def test_m_axis_dx_reads_packed_dy_only_with_dw(monkeypatch, lead, argnums, pack
 def test_m_axis_dx_reads_packed_dy_gpu(monkeypatch, lead, rows, k, n, h, density, force):
     """The M axis's dx and dw taken together on sm_90: dy's live rows are packed once (CSE)
     for both, dx reads them by TMA. Against float64; `force`: small shapes too."""
-    from pit_jax.primitives import _lowering, stile_matmul as sm
-
-    if not _lowering.cuda_is_sm90():
-        pytest.skip("dx reads packed rows on sm_90 devices")
-    if force:
-        monkeypatch.setattr(sm, "PACKED_WGRAD_MIN_KN", 0)
+    _packed_route(monkeypatch, force, "dx reads packed rows on sm_90 devices")
     rng, seed = fresh_rng()
     x, live = tiled_sparse(rng, (*lead, rows, k), (h, k), density, jnp.bfloat16)
     g = np.asarray(jnp.asarray(rng.standard_normal((*lead, rows, n)), jnp.bfloat16))
