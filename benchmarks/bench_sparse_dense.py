@@ -744,8 +744,9 @@ WHY_MISSED = {
         "1.75 / 1.26 / 1.19x in a third "
         "(1.77 / 1.32 / 1.26x before): 30 % sat on the target's edge. Since 2026-11-30 dx reads the "
         "dy the weight gradient packs (one packing, merged by XLA's CSE) by TMA where the JVP saw both "
-        "gradients taken (`with_b_grad`): dx 2.5-5 % faster, the call 1.67-1.76 / 1.21-1.22 / 1.15x "
-        "in two runs. The 10 % case stays far off: the index (33 us), the packing and dx's second "
+        "gradients taken (`with_b_grad`): dx 2.5-5 % faster, the call 1.67-1.76 / 1.21-1.27 / "
+        "1.15-1.17x in three runs (30 % met in two: still on the edge). The 10 % case stays far "
+        "off: the index (33 us), the packing and dx's second "
         "round of tiles. docs/notes/sm90_grouped.md, runs 11 and 21; docs/notes/sm90_row_gather.md, "
         "2026-11-30."
     ),
