@@ -20,6 +20,7 @@ from pit_testing import (ACTIVATION_NAMES, PACKED_ROW_PAD, PLATFORMS, activation
                          dname, f64, fresh_rng, put, randn, run, tiled_sparse)
 
 import pit_jax
+from pit_jax.primitives._lowering import pack_live_rows  # the lowering's pit_sread_live call
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 DENSITIES = [0.0, 0.05, 0.5, 1.0]
@@ -329,13 +330,6 @@ ROW_PACKED_CASES = [
 ]
 
 
-def _packed_rows(a, tiles, count, h):
-    """pit_sread_live of a's listed row blocks, as the lowering spells it."""
-    lead, cap = tuple(tiles.shape[:-1]), tiles.shape[-1]
-    p = ffi("pit_sread_live", (*lead, cap, h, a.shape[-1]), a.dtype, a, tiles, count, tile_h=h, tile_w=a.shape[-1])
-    return p.reshape(*lead, cap * h, a.shape[-1])
-
-
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("h,dims,density,dtype,lead", ROW_PACKED_CASES,
                          ids=[f"h{c[0]}-{c[1]}-d{c[2]}-{dname(c[3])}-{c[4]}" for c in ROW_PACKED_CASES])
@@ -352,9 +346,9 @@ def test_row_gather_matmul_packed(platform, h, dims, density, dtype, lead):
 
     def f(mk, a, b):
         idx = index(mk)
-        c = ffi("pit_row_gather_matmul_packed", (*lead, m, n), dtype, a, _packed_rows(a, idx.tiles, idx.count, h), b,
-                idx.tiles, idx.count, empty, empty, tile_h=h, trans_b=False, allow_tf32=False, activation=0,
-                skip_dead=False)
+        packed = pack_live_rows(a, idx.tiles, idx.count, tile_h=h)
+        c = ffi("pit_row_gather_matmul_packed", (*lead, m, n), dtype, a, packed, b, idx.tiles, idx.count, empty, empty,
+                tile_h=h, trans_b=False, allow_tf32=False, activation=0, skip_dead=False)
         return c, idx.tiles, idx.count
 
     c, tiles, count = run(platform, f, mask, a, b)
@@ -380,7 +374,7 @@ def test_row_gather_matmul_packed_reads_the_packed_rows_gpu(platform):
 
     def f(mk, a, b):
         idx = index(mk)
-        scaled = (_packed_rows(a, idx.tiles, idx.count, 1).astype(jnp.float32) * 2).astype(a.dtype)
+        scaled = (pack_live_rows(a, idx.tiles, idx.count, tile_h=1).astype(jnp.float32) * 2).astype(a.dtype)
         return ffi("pit_row_gather_matmul_packed", (m, n), a.dtype, a, scaled, b, idx.tiles, idx.count, empty, empty,
                    tile_h=1, trans_b=False, allow_tf32=False, activation=0, skip_dead=False)
 

@@ -72,13 +72,12 @@ def _packs_a(a, b, idx, shape, *, tile) -> bool:
     are x's, its reduction dy's), at full capacity. A batched dy under a shared w folds
     its entries' rows in both products alike (same reshape, same folded index) where the
     index has no row or column lists; per-entry weights pack per entry in both."""
-    from pit_jax.primitives.stile_matmul import PACKED_WGRAD_MIN_KN
+    from pit_jax.primitives.stile_matmul import wgrad_packs_rows
 
     folds = b.ndim == 2 and a.ndim > 2
     return (
-        a.dtype in (jnp.bfloat16, jnp.float16) and shape.n * shape.k >= PACKED_WGRAD_MIN_KN
-        and shape.m % tile[0] == 0 and idx[0].shape[-1] * tile[0] == shape.m
-        and not (folds and any(v.size for v in idx[2:])) and _lowering.cuda_is_sm90()
+        a.dtype in (jnp.bfloat16, jnp.float16) and shape.m % tile[0] == 0 and idx[0].shape[-1] * tile[0] == shape.m
+        and not (folds and any(v.size for v in idx[2:])) and wgrad_packs_rows(shape.n, shape.k)
     )
 
 

@@ -294,6 +294,12 @@ def _rows_wgrad_applies(a, b, idx, p: Plan, *, sparse, tile, trans_a, trans_b, t
 PACKED_WGRAD_MIN_KN = 2048 * 2048
 
 
+def wgrad_packs_rows(k, n) -> bool:
+    """Whether the M axis's weight gradient of a K x N weight packs the live rows of its
+    operands on this device (sdd_matmul's dx asks for the same packing of dy then)."""
+    return k * n >= PACKED_WGRAD_MIN_KN and _lowering.cuda_is_sm90()
+
+
 def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
     """pit_grouped_wgrad with E = 1: the listed row blocks expanded to row ids (its list
     entries are rows of both operands), -1 past the count; the empty group 1 is the
@@ -304,7 +310,7 @@ def _rows_wgrad(a, b, idx, tile, allow_tf32, out_batch):
     h, rows = tile[0], a.shape[-2]
     cap = tiles.shape[-1]
     lead = tuple(tiles.shape[:-1])
-    packed = a.shape[-1] * b.shape[-1] >= PACKED_WGRAD_MIN_KN and _lowering.cuda_is_sm90()
+    packed = wgrad_packs_rows(a.shape[-1], b.shape[-1])
     if packed:
         # The raw count: pit_sread_live packs min(count, capacity) slots and the kernel
         # clamps its count to the packed rows, so a min here would be one more launch.
@@ -365,7 +371,7 @@ def _transpose(ct, a, b, *idx, sparse, tile, trans_a, trans_b, trans_c, allow_tf
         if sparse == "a":
             ct_a = (
                 sdd_matmul(ct, b, idx, tile=tile, trans_a=trans_c, trans_b=not trans_b, out_batch=nb,
-                           packed_a=with_b_grad and not trans_c, **common)
+                           packed_a=with_b_grad, **common)
                 if not trans_a
                 else sdd_matmul(b, ct, idx, tile=tile, trans_a=trans_b, trans_b=not trans_c, out_batch=nb, **common)
             )
