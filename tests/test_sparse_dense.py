@@ -187,6 +187,45 @@ def test_grad_matches_masked_reference(platform, dtype, axis, case):
     assert rel_err(dw, rw) < 2 * TOL[dtype], f"seed={seed}: dw"
 
 
+# (axis, x shape, w shape): matrices smaller than the axis's default micro-tile ((32, 1) for
+# k, (32, 64) for w) in one dim or both.
+SMALL_DEFAULT_CASES = [("k", (17, 40), (40, 24)), ("k", (1, 8), (8, 5)), ("w", (9, 17), (17, 24)),
+                       ("w", (12, 40), (40, 100)), ("w", (3, 1), (1, 1))]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis,xs,ws", SMALL_DEFAULT_CASES)
+def test_default_micro_tile_clipped_to_small_matrices(platform, axis, xs, ws):
+    """The default micro-tile is clipped to a smaller matrix (the cover of a partial edge
+    tile), as the Flax layers clip it: values and gradients are the masked reference's with
+    the clipped tile, under jit, grad and vmap. An explicit larger one stays an error."""
+    rng, seed = fresh_rng()
+    owner = ws if axis == "w" else xs
+    default = {"k": (32, 1), "w": (32, 64)}[axis]
+    tile = (min(default[0], owner[0]), min(default[1], owner[1]))
+    x, w, mask = make_case(rng, axis, xs, ws, tile, 0.5, jnp.float32)
+    g = rng.standard_normal((xs[0], ws[1])).astype(np.float32)
+
+    def loss(a, b, gg):
+        return jnp.sum(pit_jax.sparse_dense(a, b, axis=axis) * gg)
+
+    y = jax.jit(lambda a, b: pit_jax.sparse_dense(a, b, axis=axis))(*put(platform, x, w))
+    assert rel_err(y, masked_ref(axis, x, w, mask)) < TOL[jnp.float32], f"seed={seed}: forward"
+    dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(*put(platform, x, w, g))
+    rx, rw = _grads_ref(axis, x, w, mask, g)
+    assert rel_err(dx, rx) < 2 * TOL[jnp.float32], f"seed={seed}: dx"
+    assert rel_err(dw, rw) < 2 * TOL[jnp.float32], f"seed={seed}: dw"
+    if axis == "k":  # vmap over x's rows' batch: each entry its own (clipped) index
+        xb = np.stack([x, x[::-1]])
+        yb = jax.jit(jax.vmap(lambda a: pit_jax.sparse_dense(a, w, axis=axis)))(put(platform, xb))
+        for i in range(2):
+            ref = masked_ref(axis, xb[i], w, mask if i == 0 else mask[::-1])
+            assert rel_err(yb[i], ref) < TOL[jnp.float32], f"seed={seed}: vmap entry {i}"
+    big = (owner[0] + 1, 1)
+    with pytest.raises(ValueError, match=r"is larger than the matrix it tiles"):
+        pit_jax.sparse_dense(x, w, axis=axis, micro_tile=big)
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize(

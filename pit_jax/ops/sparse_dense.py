@@ -91,7 +91,13 @@ def allow_tf32(precision: Any) -> bool:
 def _resolve_tile(micro_tile, axis, shape, what):
     from pit_jax.pit_index import normalize_micro_tile
 
-    tile = normalize_micro_tile(DEFAULT_MICRO_TILES[axis] if micro_tile is None else micro_tile, shape, what)
+    if micro_tile is None:
+        # The axis's default, clipped to a smaller matrix: the same cover as a partial edge
+        # tile (a (32, 1) strip on 17 rows covers the 17), where an explicit micro-tile
+        # larger than the matrix is the caller's error.
+        h, w = DEFAULT_MICRO_TILES[axis]
+        micro_tile = (min(h, shape[0]), None if w is None else min(w, shape[1]))
+    tile = normalize_micro_tile(micro_tile, shape, what)
     if axis == "m" and tile[1] != shape[1]:
         raise ValueError(
             f"sparse_dense: axis='m' gathers whole rows, so micro_tile must be (h, {shape[1]}) or (h, None), "
@@ -195,7 +201,8 @@ def sparse_dense(
       index: a `PitIndex` of x (of w for axis "w"); None builds it here, on the device.
       axis: "m" (token rows, the default), "k" (activation sparsity) or "w" (weight blocks).
       micro_tile: the micro-tile when building the index (defaults: m (1, K),
-        k (32, 1), w (32, 64)); checked against a given index. "auto": chosen by the
+        k (32, 1), w (32, 64), each clipped to a smaller matrix: the cover of a partial
+        edge tile); checked against a given index. "auto": chosen by the
         optimizer from the operand when it is concrete, else the default (see above).
       precision: float32 only: None/HIGHEST exact, DEFAULT/HIGH/"tensorfloat32" allow TF32.
         On the M axis, TF32 on Hopper reads w K-major, so a w stored [K, N] is copied
