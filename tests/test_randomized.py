@@ -78,14 +78,19 @@ def test_sparse_dense(platform, case):
     bias = rng.standard_normal((n,)) if rng.random() < 0.4 else None
     activation = pick(rng, [None, None, "relu", "gelu", "silu"])
     dead_rows = pick(rng, ["dense", "zeros"]) if axis == "m" else "dense"
-    given = axis == "m" and rng.random() < 0.4
+    # A given index: built in the jit from the sparse operand (with both groupings off the
+    # M axis, which the K and W axes' gradients read).
+    given = (axis == "m" or tile is not None) and rng.random() < 0.4
     mode = pick(rng, ["fwd", "grad", "vmap", "vmapgrad"] if lead else ["fwd", "grad"])
     what = (f"seed={seed}: axis={axis} x={x.shape} w={w.shape} {jnp.dtype(dtype).name} density={density} "
             f"tile={tile} bias={bias is not None} activation={activation} dead_rows={dead_rows} "
             f"index_given={given} {mode}")
 
     def f(x, w, b):
-        index = pit_jax.index(x, tile or "row") if given else None
+        index = None
+        if given:
+            group_by = None if axis == "m" else "both"
+            index = pit_jax.index(w if axis == "w" else x, tile or "row", group_by=group_by)
         return pit_jax.sparse_dense(x, w, index, axis=axis, micro_tile=None if given else tile, bias=b,
                                     activation=activation, dead_rows=dead_rows)
 
