@@ -170,3 +170,21 @@ def test_index_sread_swrite_layer_norm(platform, case):
             def fn(x):
                 return jax.grad(lambda a, s: jnp.sum(norm(a, s).astype(jnp.float32) ** 2), argnums=(0, 1))(x, scale)
     compare(platform, fn, [jnp.asarray(x, dtype)], dtype, what)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", range(CASES))
+def test_varlen_attention(platform, case):
+    rng, seed = fresh_rng()
+    b, s, h = pick(rng, [1, 3]), pick(rng, [1, 7, 64, 128, 130]), pick(rng, [1, 4])
+    d = pick(rng, [64, 64, 32])  # the kernels' head_dim, and one that takes XLA's path
+    dtype = pick(rng, DTYPES)
+    lengths = rng.integers(0, s + 1, size=(b,)).astype(np.int32)
+    lengths[rng.integers(b)] = pick(rng, [0, s, int(lengths[0])])  # empty and full sequences
+    mode = pick(rng, ["fwd", "grad", "vmap", "vmapgrad"])
+    what = f"seed={seed}: B={b} S={s} H={h} D={d} {jnp.dtype(dtype).name} lengths={lengths.tolist()} {mode}"
+    shape = (2, b, s, h, d) if mode.startswith("vmap") else (b, s, h, d)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
+    lens = jnp.asarray(np.broadcast_to(lengths, shape[:-3]).copy())
+    fn = transformed(pit_jax.varlen_attention, mode, (0, 1, 2), (0, 0, 0, 0))
+    compare(platform, fn, [q, k, v, lens], dtype, what)
