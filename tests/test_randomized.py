@@ -188,3 +188,33 @@ def test_varlen_attention(platform, case):
     lens = jnp.asarray(np.broadcast_to(lengths, shape[:-3]).copy())
     fn = transformed(pit_jax.varlen_attention, mode, (0, 1, 2), (0, 0, 0, 0))
     compare(platform, fn, [q, k, v, lens], dtype, what)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", range(CASES))
+def test_block_pruning(platform, case):
+    """block_topk -> mask_blocks -> index_from_tiles -> sparse_dense on the W axis, as a
+    pruned training step chains them, with its gradient."""
+    rng, seed = fresh_rng()
+    n_mats = pick(rng, [1, 3])
+    k, n = pick(rng, [1, 17, 64, 100]), pick(rng, [1, 9, 64, 130])
+    tile = (min(pick(rng, [1, 4, 32]), k), min(pick(rng, [1, 8, 64]), n))
+    density = pick(rng, [0.02, 0.3, 0.5, 1.0])
+    dtype = pick(rng, DTYPES)
+    m = pick(rng, [1, 5, 40])
+    mode = pick(rng, ["fwd", "grad"])
+    what = (f"seed={seed}: {n_mats} x ({k}, {n}) tile={tile} density={density} x=({m}, {k}) "
+            f"{jnp.dtype(dtype).name} {mode}")
+    mats = [jnp.asarray(rng.standard_normal((k, n)), jnp.float32) for _ in range(n_mats)]
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+
+    def step(x, *mats):
+        top = pit_jax.block_topk(list(mats), tile, density)
+        masked = pit_jax.mask_blocks(list(mats), top.live, tile, dtype)
+        out = []
+        for i, w in enumerate(masked):
+            index = pit_jax.index_from_tiles(top.live[i], tile, (k, n), group_by="both")
+            out.append(pit_jax.sparse_dense(x, w, index, axis="w"))
+        return out
+
+    compare(platform, transformed(step, mode, tuple(range(1 + n_mats)), None), [x, *mats], dtype, what)
