@@ -218,3 +218,44 @@ def test_block_pruning(platform, case):
         return out
 
     compare(platform, transformed(step, mode, tuple(range(1 + n_mats)), None), [x, *mats], dtype, what)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", range(CASES))
+def test_flax_layers(platform, case):
+    """pit_jax.flax.SparseDense and MoE (linen): outputs and parameter gradients."""
+    import flax.linen as nn
+
+    from pit_jax.flax import MoE, SparseDense
+
+    rng, seed = fresh_rng()
+    lead = pick(rng, [(5,), (2, 7), (3, 33)])
+    d = pick(rng, [8, 24, 40])
+    dtype = pick(rng, [None, jnp.bfloat16])
+    x = rng.standard_normal((*lead, d)) * (rng.random((*lead, 1)) < 0.6)  # dead token rows
+    layer_kind = pick(rng, ["dense", "moe"])
+    batch_dims = pick(rng, [0, len(lead) - 1])
+    if layer_kind == "dense":
+        axis = pick(rng, ["m", "k", "w"])
+        layer = SparseDense(pick(rng, [4, 24, 72]), use_bias=bool(rng.random() < 0.7), dtype=dtype, axis=axis,
+                            activation=pick(rng, [None, "relu", "gelu"]),
+                            batch_dims=batch_dims if axis != "w" else 0,
+                            dead_rows=pick(rng, ["dense", "zeros"]) if axis == "m" else "dense")
+    else:
+        layer = MoE(num_experts=pick(rng, [1, 4, 8]), hidden_dim=pick(rng, [8, 32]), top_k=1, dtype=dtype,
+                    gated=bool(rng.random() < 0.3), batch_dims=batch_dims)
+        if layer.num_experts >= 2 and rng.random() < 0.5:
+            layer = layer.clone(top_k=2)
+    what = f"seed={seed}: {layer} x={x.shape}"
+    xj = jnp.asarray(x, jnp.float32)
+    params = layer.init(jax.random.PRNGKey(int(rng.integers(2**31))), xj)
+
+    def loss(p, x):
+        y = layer.apply(p, x)
+        return jnp.sum(y.astype(jnp.float32) ** 2), y
+
+    def fn(p, x):
+        (value, y), grads = jax.value_and_grad(loss, has_aux=True)(p, x)
+        return value, y, grads
+
+    compare(platform, fn, [params, xj], jnp.float32 if dtype is None else dtype, what)
