@@ -45,7 +45,9 @@ def compare(platform, fn, args, dtype, what):
     with pit_jax.use_reference():
         ref = run(platform, fn, *args)
     tol = 1e-4 if dtype == jnp.float32 else 3e-2
-    for i, (o, r) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref))):
+    outs, refs = jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)
+    assert len(outs) == len(refs), f"{what}: {len(outs)} results, the reference {len(refs)}"
+    for i, (o, r) in enumerate(zip(outs, refs)):
         o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
         assert o.shape == r.shape, f"{what}: result {i} has shape {o.shape}, the reference {r.shape}"
         scale = max(1.0, float(np.abs(r).max())) if r.size else 1.0
@@ -86,18 +88,16 @@ def test_sparse_dense(platform, case):
             f"tile={tile} bias={bias is not None} activation={activation} dead_rows={dead_rows} "
             f"index_given={given} {mode}")
 
-    def f(x, w, b):
+    def f(x, w, *b):  # b: the bias, when there is one
         index = None
         if given:
             group_by = None if axis == "m" else "both"
             index = pit_jax.index(w if axis == "w" else x, tile or "row", group_by=group_by)
-        return pit_jax.sparse_dense(x, w, index, axis=axis, micro_tile=None if given else tile, bias=b,
-                                    activation=activation, dead_rows=dead_rows)
+        return pit_jax.sparse_dense(x, w, index, axis=axis, micro_tile=None if given else tile,
+                                    bias=b[0] if b else None, activation=activation, dead_rows=dead_rows)
 
-    args = [jnp.asarray(x, dtype), jnp.asarray(w, dtype), None if bias is None else jnp.asarray(bias, dtype)]
-    fn = transformed(f, mode, (0, 1), (0, None, None))
-    if bias is None:
-        fn, args = (lambda fn0: lambda x, w: fn0(x, w, None))(fn), args[:2]
+    args = [jnp.asarray(x, dtype), jnp.asarray(w, dtype)] + ([] if bias is None else [jnp.asarray(bias, dtype)])
+    fn = transformed(f, mode, (0, 1), (0, None) + (None,) * (len(args) - 2))
     compare(platform, fn, args, dtype, what)
 
 
