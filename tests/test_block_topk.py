@@ -213,6 +213,9 @@ def test_block_topk_empty_batch():
         ((jnp.zeros((8,)), (4, 4), 0.5), ValueError, "rank >= 2"),
         ((jnp.zeros((8, 8)), (0, 4), 0.5), ValueError, "micro_tile must be positive"),
         ((jnp.zeros((8, 8)), (4, 4), jnp.ones(2)), TypeError, "density must be a float scalar"),
+        ((jnp.zeros((8, 8)), (4, 4), 1.5), ValueError, r"density must be a fraction in \[0, 1\], got 1.5"),
+        ((jnp.zeros((8, 8)), (4, 4), -0.1), ValueError, r"density must be a fraction in \[0, 1\], got -0.1"),
+        ((jnp.zeros((8, 8)), (4, 4), float("nan")), ValueError, r"density must be a fraction in \[0, 1\], got nan"),
         (([], (4, 4), 0.5), ValueError, "non-empty list"),
     ],
 )

@@ -48,7 +48,8 @@ def block_topk(
       micro_tile: the block (h, w); None = whole extent, as for `pit_jax.index`; a
         block larger than the matrix covers all of it.
       density: the fraction of blocks to keep; a Python float or a traced float32
-        scalar (a schedule changes it without recompiling).
+        scalar (a schedule changes it without recompiling). A known value outside
+        [0, 1] is an error; a traced one keeps between 1 block and all of them.
 
     Returns:
       `TopBlocks(live, scores, thresholds)`: for one array, with its leading dims;
@@ -146,6 +147,12 @@ def _block_topk_groups(fn, names, groups, micro_tiles, density) -> list:
     density = jnp.asarray(density)
     if density.shape != () or not jnp.issubdtype(density.dtype, jnp.floating):
         raise TypeError(f"{fn}: density must be a float scalar, got {density.dtype}{list(density.shape)}")
+    try:
+        known = float(density)
+    except jax.errors.ConcretizationTypeError:  # traced: the op clips it
+        known = None
+    if known is not None and not 0.0 <= known <= 1.0:  # NaN fails too
+        raise ValueError(f"{fn}: density must be a fraction in [0, 1], got {known}")
     density = density.astype(jnp.float32)
     # Groups without matrices (a leading dim of 0) get empty results and stay out of the call.
     live_groups = [g for g, (_, mats, _, _) in enumerate(parts) if sum(math.prod(m.shape[:-2]) for m in mats) > 0]
