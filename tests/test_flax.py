@@ -120,3 +120,25 @@ def test_jitted_optax_training_step(platform):
             for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(dense_g)):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda x: SparseDense(4, axis="q").init(jax.random.PRNGKey(0), x),
+         r"SparseDense: axis must be one of \('m', 'k', 'w'\), got 'q'"),
+        (lambda x: pit_nnx.SparseDense(16, 4, axis="q", rngs=nnx.Rngs(0))(x),
+         r"SparseDense: axis must be one of \('m', 'k', 'w'\), got 'q'"),
+        (lambda x: SparseDense(4, batch_dims=5).init(jax.random.PRNGKey(0), x),
+         r"batch_dims must be in \[0, 1\] for inputs of shape \(4, 8, 16\)"),
+        (lambda x: SparseDense(4, dead_rows="nan").init(jax.random.PRNGKey(0), x),
+         r"dead_rows must be one of \('dense', 'zeros', 'unspecified'\), got 'nan'"),
+        (lambda x: SparseDense(4, axis="k", dead_rows="zeros").init(jax.random.PRNGKey(0), x),
+         r"dead_rows='zeros' needs the M axis"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(make, match):
+    """A layer's bad attribute fails at trace time with a ValueError naming it (an unknown
+    axis was a KeyError from the defaults' table until 2026-11-30)."""
+    with pytest.raises(ValueError, match=match):
+        make(jnp.ones((4, 8, 16)))

@@ -40,6 +40,8 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     micro_tile (its tile clipped to small inputs), or runs the dense product.
     """
     epi = dict(bias=bias, activation=activation, dead_rows=dead_rows)
+    if axis not in pit_jax.ops.sparse_dense.AXES:  # before the defaults are looked up by it
+        raise ValueError(f"SparseDense: axis must be one of {pit_jax.ops.sparse_dense.AXES}, got {axis!r}")
     if plan is not None:
         _check_plan(plan, kernel, index)
         if plan.is_dense:  # x @ w, with the bias and activation, by sparse_dense
