@@ -40,7 +40,7 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     micro_tile (its tile clipped to small inputs), or runs the dense product.
     """
     epi = dict(bias=bias, activation=activation, dead_rows=dead_rows)
-    if axis not in pit_jax.ops.sparse_dense.AXES:  # before the defaults are looked up by it
+    if axis not in pit_jax.ops.sparse_dense.AXES:  # the layer's own message, before anything uses it
         raise ValueError(f"SparseDense: axis must be one of {pit_jax.ops.sparse_dense.AXES}, got {axis!r}")
     if plan is not None:
         _check_plan(plan, kernel, index)
@@ -55,7 +55,7 @@ def sparse_matmul_last_dim(inputs, kernel, *, axis, micro_tile, precision, index
     owner = kernel.shape if axis == "w" else x2.shape[-2:]  # the matrix the index tiles
     if isinstance(micro_tile, str) and micro_tile == "auto" and isinstance(kernel if axis == "w" else x2, jax.core.Tracer):
         micro_tile = None  # traced: nothing to plan from; the default, fitted to the input
-    y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, axis, owner), precision=precision,
+    y = pit_jax.sparse_dense(x2, kernel, axis=axis, micro_tile=_fit(micro_tile, owner), precision=precision,
                              **epi)
     return jnp.reshape(y, (*lead, kernel.shape[-1]))
 
@@ -82,12 +82,12 @@ def layer_norm_last_dim(x, scale, offset, index=None, *, residual=None, bias=Non
     return jnp.reshape(y, x.shape) if copies == 1 else tuple(jnp.reshape(c, x.shape) for c in y)
 
 
-def _fit(micro_tile, axis, shape):
-    """Defaults (and plan tiles) clipped to small inputs, so a layer works on any batch size."""
-    if isinstance(micro_tile, str):
+def _fit(micro_tile, shape):
+    """The layer's (or its plan's) micro-tile clipped to small inputs, so a layer works on
+    any batch size; sparse_dense clips its defaults itself."""
+    if micro_tile is None or isinstance(micro_tile, str):
         return micro_tile
-    h, w = pit_jax.ops.sparse_dense.DEFAULT_MICRO_TILES[axis] if micro_tile is None else micro_tile
-    return (min(h, shape[0]) if h is not None else None, min(w, shape[1]) if w is not None else None)
+    return pit_jax.ops.sparse_dense.clip_micro_tile(micro_tile, shape)
 
 
 def _check_plan(plan, kernel, index):

@@ -92,11 +92,9 @@ def _resolve_tile(micro_tile, axis, shape, what):
     from pit_jax.pit_index import normalize_micro_tile
 
     if micro_tile is None:
-        # The axis's default, clipped to a smaller matrix: the same cover as a partial edge
-        # tile (a (32, 1) strip on 17 rows covers the 17), where an explicit micro-tile
+        # The axis's default, clipped to a smaller matrix, where an explicit micro-tile
         # larger than the matrix is the caller's error.
-        h, w = DEFAULT_MICRO_TILES[axis]
-        micro_tile = (min(h, shape[0]), None if w is None else min(w, shape[1]))
+        micro_tile = clip_micro_tile(DEFAULT_MICRO_TILES[axis], shape)
     tile = normalize_micro_tile(micro_tile, shape, what)
     if axis == "m" and tile[1] != shape[1]:
         raise ValueError(
@@ -139,11 +137,18 @@ def dense_product(x: jax.Array, w: jax.Array, precision: Any = None) -> jax.Arra
     return jnp.matmul(x, w, precision=prec, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def clip_micro_tile(tile, shape):
+    """(h, w) clipped to a [rows, cols] matrix (None, the whole extent, stays None): the same
+    cover as a partial edge tile (a (32, 1) strip on 17 rows covers the 17). For defaults and
+    plans meeting a smaller matrix than they were made for."""
+    h, w = tile
+    rows, cols = shape
+    return (None if h is None else min(h, rows), None if w is None else min(w, cols))
+
+
 def _plan_tile(plan, shape):
     """The plan's micro-tile clipped to the matrix it tiles (a smaller batch than planned)."""
-    h, w = plan.micro_tile
-    rows, cols = shape
-    return (min(h, rows), None if w is None else min(w, cols))
+    return clip_micro_tile(plan.micro_tile, shape)
 
 
 def _check_plan(plan, axis, micro_tile, x, w):
