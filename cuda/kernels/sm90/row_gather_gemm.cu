@@ -332,7 +332,6 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   const uint64_t inner = p.trans_b ? p.K : p.N, outer = p.trans_b ? p.N : p.K;
   // B box: trans_b: (128 B of K) x (256 / cluster) rows of N; else (64 columns of N) x 64 rows of K.
   if (!make_map(&map_b, p.b.data, inner, outer, p.b.batch, p.trans_b ? v.bn / m_cluster : 64u)) return kNo;
-  // The two-width kernel's map for 128-column tiles: another box only when B is K-major.
   // The second map: the two-width kernel's for 128-column tiles (another box only when B
   // is K-major), or A's packed rows (boxes of 64 rows x 128 bytes) where the form reads A
   // by TMA: one width, no split-K, 16-bit (a packed operand the caller has anyway: the
