@@ -259,3 +259,109 @@ def test_flax_layers(platform, case):
         return value, y, grads
 
     compare(platform, fn, [params, xj], jnp.float32 if dtype is None else dtype, what)
+
+
+# Kernel sizes: the Hopper kernels' routes (row gather with its packed operands, split-K,
+# the stile and grouped kernels) start where the shapes above end, so the GPU draws its
+# own cases there: rows past several tiles and off their multiples, K and N pairs on both
+# sides of the packing gate (K * N >= 2048^2), shared weights over a batch.
+KERNEL_CASES = int(__import__("os").environ.get("PIT_KERNEL_CASES", "6"))
+KN_PAIRS = [(64, 72), (520, 264), (1024, 1024), (2048, 2048), (2056, 2304), (4096, 1032), (1032, 4104)]
+GPU_ONLY = [p for p in PLATFORMS if p == "gpu"] or [pytest.param("gpu", marks=pytest.mark.skip(reason="no GPU"))]
+
+
+def kernel_tol(dtype):
+    # float32 products may run as TF32 on either side (XLA's default precision on a GPU).
+    return 2e-2 if dtype == jnp.float32 else 3e-2
+
+
+def compare_at(platform, fn, args, dtype, what):
+    out = run(platform, fn, *args)
+    with pit_jax.use_reference():
+        ref = run(platform, fn, *args)
+    tol = kernel_tol(dtype)
+    outs, refs = jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)
+    assert len(outs) == len(refs), f"{what}: {len(outs)} results, the reference {len(refs)}"
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+        assert o.shape == r.shape, f"{what}: result {i} has shape {o.shape}, the reference {r.shape}"
+        assert np.isfinite(o).all(), f"{what}: result {i} has {int((~np.isfinite(o)).sum())} non-finite elements"
+        scale = max(1.0, float(np.abs(r).max())) if r.size else 1.0
+        err = float(np.abs(o - r).max()) if r.size else 0.0
+        assert err <= tol * scale, f"{what}: result {i} differs by {err} (scale {scale})"
+
+
+@pytest.mark.parametrize("platform", GPU_ONLY)
+@pytest.mark.parametrize("case", range(KERNEL_CASES))
+def test_sparse_dense_kernel_sizes(platform, case):
+    rng, seed = fresh_rng()
+    axis = pick(rng, ["m", "m", "k", "w"])
+    m = pick(rng, [257, 1000, 2500, 4100])
+    k, n = pick(rng, KN_PAIRS)
+    lead = pick(rng, [(), (), (2,)])
+    dtype = pick(rng, [jnp.bfloat16, jnp.bfloat16, jnp.float16, jnp.float32])
+    density = pick(rng, [0.0, 0.1, 0.5, 1.0])
+    x = rng.standard_normal((*lead, m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    if axis == "m":
+        h = pick(rng, [1, 1, 2, 4])
+        live = np.repeat(rng.random((*lead, -(-m // h), 1)) < density, h, -2)[..., :m, :]
+        x = x * live
+        tile = pick(rng, [None, (h, None)])
+    elif axis == "k":
+        tile = pick(rng, [(32, 1), (16, 1), (32, 8)])
+        keep = rng.random((*lead, -(-m // tile[0]), -(-k // tile[1]))) < density
+        x = x * np.repeat(np.repeat(keep, tile[0], -2), tile[1], -1)[..., :m, :k]
+    else:
+        tile = pick(rng, [(32, 64), (1, 64), (32, 32)])
+        keep = rng.random((-(-k // tile[0]), -(-n // tile[1]))) < density
+        w = w * np.repeat(np.repeat(keep, tile[0], 0), tile[1], 1)[:k, :n]
+    bias = rng.standard_normal((n,)) if rng.random() < 0.4 else None
+    activation = pick(rng, [None, None, "relu", "gelu"]) if axis == "m" else None
+    dead_rows = pick(rng, ["dense", "zeros"]) if axis == "m" else "dense"
+    parts = pick(rng, [1, 1, 3]) if axis == "m" and n % 3 == 0 else 1
+    mode = pick(rng, ["fwd", "grad", "grad_x", "grad_w"] + (["vmap", "vmapgrad"] if lead else []))
+    what = (f"seed={seed}: axis={axis} x={x.shape} w={w.shape} {jnp.dtype(dtype).name} density={density} "
+            f"tile={tile} bias={bias is not None} activation={activation} dead_rows={dead_rows} "
+            f"out_parts={parts} {mode}")
+
+    def f(x, w, *b):
+        return pit_jax.sparse_dense(x, w, axis=axis, micro_tile=tile, bias=b[0] if b else None,
+                                    activation=activation, dead_rows=dead_rows, out_parts=parts)
+
+    args = [jnp.asarray(x, dtype), jnp.asarray(w, dtype)] + ([] if bias is None else [jnp.asarray(bias, dtype)])
+    argnums = {"grad_x": (0,), "grad_w": (1,)}.get(mode, (0, 1))
+    fn = transformed(f, mode.replace("_x", "").replace("_w", ""), argnums, (0, None) + (None,) * (len(args) - 2))
+    compare_at(platform, fn, args, dtype, what)
+
+
+@pytest.mark.parametrize("platform", GPU_ONLY)
+@pytest.mark.parametrize("case", range(KERNEL_CASES))
+def test_moe_ffn_kernel_sizes(platform, case):
+    rng, seed = fresh_rng()
+    t = pick(rng, [1000, 4100])
+    d, f_dim = pick(rng, [(256, 512), (768, 3072), (1032, 520)])
+    e = pick(rng, [8, 64, 256])
+    top = pick(rng, [1, 2])
+    dtype = pick(rng, [jnp.bfloat16, jnp.float16])
+    activation = pick(rng, ["relu", "gelu", "silu"])
+    gated = rng.random() < 0.3
+    routing = pick(rng, ["uniform", "zipf", "one expert"])
+    if routing == "one expert":
+        ids = np.broadcast_to(np.arange(top, dtype=np.int32), (t, top)).copy()
+    else:
+        p = 1.0 / np.arange(1, e + 1) if routing == "zipf" else np.ones(e)
+        ids = np.stack([rng.choice(e, top, replace=False, p=p / p.sum()) for _ in range(t)]).astype(np.int32)
+    mode = pick(rng, ["fwd", "grad"])
+    what = (f"seed={seed}: T={t} D={d} F={f_dim} E={e} k={top} {jnp.dtype(dtype).name} {activation} "
+            f"gated={gated} routing={routing} {mode}")
+    w_gate = jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype) if gated else None
+
+    def ffn(x, gates, w_in, w_out, ids):
+        index = pit_jax.moe_index(ids, e)
+        return pit_jax.moe_ffn(x, gates, index, w_in, w_out, w_gate=w_gate, activation=activation)
+
+    args = [jnp.asarray(rng.standard_normal((t, d)), dtype), jnp.asarray(rng.random((t, top)), dtype),
+            jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype),
+            jnp.asarray(rng.standard_normal((e, f_dim, d)) / np.sqrt(f_dim), dtype), jnp.asarray(ids)]
+    compare_at(platform, transformed(ffn, mode, (0, 1, 2, 3), None), args, dtype, what)
