@@ -375,3 +375,21 @@ def mask_blocks(live, *mats, tile_h: int, tile_w: int, dtype):
         outs.append(jnp.where(element_mask(blocks, (tile_h, tile_w), m.shape[-2:]), m, 0).astype(dtype))
         first += count
     return outs
+
+
+def varlen_attention(q, k, v, lengths, *, scale):
+    """(out, lse) of softmax attention over each sequence's first lengths[b] tokens (q, k,
+    v [B, S, H, D]; float32 math over every row, masked): out in q's dtype, zeros on padding
+    rows; lse [B, H, S] float32, each valid query's log-sum-exp of its scaled scores, 0 on
+    padding rows (the forward target's second result)."""
+    s_len = q.shape[1]
+    lengths = jnp.clip(lengths.astype(jnp.int32), 0, s_len)
+    valid = jnp.arange(s_len)[None, :] < lengths[:, None]  # [B, S]
+    f = lambda a: a.astype(jnp.float32)  # noqa: E731
+    s = jnp.einsum("bqhd,bkhd->bhqk", f(q), f(k)) * scale
+    s = jnp.where(valid[:, None, None, :], s, -1e30)  # padding keys: no weight (a constant: no gradient)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, f(v))
+    out = jnp.where(valid[:, :, None, None], out, 0.0).astype(q.dtype)
+    lse = jnp.where(valid[:, None, :], jax.nn.logsumexp(s, axis=-1), 0.0)
+    return out, lse

@@ -31,12 +31,23 @@ def pick(rng, options):
 
 def transformed(f, mode, argnums, in_axes):
     """f under one transformation: the forward, the gradient of a squared sum w.r.t.
-    `argnums`, or either vmapped over the first operands' leading axis (in_axes)."""
+    `argnums`, the forward-mode tangent along `argnums` (tangents cos(operand)), or the
+    forward or gradient vmapped over the first operands' leading axis (in_axes)."""
 
     def loss(*args):
         return sum(jnp.sum(o.astype(jnp.float32) ** 2) for o in jax.tree_util.tree_leaves(f(*args)))
 
-    fn = f if mode in ("fwd", "vmap") else jax.grad(loss, argnums=argnums)
+    def tangent(*args):
+        def along(*moved):
+            full = list(args)
+            for i, a in zip(argnums, moved):
+                full[i] = a
+            return f(*full)
+
+        primals = tuple(args[i] for i in argnums)
+        return jax.jvp(along, primals, tuple(jnp.cos(a) for a in primals))
+
+    fn = {"fwd": f, "vmap": f, "jvp": tangent}.get(mode) or jax.grad(loss, argnums=argnums)
     return jax.vmap(fn, in_axes=in_axes) if mode.startswith("vmap") else fn
 
 
@@ -83,7 +94,7 @@ def test_sparse_dense(platform, case):
     # A given index: built in the jit from the sparse operand (with both groupings off the
     # M axis, which the K and W axes' gradients read).
     given = (axis == "m" or tile is not None) and rng.random() < 0.4
-    mode = pick(rng, ["fwd", "grad", "vmap", "vmapgrad"] if lead else ["fwd", "grad"])
+    mode = pick(rng, ["fwd", "grad", "jvp", "vmap", "vmapgrad"] if lead else ["fwd", "grad", "jvp"])
     what = (f"seed={seed}: axis={axis} x={x.shape} w={w.shape} {jnp.dtype(dtype).name} density={density} "
             f"tile={tile} bias={bias is not None} activation={activation} dead_rows={dead_rows} "
             f"index_given={given} {mode}")
@@ -120,7 +131,7 @@ def test_moe_ffn(platform, case):
         ids = np.stack([rng.permutation(e)[:top] for _ in range(groups * t)]).reshape(*lead, t, top).astype(np.int32)
         if routing == "some out of range":
             ids.reshape(-1)[::7] = e + 3  # dropped, contributes zero
-    mode = pick(rng, ["fwd", "grad", "vmap", "vmapgrad"] if lead else ["fwd", "grad"])
+    mode = pick(rng, ["fwd", "grad", "jvp", "vmap", "vmapgrad"] if lead else ["fwd", "grad", "jvp"])
     what = (f"seed={seed}: T={t} D={d} F={f_dim} E={e} k={top} lead={lead} {jnp.dtype(dtype).name} "
             f"{activation} gated={gated} routing={routing} {mode}")
     w_gate = jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype) if gated else None
@@ -181,7 +192,7 @@ def test_varlen_attention(platform, case):
     dtype = pick(rng, DTYPES)
     lengths = rng.integers(0, s + 1, size=(b,)).astype(np.int32)
     lengths[rng.integers(b)] = pick(rng, [0, s, int(lengths[0])])  # empty and full sequences
-    mode = pick(rng, ["fwd", "grad", "vmap", "vmapgrad"])
+    mode = pick(rng, ["fwd", "grad", "jvp", "vmap", "vmapgrad"])
     what = f"seed={seed}: B={b} S={s} H={h} D={d} {jnp.dtype(dtype).name} lengths={lengths.tolist()} {mode}"
     shape = (2, b, s, h, d) if mode.startswith("vmap") else (b, s, h, d)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
@@ -202,7 +213,7 @@ def test_block_pruning(platform, case):
     density = pick(rng, [0.02, 0.3, 0.5, 1.0])
     dtype = pick(rng, DTYPES)
     m = pick(rng, [1, 5, 40])
-    mode = pick(rng, ["fwd", "grad"])
+    mode = pick(rng, ["fwd", "grad", "jvp"])
     what = (f"seed={seed}: {n_mats} x ({k}, {n}) tile={tile} density={density} x=({m}, {k}) "
             f"{jnp.dtype(dtype).name} {mode}")
     mats = [jnp.asarray(rng.standard_normal((k, n)), jnp.float32) for _ in range(n_mats)]
@@ -320,7 +331,7 @@ def test_sparse_dense_kernel_sizes(platform, case):
     activation = pick(rng, [None, None, "relu", "gelu"]) if axis == "m" else None
     dead_rows = pick(rng, ["dense", "zeros"]) if axis == "m" else "dense"
     parts = pick(rng, [1, 1, 3]) if axis == "m" and n % 3 == 0 else 1
-    mode = pick(rng, ["fwd", "grad", "grad_x", "grad_w"] + (["vmap", "vmapgrad"] if lead else []))
+    mode = pick(rng, ["fwd", "grad", "grad_x", "grad_w", "jvp"] + (["vmap", "vmapgrad"] if lead else []))
     what = (f"seed={seed}: axis={axis} x={x.shape} w={w.shape} {jnp.dtype(dtype).name} density={density} "
             f"tile={tile} bias={bias is not None} activation={activation} dead_rows={dead_rows} "
             f"out_parts={parts} {mode}")
@@ -352,7 +363,7 @@ def test_moe_ffn_kernel_sizes(platform, case):
     else:
         p = 1.0 / np.arange(1, e + 1) if routing == "zipf" else np.ones(e)
         ids = np.stack([rng.choice(e, top, replace=False, p=p / p.sum()) for _ in range(t)]).astype(np.int32)
-    mode = pick(rng, ["fwd", "grad"])
+    mode = pick(rng, ["fwd", "grad", "jvp"])
     what = (f"seed={seed}: T={t} D={d} F={f_dim} E={e} k={top} {jnp.dtype(dtype).name} {activation} "
             f"gated={gated} routing={routing} {mode}")
     w_gate = jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype) if gated else None

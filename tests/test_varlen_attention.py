@@ -14,6 +14,7 @@ import pytest
 from pit_testing import PLATFORMS, assert_call_raises, check_close, f64, fresh_rng, put, randn
 
 import pit_jax
+from pit_jax import reference as ref
 from pit_jax.primitives.varlen_attention import varlen_attention_bwd_p, varlen_attention_p
 
 pytestmark = pytest.mark.usefixtures("poison_outputs")
@@ -104,6 +105,30 @@ def test_log_sum_exp(platform, dtype):
     check_close(lse, want[1], jnp.float32, f"seed={seed} lse")
     valid = np.arange(77)[None, :] < lengths[:, None]
     assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"seed={seed}: lse's padding rows must be 0"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_gradient_through_log_sum_exp(platform):
+    """The forward primitive's lse is differentiable too (a caller of the primitive that
+    reads it): out's cotangent goes through the backward kernel, lse's through the jnp
+    expression, and the two add."""
+    rng, seed = fresh_rng()
+    q, k, v, c = inputs(rng, 3, 30, 2, jnp.bfloat16)
+    lengths = np.array([30, 0, 9], np.int32)
+    w = rng.standard_normal((3, 2, 30)).astype(np.float32)
+
+    def loss(q, k, v, ln, c, w, prim=True):
+        out, lse = (varlen_attention_p.bind(q, k, v, ln, scale=0.2) if prim
+                    else ref.varlen_attention(q, k, v, ln, scale=0.2))
+        return jnp.sum(out.astype(jnp.float32) * c.astype(jnp.float32)) + jnp.sum(lse * w)
+
+    args = put(platform, q, k, v, lengths, c, w)
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
+    f32 = _f32(q, k, v)
+    want = jax.grad(lambda *a: loss(*a, jnp.asarray(lengths), *_f32(c), jnp.asarray(w), prim=False),
+                    argnums=(0, 1, 2))(*f32)
+    for name, g, r in zip("qkv", got, want):
+        check_close(g, f64(r), jnp.bfloat16, f"seed={seed} d{name}")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -200,18 +225,86 @@ def test_jitted_training_step(platform):
     assert np.isfinite(losses).all() and losses[-1] < 0.9 * losses[0], f"seed={seed}: {losses}"
 
 
-def test_remat_and_forward_mode():
-    """jax.checkpoint recomputes the forward in the backward (same gradient); forward-mode
-    autodiff is refused at trace time, as for any custom VJP (jax.nn.dot_product_attention's
-    cuDNN path too)."""
+def test_remat():
+    """jax.checkpoint recomputes the forward in the backward: the same gradient."""
     rng, seed = fresh_rng()
     q, k, v, _ = (jnp.asarray(a) for a in inputs(rng, 2, 24, 2, jnp.bfloat16))
     ln = jnp.array([24, 7], jnp.int32)
     loss = lambda q: jnp.sum(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32) ** 2)  # noqa: E731
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(jax.checkpoint(loss)))(q), np.float32),
                                   np.asarray(jax.jit(jax.grad(loss))(q), np.float32), err_msg=f"seed={seed}")
-    with pytest.raises(TypeError, match="forward-mode autodiff"):
-        jax.jvp(lambda q: pit_jax.varlen_attention(q, k, v, ln), (q,), (q,))
+
+
+def _f32_reference(lengths, scale=1 / 8):
+    """The jnp reference on float32 copies of q, k, v (the forward-mode oracle)."""
+    def f(q, k, v):
+        return ref.varlen_attention(*(a.astype(jnp.float32) for a in (q, k, v)), lengths, scale=scale)[0]
+    return f
+
+
+def _f32(*arrays):
+    return tuple(jnp.asarray(a, jnp.float32) for a in arrays)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("b,s,h", [(3, 37, 2), (2, 128, 1)])
+def test_forward_mode(platform, dtype, b, s, h):
+    """jax.jvp: the kernels' forward and the tangent of the jnp expression; padding rows'
+    tangents are zero. jacfwd equals jacrev."""
+    rng, seed = fresh_rng()
+    q, k, v, dq = inputs(rng, b, s, h, dtype)
+    dk, dv = (randn(rng, q.shape, dtype) for _ in range(2))
+    lengths = lengths_for(rng, b, s, "random")
+    f = lambda q, k, v, ln: pit_jax.varlen_attention(q, k, v, ln)  # noqa: E731
+    args = put(platform, q, k, v, lengths, dq, dk, dv)
+    jaxpr = str(jax.make_jaxpr(lambda *a: jax.jvp(lambda q, k, v: f(q, k, v, a[3]), a[:3], a[4:]))(*args))
+    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_tangent[" in jaxpr
+    out, tan = jax.jit(lambda *a: jax.jvp(lambda q, k, v: f(q, k, v, a[3]), a[:3], a[4:]))(*args)
+    want_out, want_tan = jax.jvp(_f32_reference(jnp.asarray(lengths)), _f32(q, k, v), _f32(dq, dk, dv))
+    check_close(out, f64(want_out), dtype, f"seed={seed} out")
+    check_close(tan, f64(want_tan), dtype, f"seed={seed} tangent")
+    valid = np.arange(s)[None, :] < lengths[:, None]
+    assert not f64(tan)[~valid].any(), f"seed={seed}: the padding rows' tangents must be zeros"
+
+    qs, ks, vs = (a[:1, :9, :1] for a in args[:3])
+    ln = put(platform, np.array([6], np.int32))
+    g = lambda q: f(q, ks, vs, ln).astype(jnp.float32)  # noqa: E731
+    jf, jr = jax.jit(jax.jacfwd(g))(qs), jax.jit(jax.jacrev(g))(qs)
+    check_close(jf, f64(jr), dtype, f"seed={seed} jacfwd against jacrev")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_second_order(platform):
+    """Hessian-vector products both ways (jvp of grad, grad of jvp) against the jnp
+    reference's, and vmap of jvp slice by slice."""
+    rng, seed = fresh_rng()
+    q, k, v, t = inputs(rng, 3, 40, 2, jnp.bfloat16)
+    lengths = np.array([40, 0, 13], np.int32)
+    args = put(platform, q, k, v, lengths, t)
+    r = _f32_reference(jnp.asarray(lengths))
+    kf, vf, tf = _f32(k, v, t)
+
+    def loss(q, k, v, ln):
+        return jnp.sum(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32) ** 2)
+
+    hvp = jax.jit(lambda q, k, v, ln, t: jax.jvp(lambda q: jax.grad(loss)(q, k, v, ln), (q,), (t,))[1])(*args)
+    want = jax.jvp(jax.grad(lambda q: jnp.sum(r(q, kf, vf) ** 2)), _f32(q), (tf,))[1]
+    check_close(hvp, f64(want), jnp.bfloat16, f"seed={seed} jvp of grad")
+
+    def tangent_norm(q, k, v, ln, t):
+        return jnp.sum(jax.jvp(lambda q: pit_jax.varlen_attention(q, k, v, ln), (q,), (t,))[1].astype(jnp.float32) ** 2)
+
+    rof = jax.jit(jax.grad(tangent_norm))(*args)
+    want = jax.grad(lambda q: jnp.sum(jax.jvp(lambda q: r(q, kf, vf), (q,), (tf,))[1] ** 2))(*_f32(q))
+    check_close(rof, f64(want), jnp.bfloat16, f"seed={seed} grad of jvp")
+
+    qb, tb = (put(platform, np.stack([a, a[::-1]])) for a in (q, t))
+    jv = lambda q, t: jax.jvp(lambda q: pit_jax.varlen_attention(q, args[1], args[2], args[3]), (q,), (t,))[1]  # noqa: E731
+    mapped = jax.jit(jax.vmap(jv))(qb, tb)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(mapped[i], np.float32), np.asarray(jax.jit(jv)(qb[i], tb[i]), np.float32),
+                                      err_msg=f"seed={seed} slice {i}")
 
 
 def test_bad_input_is_a_clear_error():

@@ -1,1 +1,1 @@
-"""Functional ops: semantics, validation, custom VJPs and the reference fallback."""
+"""Functional ops: semantics, validation and the reference fallback."""

@@ -11,14 +11,13 @@ memory: padding costs nothing, the softmax needs no running rescale and the back
 atomics. Elsewhere (other dtypes, head dims or longer sequences) the same function runs
 as a masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
 
-Differentiable by a custom VJP (the backward kernel recomputes the probabilities from the
-forward's log-sum-exp), vmap-able, inside jit. Forward-mode autodiff (jax.jvp) is not
-supported, as for any custom VJP.
+Differentiable in both modes (the primitive's JVP is a linear primitive whose transpose is
+the backward kernel, which recomputes the probabilities from the forward's log-sum-exp;
+forward mode evaluates the tangent in jnp), vmap-able, inside jit.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -26,39 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from pit_jax import config
+from pit_jax import reference as _ref
 from pit_jax.primitives import varlen_attention as _prim
 
 
 def reference(q, k, v, lengths, *, scale):
-    """The same value in jnp, float32 math, over every row, masked."""
-    s_len = q.shape[1]
-    lengths = jnp.clip(lengths.astype(jnp.int32), 0, s_len)
-    valid = jnp.arange(s_len)[None, :] < lengths[:, None]  # [B, S]
-    f = lambda a: a.astype(jnp.float32)  # noqa: E731
-    s = jnp.einsum("bqhd,bkhd->bhqk", f(q), f(k)) * scale
-    s = jnp.where(valid[:, None, None, :], s, -1e30)  # padding keys: no weight (a constant: no gradient)
-    p = jax.nn.softmax(s, axis=-1)
-    out = jnp.einsum("bhqk,bkhd->bqhd", p, f(v))
-    return jnp.where(valid[:, :, None, None], out, 0.0).astype(q.dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, lengths, scale):
-    return _prim.varlen_attention_p.bind(q, k, v, lengths, scale=scale)[0]
-
-
-def _fwd(q, k, v, lengths, scale):
-    out, lse = _prim.varlen_attention_p.bind(q, k, v, lengths, scale=scale)
-    return out, (q, k, v, lengths, out, lse)
-
-
-def _bwd(scale, res, dout):
-    q, k, v, lengths, out, lse = res
-    dq, dk, dv = _prim.varlen_attention_bwd_p.bind(q, k, v, out, lse, dout.astype(q.dtype), lengths, scale=scale)
-    return dq, dk, dv, None
-
-
-_attention.defvjp(_fwd, _bwd)
+    """The same value in jnp, float32 math over every row, masked (`pit_jax.reference`)."""
+    return _ref.varlen_attention(q, k, v, lengths, scale=scale)[0]
 
 
 def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *,
@@ -80,4 +53,4 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
     lengths = lengths.astype(jnp.int32)
     if config.reference_enabled("varlen_attention") or not _prim.kernel_applies(q.shape, q.dtype):
         return reference(q, k, v, lengths, scale=scale)
-    return _attention(q, k, v, lengths, scale)
+    return _prim.varlen_attention_p.bind(q, k, v, lengths, scale=scale)[0]

@@ -7,8 +7,16 @@ q, k, v, out [B, S, H, D] (16-bit, D = 64, S <= 128: one CTA holds a sequence's 
 lengths [B] int32 (clamped to [0, S]). Two primitives, each one FFI target:
 `varlen_attention_p` (q, k, v, lengths) -> (out, lse) with lse [B, H, S] float32, each
 valid query's log-sum-exp (0 on padding rows), and `varlen_attention_bwd_p` (q, k, v,
-out, lse, dout, lengths) -> (dq, dk, dv), zeros on padding rows. The functional op
-(`pit_jax.ops.attention`) pairs them in a custom VJP. vmap folds mapped axes into B.
+out, lse, dout, lengths) -> (dq, dk, dv), zeros on padding rows. vmap folds mapped axes
+into B.
+
+Autodiff: the forward's JVP is a third primitive, `varlen_attention_tangent_p` (q, k, v,
+out, lse, lengths, dq, dk, dv) -> (dout, dlse), linear in (dq, dk, dv): forward mode
+evaluates it as the jnp reference's tangent; reverse mode transposes it into the backward
+target (plus, only where lse's cotangent is not zero, the reference's lse gradient).
+Second order differentiates the reference's expressions (the backward's JVP recomputes
+out and lse from q, k, v, so it takes no tangent of its o and lse operands: they are the
+forward's results of the same q, k, v).
 """
 
 from __future__ import annotations
@@ -17,15 +25,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.interpreters import batching, xla
+from jax.interpreters import ad, batching, xla
 
+from pit_jax import reference as _ref
 from pit_jax.primitives import _lowering
-from pit_jax.primitives._vma import Primitive
+from pit_jax.primitives._vma import Primitive, typed_cotangents, zero_tangent
 
 varlen_attention_p = Primitive("pit_varlen_attention")
 varlen_attention_p.multiple_results = True
 varlen_attention_bwd_p = Primitive("pit_varlen_attention_bwd")
 varlen_attention_bwd_p.multiple_results = True
+varlen_attention_tangent_p = Primitive("pit_varlen_attention_tangent")
+varlen_attention_tangent_p.multiple_results = True
 
 HEAD_DIM = 64  # cuda/common/varlen_attention_params.h
 MAX_SEQ = 128
@@ -105,14 +116,88 @@ def _bwd_batch(args, dims, **params):
     return _folded(varlen_attention_bwd_p, args, dims, **params)
 
 
+def _jvp(primals, tangents, *, scale):
+    q, k, v, lengths = primals
+    out, lse = varlen_attention_p.bind(*primals, scale=scale)
+    if all(type(t) is ad.Zero for t in tangents[:3]):
+        return [out, lse], [zero_tangent(out), zero_tangent(lse)]
+    dq, dk, dv = (ad.instantiate_zeros(t) for t in tangents[:3])
+    return [out, lse], varlen_attention_tangent_p.bind(q, k, v, out, lse, lengths, dq, dk, dv, scale=scale)
+
+
+def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
+    check(q, k, v, lengths, "varlen_attention_tangent", o=o, dq=dq, dk=dk, dv=dv)
+    b, s, h, _ = q.shape
+    if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
+        raise ValueError(f"varlen_attention_tangent: lse must be float32 [batch, heads, seq] = [{b}, {h}, {s}], "
+                         f"got {lse.dtype} {tuple(lse.shape)}")
+    return [ShapedArray(q.shape, q.dtype), ShapedArray((b, h, s), jnp.float32)]
+
+
+def _tangent_map(q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
+    """Forward mode: the reference's tangent (o and lse are its primal results)."""
+    f = lambda q, k, v: _ref.varlen_attention(q, k, v, lengths, scale=scale)  # noqa: E731
+    return list(jax.jvp(f, (q, k, v), (dq, dk, dv))[1])
+
+
+def _tangent_transpose(cts, q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
+    if any(ad.is_undefined_primal(a) for a in (q, k, v, o, lse, lengths)):
+        raise NotImplementedError("varlen_attention_tangent is linear in its tangents only")
+    ct_out, ct_lse = cts
+    grads = [None] * 3
+    if type(ct_out) is not ad.Zero:
+        grads = list(varlen_attention_bwd_p.bind(q, k, v, o, lse, ct_out.astype(q.dtype), lengths, scale=scale))
+    if type(ct_lse) is not ad.Zero:  # only when a caller reads lse (the op itself does not)
+        lse_of = lambda q, k: _ref.varlen_attention(q, k, v, lengths, scale=scale)[1]  # noqa: E731
+        extra = jax.vjp(lse_of, q, k)[1](ct_lse.astype(jnp.float32))
+        grads[:2] = [e if g is None else g + e for g, e in zip(grads[:2], extra)]
+    tangents = (dq, dk, dv)
+    return [None] * 6 + [g if ad.is_undefined_primal(t) else None for g, t in zip(grads, tangents)]
+
+
+def _tangent_jvp(primals, tangents, *, scale):
+    """Second order: the jvp of the tangent map's jnp expression."""
+    outs = varlen_attention_tangent_p.bind(*primals, scale=scale)
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+    return outs, jax.jvp(lambda *a: _tangent_map(*a, scale=scale), tuple(primals), tangents)[1]
+
+
+def _tangent_batch(args, dims, **params):
+    return _folded(varlen_attention_tangent_p, args, dims, **params)
+
+
+def bwd_reference(q, k, v, o, lse, dout, lengths, *, scale):
+    """The backward in jnp: the reference's VJP (o and lse recomputed from q, k, v)."""
+    f = lambda q, k, v: _ref.varlen_attention(q, k, v, lengths, scale=scale)[0]  # noqa: E731
+    return list(jax.vjp(f, q, k, v)[1](dout))
+
+
+def _bwd_jvp(primals, tangents, *, scale):
+    """Second order (e.g. forward over reverse): the jvp of the backward's jnp expression."""
+    outs = varlen_attention_bwd_p.bind(*primals, scale=scale)
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+    return outs, jax.jvp(lambda *a: bwd_reference(*a, scale=scale), tuple(primals), tangents)[1]
+
+
 varlen_attention_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_p, *args, **params))
 varlen_attention_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[varlen_attention_p] = _jvp
 batching.primitive_batchers[varlen_attention_p] = _batch
 _lowering.register_traced_lowering(varlen_attention_p, _native, ("pit_varlen_attention",),
                                    core=((3, 3, 3, 0), (3, 2)))
 
 varlen_attention_bwd_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_bwd_p, *args, **params))
 varlen_attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+ad.primitive_jvps[varlen_attention_bwd_p] = _bwd_jvp
 batching.primitive_batchers[varlen_attention_bwd_p] = _bwd_batch
 _lowering.register_traced_lowering(varlen_attention_bwd_p, _bwd_native, ("pit_varlen_attention_bwd",),
                                    core=((3, 3, 3, 3, 2, 3, 0), (3, 3, 3)))
+
+varlen_attention_tangent_p.def_impl(
+    lambda *args, **params: xla.apply_primitive(varlen_attention_tangent_p, *args, **params))
+varlen_attention_tangent_p.def_abstract_eval(_tangent_abstract_eval)
+ad.primitive_jvps[varlen_attention_tangent_p] = _tangent_jvp
+ad.primitive_transposes[varlen_attention_tangent_p] = typed_cotangents(_tangent_transpose)
+batching.primitive_batchers[varlen_attention_tangent_p] = _tangent_batch
+_lowering.register_traced_lowering(varlen_attention_tangent_p, _tangent_map, (),
+                                   core=((3, 3, 3, 3, 2, 0, 3, 3, 3), (3, 2)))
