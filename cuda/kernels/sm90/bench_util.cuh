@@ -1,6 +1,7 @@
 // Shared by the standalone sm_90a harnesses (grouped_bench.cu, row_gather_bench.cu,
 // stile_bench.cu; not part of the library): CUDA error checks, cuBLAS loaded with dlopen
-// (the oracle; the harnesses link without libcublas), and random fills.
+// (the oracle; the harnesses link without libcublas), random fills and the checks'
+// reference product.
 #pragma once
 
 #include <dlfcn.h>
@@ -89,6 +90,51 @@ __global__ void FillRandom(T* p, int64_t n, uint64_t seed) {
     if (ToF(t) == 0.0f) t = FromF<T>(0.5f);
     p[i] = t;
   }
+}
+
+// The checks' reference product in fp32: out[j, n] = sum_k A[rows[j] / row_div, k] *
+// opB[k, n] for j < R (a negative rows[j]: a zero row), with B + blk_b[j / 32] * K * N as
+// the B of rows j (one weight per 32-row block; B itself when blk_b is null). 256
+// threads a block, grid (ceil(N / 32), ceil(R / 32)).
+template <typename T>
+__global__ void RefGatheredGemm(const T* A, const T* B, const int* rows, int row_div, const int* blk_b, int R, int N,
+                                int K, bool trans_b, float* out) {
+  __shared__ float sa[32][33], sb[32][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;  // ty 0..7
+  const int j0 = blockIdx.y * 32, n0 = blockIdx.x * 32;
+  const T* Bj = blk_b ? B + static_cast<int64_t>(blk_b[blockIdx.y]) * K * N : B;
+  float acc[4] = {0, 0, 0, 0};
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    for (int i = ty; i < 32; i += 8) {
+      const int j = j0 + i, k = k0 + tx;
+      const int a = j < R ? rows[j] : -1;
+      sa[i][tx] = (a >= 0 && k < K) ? ToF(A[int64_t{a / row_div} * K + k]) : 0.f;
+      const int kk = k0 + i, n = n0 + tx;
+      float bv = 0.f;
+      if (kk < K && n < N) bv = trans_b ? ToF(Bj[int64_t{n} * K + kk]) : ToF(Bj[int64_t{kk} * N + n]);
+      sb[i][tx] = bv;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int k = 0; k < 32; ++k) {
+      const float b = sb[k][tx];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q] += sa[ty + 8 * q][k] * b;
+    }
+    __syncthreads();
+  }
+  for (int q = 0; q < 4; ++q) {
+    const int j = j0 + ty + 8 * q, n = n0 + tx;
+    if (j < R && n < N) out[int64_t{j} * N + n] = acc[q];
+  }
+}
+
+// Adds to *diff the positions where two 16-bit buffers differ (rerun determinism).
+static __global__ void CountDiff(const uint16_t* x, const uint16_t* y, int64_t n, unsigned long long* diff) {
+  unsigned long long d = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    d += x[i] != y[i];
+  if (d) atomicAdd(diff, d);
 }
 
 // ------------------------------- host helpers -------------------------------

@@ -54,41 +54,6 @@ cudaError_t WgradStamps(unsigned long long* host, int ctas, bool clear);
 
 using pit::DType;
 
-// Reference, one batch entry: ref[j, n] = sum_k src[slots[j] / row_div, k] * op(W[e_j])[k, n]
-// in fp32, where slots is the per-expert list padded to blocks of 32 (-1 = pad) and
-// blk_e[j / 32] the expert of each block.
-template <typename T>
-__global__ void RefGrouped(const T* src, const T* W, const int* slots, const int* blk_e, int row_div, int N, int K,
-                           bool trans_w, float* ref) {
-  __shared__ float sa[32][33], sb[32][33];
-  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;  // 256 threads: ty 0..7
-  const int j0 = blockIdx.y * 32, n0 = blockIdx.x * 32;
-  const T* We = W + static_cast<int64_t>(blk_e[blockIdx.y]) * K * N;
-  float acc[4] = {0, 0, 0, 0};
-  for (int k0 = 0; k0 < K; k0 += 32) {
-    for (int i = ty; i < 32; i += 8) {
-      const int a = slots[j0 + i], k = k0 + tx;
-      sa[i][tx] = (a >= 0 && k < K) ? ToF(src[int64_t{a / row_div} * K + k]) : 0.f;
-      const int kk = k0 + i, n = n0 + tx;
-      float bv = 0.f;
-      if (kk < K && n < N) bv = trans_w ? ToF(We[int64_t{n} * K + kk]) : ToF(We[int64_t{kk} * N + n]);
-      sb[i][tx] = bv;
-    }
-    __syncthreads();
-#pragma unroll 8
-    for (int k = 0; k < 32; ++k) {
-      const float b = sb[k][tx];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += sa[ty + 8 * q][k] * b;
-    }
-    __syncthreads();
-  }
-  for (int q = 0; q < 4; ++q) {
-    const int j = j0 + ty + 8 * q, n = n0 + tx;
-    if (n < N) ref[int64_t{j} * N + n] = acc[q];
-  }
-}
-
 struct Stats {
   double d2, r2;
   unsigned long long bad_live, bad_dropped;  // non-finite computed values; dropped values not exactly 0
@@ -121,13 +86,6 @@ __global__ void CheckDropped(const T* y, const int* rows, int N, Stats* st) {
   for (int n = threadIdx.x; n < N; n += blockDim.x)
     if (!(ToF(y[int64_t{a} * N + n]) == 0.0f)) ++bad;  // NaN poison or garbage
   if (bad) atomicAdd(&st->bad_dropped, bad);
-}
-
-__global__ void CountDiff(const uint16_t* x, const uint16_t* y, int64_t n, unsigned long long* diff) {
-  unsigned long long d = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    d += x[i] != y[i];
-  if (d) atomicAdd(diff, d);
 }
 
 // ------------------------------- cases -------------------------------
@@ -333,8 +291,8 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
       const T* src_b = dSrc + (b / (cs.batch / cs.src_batch)) * R * D;
       const T* w_b = dW + (b / (cs.batch / cs.w_batch)) * E * D * F;
       dim3 grid((F + 31) / 32, slots.size() / 32);
-      RefGrouped<T><<<grid, 256, 0, stream>>>(src_b, w_b, dSlots[b], dBlk, (int)row_div, (int)F, (int)D, cs.trans_w,
-                                              dRef[b]);
+      RefGatheredGemm<T><<<grid, 256, 0, stream>>>(src_b, w_b, dSlots[b], (int)row_div, dBlk, (int)slots.size(),
+                                                   (int)F, (int)D, cs.trans_w, dRef[b]);
       CK(cudaGetLastError());
       CK(cudaStreamSynchronize(stream));
       CK(cudaFree(dBlk));

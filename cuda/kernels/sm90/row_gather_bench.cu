@@ -39,37 +39,6 @@
 
 using pit::DType;
 
-// Reference: Cref[j, n] = sum_k A[rows[j], k] * opB[k, n] in fp32 (one batch entry).
-template <typename T>
-__global__ void RefGemm(const T* A, const T* B, const int* rows, int R, int N, int K, bool trans_b, float* Cref) {
-  __shared__ float sa[32][33], sb[32][33];
-  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;  // 256 threads: ty 0..7
-  const int j0 = blockIdx.y * 32, n0 = blockIdx.x * 32;
-  float acc[4] = {0, 0, 0, 0};
-  for (int k0 = 0; k0 < K; k0 += 32) {
-    for (int i = ty; i < 32; i += 8) {
-      const int j = j0 + i, k = k0 + tx;
-      sa[i][tx] = (j < R && k < K) ? ToF(A[int64_t{rows[j]} * K + k]) : 0.f;
-      const int kk = k0 + i, n = n0 + tx;
-      float bv = 0.f;
-      if (kk < K && n < N) bv = trans_b ? ToF(B[int64_t{n} * K + kk]) : ToF(B[int64_t{kk} * N + n]);
-      sb[i][tx] = bv;
-    }
-    __syncthreads();
-#pragma unroll 8
-    for (int k = 0; k < 32; ++k) {
-      const float b = sb[k][tx];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += sa[ty + 8 * q][k] * b;
-    }
-    __syncthreads();
-  }
-  for (int q = 0; q < 4; ++q) {
-    const int j = j0 + ty + 8 * q, n = n0 + tx;
-    if (j < R && n < N) Cref[int64_t{j} * N + n] = acc[q];
-  }
-}
-
 struct Stats {
   double d2, r2;
   unsigned long long bad_live, bad_dead;  // non-finite live values; dead values not exactly 0
@@ -115,13 +84,6 @@ template <typename T>
 __global__ void GatherRows(const T* A, const int* rows, int R, int K, T* out) {
   const int j = blockIdx.x;
   for (int k = threadIdx.x; k < K; k += blockDim.x) out[int64_t{j} * K + k] = A[int64_t{rows[j]} * K + k];
-}
-
-__global__ void CountDiff(const uint16_t* x, const uint16_t* y, int64_t n, unsigned long long* diff) {
-  unsigned long long d = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    d += x[i] != y[i];
-  if (d) atomicAdd(diff, d);
 }
 
 // ------------------------------- cases -------------------------------
@@ -404,8 +366,8 @@ void RunCase(const Case& cs, cudaStream_t stream, bool do_time) {
       const T* A_b = dA + (b / (cs.batch / cs.a_batch)) * M * K;
       const T* B_b = dB + (b / (cs.batch / cs.b_batch)) * K * N;
       dim3 grid((N + 31) / 32, (live.size() + 31) / 32);
-      RefGemm<T><<<grid, 256, 0, stream>>>(A_b, B_b, dLive[b], (int)live.size(), (int)N, (int)K, cs.trans_b,
-                                           dRef[b]);
+      RefGatheredGemm<T><<<grid, 256, 0, stream>>>(A_b, B_b, dLive[b], 1, nullptr, (int)live.size(), (int)N, (int)K,
+                                                   cs.trans_b, dRef[b]);
       CK(cudaGetLastError());
     }
   }
