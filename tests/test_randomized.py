@@ -11,6 +11,8 @@ small matrix raised until 2026-11-30, found this way).
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -281,7 +283,7 @@ def test_flax_layers(platform, case):
 # the stile and grouped kernels) start where the shapes above end, so the GPU draws its
 # own cases there: rows past several tiles and off their multiples, K and N pairs on both
 # sides of the packing gate (K * N >= 2048^2), shared weights over a batch.
-KERNEL_CASES = int(__import__("os").environ.get("PIT_KERNEL_CASES", "6"))
+KERNEL_CASES = int(os.environ.get("PIT_KERNEL_CASES", "6"))
 KN_PAIRS = [(64, 72), (520, 264), (1024, 1024), (2048, 2048), (2056, 2304), (4096, 1032), (1032, 4104)]
 GPU_ONLY = [p for p in PLATFORMS if p == "gpu"] or [pytest.param("gpu", marks=pytest.mark.skip(reason="no GPU"))]
 
