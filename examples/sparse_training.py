@@ -34,7 +34,6 @@ re-planned when the density has moved by 10 %).
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from pit_testing import (ACTIVATION_NAMES, PACKED_ROW_PAD, PLATFORMS, activation64, assert_call_raises, check_close,
-                         dname, f64, fresh_rng, put, randn, run, tiled_sparse)
+                         dname, f64, fresh_rng, randn, run, tiled_sparse)
 
 import pit_jax
 from pit_jax.primitives._lowering import pack_live_rows  # the lowering's pit_sread_live call

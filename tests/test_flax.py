@@ -12,7 +12,6 @@ from flax import linen as nn
 from flax import nnx
 from pit_testing import PLATFORMS, fresh_rng, put
 
-import pit_jax
 from pit_jax.flax import SparseDense
 from pit_jax.flax import nnx as pit_nnx
 

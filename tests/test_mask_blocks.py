@@ -8,7 +8,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from pit_testing import PLATFORMS, assert_call_raises, fresh_rng, put, randn

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import (PACKED_ROW_PAD, PLATFORMS, assert_call_raises, check_close, dname, f64, fresh_rng, put,
-                         randn, run)
+from pit_testing import (PACKED_ROW_PAD, PLATFORMS, assert_call_raises, check_close, dname, f64, fresh_rng, randn,
+                         run)
 
 import pit_jax  # noqa: F401  (registers the FFI targets)
 

@@ -242,8 +242,6 @@ def test_block_pruning(platform, case):
 @pytest.mark.parametrize("case", range(CASES))
 def test_flax_layers(platform, case):
     """pit_jax.flax.SparseDense and MoE (linen): outputs and parameter gradients."""
-    import flax.linen as nn
-
     from pit_jax.flax import MoE, SparseDense
 
     rng, seed = fresh_rng()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence, Tuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad
