@@ -24,17 +24,19 @@ from pit_jax.primitives.row_linear import row_linear_p, row_linear_pre_p
 from pit_jax.primitives.row_linear_parts import row_linear_parts_p
 from pit_jax.primitives.sdd_matmul import sdd_matmul_p
 from pit_jax.primitives.stile_matmul import stile_matmul_p
+from pit_jax.primitives.varlen_attention import varlen_attention_p
 
-# The products: what a forward pass spends its time on and a backward pass needs again.
+# The products: what a forward pass spends its time on and a backward pass needs again
+# (the attention's (out, lse) too: its backward kernel reads both).
 PRODUCTS = frozenset({row_linear_p, row_linear_pre_p, row_linear_parts_p, stile_matmul_p, sdd_matmul_p,
-                      grouped_matmul_p})
+                      grouped_matmul_p, varlen_attention_p})
 # The indexes: small results, but building one reads its whole operand (x or w).
 INDEXES = frozenset({pit_index_p, moe_index_p})
 
 
 def products_saveable(prim, *_, **__) -> bool:
     """Saves the results of pit_jax's sparse products (sparse_dense on every axis, the
-    MoE's grouped products); everything else is recomputed."""
+    MoE's grouped products, varlen_attention); everything else is recomputed."""
     return prim in PRODUCTS
 
 

@@ -235,6 +235,23 @@ def test_remat():
                                   np.asarray(jax.jit(jax.grad(loss))(q), np.float32), err_msg=f"seed={seed}")
 
 
+def test_checkpoint_policies_save_attention():
+    """Under jax.checkpoint the attention's forward is recomputed in the backward unless a
+    policy saves it: pit_jax.checkpoint_policies count it among the products."""
+    from pit_jax import checkpoint_policies as cp
+
+    rng, seed = fresh_rng()
+    q, k, v, _ = (jnp.asarray(a) for a in inputs(rng, 2, 24, 2, jnp.bfloat16))
+    ln = jnp.array([24, 7], jnp.int32)
+    loss = lambda q: jnp.sum(jnp.tanh(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32)))  # noqa: E731
+    want = np.asarray(jax.jit(jax.grad(loss))(q), np.float32)
+    for policy, calls in [(None, 2), (jax.checkpoint_policies.dots_saveable, 2), (cp.products_saveable, 1),
+                          (cp.plus_pit(jax.checkpoint_policies.nothing_saveable), 1)]:
+        f = jax.grad(jax.checkpoint(loss, policy=policy))
+        assert str(jax.make_jaxpr(f)(q)).count("pit_varlen_attention[") == calls, f"policy {policy}"
+        np.testing.assert_array_equal(np.asarray(jax.jit(f)(q), np.float32), want, err_msg=f"seed={seed} {policy}")
+
+
 def _f32_reference(lengths, scale=1 / 8):
     """The jnp reference on float32 copies of q, k, v (the forward-mode oracle)."""
     def f(q, k, v):
