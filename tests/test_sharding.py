@@ -275,6 +275,26 @@ def test_jit_varlen_attention_splits_the_batch(mesh):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
+def test_varlen_attention_forward_mode_split(mesh):
+    """jvp and a Hessian-vector product (jvp of grad) of varlen_attention with the batch
+    sharded: under jit and under shard_map, equal to the unsharded values."""
+    rng = np.random.default_rng()
+    b, s, h, d = 2 * N, 24, 2, 64
+    q, k, v, t = (rng.standard_normal((b, s, h, d)).astype(jnp.bfloat16) for _ in range(4))
+    lengths = rng.integers(0, s + 1, size=b).astype(np.int32)
+
+    def f(q, k, v, ln, t):
+        loss = lambda q: jnp.sum(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32) ** 2)  # noqa: E731
+        _, tan = jax.jvp(lambda q: pit_jax.varlen_attention(q, k, v, ln), (q,), (t,))
+        return tan, jax.jvp(jax.grad(loss), (q,), (t,))[1]
+
+    args = [_put(mesh, a, P("data")) for a in (q, k, v, lengths, t)]
+    want = jax.jit(f)(*(jnp.asarray(a) for a in (q, k, v, lengths, t)))
+    for got in (jax.jit(f)(*args), _smap(mesh, f, (P("data"),) * 5, (P("data"),) * 2)(*args)):
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-2, atol=1e-2)
+
+
 def test_jit_scan_over_layers(mesh):
     """The batch split inside a scanned layer stack (the custom calls in a while body):
     the gradient of the stacked weights equals the unsharded one, nothing is gathered."""
