@@ -119,6 +119,21 @@ def test_sparse_dense(platform, case):
     compare(platform, fn, args, dtype, what)
 
 
+def moe_ffn_case(rng, ids, e, d, f_dim, dtype, activation, gated):
+    """The MoE FFN as a function of (x, gates, w_in, w_out, ids), the index built inside, and
+    random operands for expert ids `ids` [..., T, k] over e experts."""
+    w_gate = jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype) if gated else None
+
+    def ffn(x, gates, w_in, w_out, ids):
+        index = pit_jax.moe_index(ids, e)
+        return pit_jax.moe_ffn(x, gates, index, w_in, w_out, w_gate=w_gate, activation=activation)
+
+    args = [jnp.asarray(rng.standard_normal((*ids.shape[:-1], d)), dtype), jnp.asarray(rng.random(ids.shape), dtype),
+            jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype),
+            jnp.asarray(rng.standard_normal((e, f_dim, d)) / np.sqrt(f_dim), dtype), jnp.asarray(ids)]
+    return ffn, args
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("case", range(CASES))
 def test_moe_ffn(platform, case):
@@ -141,15 +156,7 @@ def test_moe_ffn(platform, case):
     mode = pick(rng, ["fwd", "grad", "jvp", "vmap", "vmapgrad"] if lead else ["fwd", "grad", "jvp"])
     what = (f"seed={seed}: T={t} D={d} F={f_dim} E={e} k={top} lead={lead} {jnp.dtype(dtype).name} "
             f"{activation} gated={gated} routing={routing} {mode}")
-    w_gate = jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype) if gated else None
-
-    def ffn(x, gates, w_in, w_out, ids):
-        index = pit_jax.moe_index(ids, e)
-        return pit_jax.moe_ffn(x, gates, index, w_in, w_out, w_gate=w_gate, activation=activation)
-
-    args = [jnp.asarray(rng.standard_normal((*lead, t, d)), dtype), jnp.asarray(rng.random((*lead, t, top)), dtype),
-            jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype),
-            jnp.asarray(rng.standard_normal((e, f_dim, d)) / np.sqrt(f_dim), dtype), jnp.asarray(ids)]
+    ffn, args = moe_ffn_case(rng, ids, e, d, f_dim, dtype, activation, gated)
     argnums = (0, 1) if mode == "vmapgrad" else (0, 1, 2, 3)
     compare(platform, transformed(ffn, mode, argnums, (0, 0, None, None, 0)), args, dtype, what)
 
@@ -355,13 +362,5 @@ def test_moe_ffn_kernel_sizes(platform, case):
     mode = pick(rng, ["fwd", "grad", "jvp"])
     what = (f"seed={seed}: T={t} D={d} F={f_dim} E={e} k={top} {jnp.dtype(dtype).name} {activation} "
             f"gated={gated} routing={routing} {mode}")
-    w_gate = jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype) if gated else None
-
-    def ffn(x, gates, w_in, w_out, ids):
-        index = pit_jax.moe_index(ids, e)
-        return pit_jax.moe_ffn(x, gates, index, w_in, w_out, w_gate=w_gate, activation=activation)
-
-    args = [jnp.asarray(rng.standard_normal((t, d)), dtype), jnp.asarray(rng.random((t, top)), dtype),
-            jnp.asarray(rng.standard_normal((e, d, f_dim)) / np.sqrt(d), dtype),
-            jnp.asarray(rng.standard_normal((e, f_dim, d)) / np.sqrt(f_dim), dtype), jnp.asarray(ids)]
+    ffn, args = moe_ffn_case(rng, ids, e, d, f_dim, dtype, activation, gated)
     compare(platform, transformed(ffn, mode, (0, 1, 2, 3), None), args, dtype, what, kernel_tol(dtype))
