@@ -1,5 +1,6 @@
 """pit_jax.flax.SparseDense (linen and nnx): drop-ins for nn.Dense / nnx.Linear, and a
-jitted optax training step."""
+jitted optax training step; VarlenSelfAttention (linen and nnx) against Flax's attention
+with the padding mask."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flax import linen as nn
 from flax import nnx
 from pit_testing import PLATFORMS, fresh_rng, put
 
+import pit_jax
 from pit_jax.flax import SparseDense
 from pit_jax.flax import nnx as pit_nnx
 
@@ -141,3 +143,94 @@ def test_bad_configuration_is_a_clear_error(make, match):
     axis was a KeyError from the defaults' table until 2026-11-30)."""
     with pytest.raises(ValueError, match=match):
         make(jnp.ones((4, 8, 16)))
+
+
+# VarlenSelfAttention: Flax's attention parameters, the result of Flax's self-attention with
+# the padding mask on the valid rows, zeros on the padding rows.
+ATTENTION_CASES = [
+    # (dtype, D, heads, qkv_features, out_features): float32 runs the attention's XLA path,
+    # bf16 with head_dim 64 its kernels (the CPU targets here, the CUDA ones on a GPU).
+    (jnp.float32, 24, 4, 32, 16),
+    (jnp.bfloat16, 128, 2, 128, 96),
+]
+
+
+def _attention_inputs(rng, d, dtype):
+    x = rng.standard_normal((3, 37, d)).astype(np.float32)
+    lengths = np.array([37, 0, int(rng.integers(1, 37))], np.int32)
+    valid = np.arange(37)[None, :] < lengths[:, None]
+    return jnp.asarray(x, dtype), jnp.asarray(lengths), jnp.asarray(valid)
+
+
+def _check_attention(y, y_flax, valid, dtype, what):
+    y, y_flax = np.asarray(y, np.float32), np.asarray(y_flax, np.float32)
+    tol = 1e-4 if dtype == jnp.float32 else 3e-2
+    scale = max(1.0, float(np.abs(y_flax[valid]).max()))
+    np.testing.assert_allclose(y[valid], y_flax[valid], atol=tol * scale, rtol=tol, err_msg=what)
+    assert not y[~valid].any(), f"{what}: the padding rows must be zeros"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=["f32-xla", "bf16-kernels"])
+def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out):
+    from pit_jax.flax import VarlenSelfAttention
+
+    rng, seed = fresh_rng()
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype))
+    layer = VarlenSelfAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
+    flax_layer = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
+    key = jax.random.PRNGKey(seed % 1000)
+    params = layer.init(key, x, lengths)
+    want_tree = flax_layer.init(key, x, x)
+    assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(jnp.shape, want_tree)
+    mask = nn.make_attention_mask(valid, valid)
+
+    def loss(p, apply):
+        return jnp.sum(jnp.where(valid[..., None], apply(p).astype(jnp.float32), 0.0) ** 2)
+
+    ours = lambda p: layer.apply(p, x, lengths)  # noqa: E731
+    theirs = lambda p: flax_layer.apply(p, x, x, mask=mask)  # noqa: E731
+    _check_attention(jax.jit(ours)(params), theirs(params), np.asarray(valid), dtype, f"seed={seed}")
+    index = pit_jax.index(jnp.reshape(valid, (-1, 1)), "row")  # one row index a model's layers share
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda p: layer.apply(p, x, lengths, index))(params), np.float32),
+                                  np.asarray(jax.jit(ours)(params), np.float32), err_msg=f"seed={seed}")
+    grads = jax.jit(jax.grad(lambda p: loss(p, ours)))(params)
+    want = jax.grad(lambda p: loss(p, theirs))(params)
+    top = max(float(np.abs(np.asarray(g, np.float32)).max()) for g in jax.tree_util.tree_leaves(want))
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0,
+                                   atol=(1e-4 if dtype == jnp.float32 else 5e-2) * top,
+                                   err_msg=f"seed={seed} {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=["f32-xla", "bf16-kernels"])
+def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out):
+    rng, seed = fresh_rng()
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype))
+    layer = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, rngs=nnx.Rngs(seed % 1000))
+    flax_layer = nnx.MultiHeadAttention(num_heads=heads, in_features=d, qkv_features=feats, out_features=out,
+                                        dtype=dtype, decode=False, rngs=nnx.Rngs(0))
+    state = nnx.state(layer, nnx.Param)
+    assert jax.tree_util.tree_map(jnp.shape, state) == jax.tree_util.tree_map(jnp.shape,
+                                                                            nnx.state(flax_layer, nnx.Param))
+    nnx.update(flax_layer, state)  # the same parameters drive Flax's layer
+    y = nnx.jit(lambda m, x, ln: m(x, ln))(layer, x, lengths)
+    _check_attention(y, flax_layer(x, mask=nnx.make_attention_mask(valid, valid)), np.asarray(valid), dtype,
+                     f"seed={seed}")
+
+
+def test_varlen_self_attention_bad_configuration():
+    from pit_jax.flax import VarlenSelfAttention
+
+    x, lengths = jnp.ones((2, 8, 24)), jnp.array([3, 8])
+    with pytest.raises(ValueError, match="num_heads \\(5\\) must divide qkv_features \\(24\\)"):
+        VarlenSelfAttention(num_heads=5).init(jax.random.PRNGKey(0), x, lengths)
+    with pytest.raises(ValueError, match="num_heads \\(5\\) must divide qkv_features \\(24\\)"):
+        pit_nnx.VarlenSelfAttention(5, 24, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="lengths must be integers \\[batch\\] = \\[2\\]"):
+        VarlenSelfAttention(num_heads=4).init(jax.random.PRNGKey(0), x, jnp.array([3, 8, 1]))
+    with pytest.raises(ValueError, match="inputs must be \\[batch, seq, features\\]"):
+        VarlenSelfAttention(num_heads=4).init(jax.random.PRNGKey(0), x[0], lengths)
+    with pytest.raises(ValueError, match="dead_rows must be 'zeros' or 'unspecified'"):
+        VarlenSelfAttention(num_heads=4, dead_rows="dense").init(jax.random.PRNGKey(0), x, lengths)

@@ -110,3 +110,47 @@ def plan_from_sample(sample, in_features, out_features, *, dtype, param_dtype, p
     sample = np.reshape(np.asarray(sample), (-1, in_features))
     run_dtype = jnp.result_type(sample.dtype, param_dtype) if dtype is None else jnp.dtype(dtype)
     return pit_jax.plan(sample, (in_features, out_features), run_dtype, precision=precision)
+
+
+def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_bias, *, dtype, precision,
+                          index=None, dead_rows="zeros"):
+    """Multi-head self-attention of x [B, S, D] over each sequence's first lengths[b]
+    tokens, from Flax's attention parameters: qkv_kernels three [D, H, hd] (query, key,
+    value), qkv_biases three [H, hd] or None, out_kernel [H, hd, O], out_bias [O] or None.
+    The three projections are one M-axis product (out_parts=3) over the valid rows, the
+    attention `pit_jax.varlen_attention` (scale 1/sqrt(hd), as Flax's), the output
+    projection an M-axis product; `index` is the row index of the valid tokens of x as
+    [B * S, D] (built from lengths when None). Result [B, S, O]; padding rows per
+    `dead_rows` ("zeros" or "unspecified")."""
+    from flax.linen.dtypes import promote_dtype
+
+    x, lengths = jnp.asarray(x), jnp.asarray(lengths)
+    if x.ndim != 3:
+        raise ValueError(f"VarlenSelfAttention: inputs must be [batch, seq, features], got shape {tuple(x.shape)}")
+    if tuple(lengths.shape) != x.shape[:1] or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"VarlenSelfAttention: lengths must be integers [batch] = [{x.shape[0]}], got "
+                         f"{lengths.dtype} {tuple(lengths.shape)}")
+    if dead_rows not in ("zeros", "unspecified"):
+        raise ValueError(f"VarlenSelfAttention: dead_rows must be 'zeros' or 'unspecified', got {dead_rows!r}")
+    b, s, d = x.shape
+    heads, hd = qkv_kernels[0].shape[1:]
+    feats = heads * hd
+    x, *kernels = promote_dtype(x, *qkv_kernels, out_kernel, dtype=dtype)
+    w_qkv = jnp.concatenate([k.reshape(d, feats) for k in kernels[:3]], axis=1)
+
+    def bias(v):  # Flax's promotion; a float32 parameter goes to sparse_dense as it is (rounded there)
+        return None if v is None else v if jnp.asarray(v).dtype == jnp.float32 else jnp.asarray(v).astype(x.dtype)
+
+    b_qkv = None if qkv_biases is None else bias(jnp.concatenate([jnp.reshape(v, (feats,)) for v in qkv_biases]))
+    out_bias = bias(out_bias)
+    if index is None:
+        valid = jnp.arange(s)[None, :] < jnp.clip(lengths, 0, s)[:, None]
+        index = pit_jax.index(valid.reshape(b * s, 1), "row")
+    # q, k and v keep zeros on padding rows: the attention's XLA path (shapes its kernels
+    # do not take) reads every row.
+    q, k, v = pit_jax.sparse_dense(x.reshape(b * s, d), w_qkv, index, axis="m", bias=b_qkv, out_parts=3,
+                                   dead_rows="zeros", precision=precision)
+    att = pit_jax.varlen_attention(*(t.reshape(b, s, heads, hd) for t in (q, k, v)), lengths)
+    y = pit_jax.sparse_dense(att.reshape(b * s, feats), kernels[3].reshape(feats, -1), index, axis="m",
+                             bias=out_bias, dead_rows=dead_rows, precision=precision)
+    return y.reshape(b, s, -1)

@@ -1,5 +1,6 @@
-"""flax.linen layers: `SparseDense` (`nn.Dense` whose product skips dead micro-tiles) and
-`LayerNorm` (`nn.LayerNorm` on the live rows of a padded batch)."""
+"""flax.linen layers: `SparseDense` (`nn.Dense` whose product skips dead micro-tiles),
+`LayerNorm` (`nn.LayerNorm` on the live rows of a padded batch) and `VarlenSelfAttention`
+(self-attention of a right-padded batch on its valid tokens)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
-from pit_jax.flax._common import keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax._common import (keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim,
+                                  varlen_self_attention)
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
@@ -109,3 +111,64 @@ class LayerNorm(nn.Module):
         return layer_norm_last_dim(x, scale, offset, index, residual=residual, bias=bias, epsilon=self.epsilon,
                                    dtype=self.dtype, param_dtype=self.param_dtype, dead_rows=self.dead_rows,
                                    copies=copies)
+
+
+class _KernelBias(nn.Module):
+    """Holds one projection's "kernel" and "bias" under its own name, as nn.DenseGeneral does."""
+
+    kernel_shape: tuple
+    bias_shape: tuple
+    use_bias: bool
+    kernel_init: Any
+    bias_init: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self):
+        kernel = self.param("kernel", self.kernel_init, self.kernel_shape, self.param_dtype)
+        bias = self.param("bias", self.bias_init, self.bias_shape, self.param_dtype) if self.use_bias else None
+        return kernel, bias
+
+
+class VarlenSelfAttention(nn.Module):
+    """Multi-head self-attention of a right-padded batch on its valid tokens: the
+    parameters of `flax.linen.MultiHeadDotProductAttention` ("query", "key", "value":
+    kernel [D, heads, head_dim], bias [heads, head_dim]; "out": kernel [heads, head_dim,
+    out_features], bias [out_features]; same initializers), and on the valid rows its
+    result for `inputs_q = inputs_kv = x` with the mask `nn.make_attention_mask(valid,
+    valid)`. The projections run as M-axis products over the valid tokens only (q, k, v in
+    one), the attention as `pit_jax.varlen_attention`.
+
+    `__call__(x [B, S, D], lengths [B], index=None)`: sequence b's valid tokens are its
+    first lengths[b]; `index` is the row index of the valid tokens of x as [B * S, D]
+    (e.g. one `pit_jax.index(mask.reshape(-1, 1), "row")` shared by a model's layers),
+    built from lengths when None. The padding rows of the result are zeros
+    (`dead_rows="zeros"`) or left unwritten (`"unspecified"`), where Flax's would hold an
+    average over the whole sequence. No dropout, decoding cache or qk normalization.
+    """
+
+    num_heads: int
+    qkv_features: Optional[int] = None
+    out_features: Optional[int] = None
+    dtype: Optional[Any] = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+    kernel_init: Any = nn.initializers.lecun_normal()
+    bias_init: Any = nn.initializers.zeros_init()
+    use_bias: bool = True
+    dead_rows: str = "zeros"
+
+    @nn.compact
+    def __call__(self, x, lengths, index=None):
+        d = jnp.shape(x)[-1]
+        feats = self.qkv_features or d
+        if self.num_heads < 1 or feats % self.num_heads:
+            raise ValueError(f"VarlenSelfAttention: num_heads ({self.num_heads}) must divide qkv_features ({feats})")
+        heads, hd, out = self.num_heads, feats // self.num_heads, self.out_features or d
+        proj = lambda name, k_shape, b_shape: _KernelBias(k_shape, b_shape, self.use_bias, self.kernel_init,  # noqa: E731
+                                                          self.bias_init, self.param_dtype, name=name)()
+        qkv = [proj(n, (d, heads, hd), (heads, hd)) for n in ("query", "key", "value")]
+        out_kernel, out_bias = proj("out", (heads, hd, out), (out,))
+        return varlen_self_attention(x, lengths, [k for k, _ in qkv], [b for _, b in qkv] if self.use_bias else None,
+                                     out_kernel, out_bias, dtype=self.dtype, precision=self.precision, index=index,
+                                     dead_rows=self.dead_rows)

@@ -1,5 +1,6 @@
-"""flax.nnx layers: `SparseDense` (`nnx.Linear` whose product skips dead micro-tiles) and
-`LayerNorm` (`nnx.LayerNorm` on the live rows of a padded batch)."""
+"""flax.nnx layers: `SparseDense` (`nnx.Linear` whose product skips dead micro-tiles),
+`LayerNorm` (`nnx.LayerNorm` on the live rows of a padded batch) and `VarlenSelfAttention`
+(self-attention of a right-padded batch on its valid tokens)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 
-from pit_jax.flax._common import keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim
+from pit_jax.flax._common import (keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim,
+                                  varlen_self_attention)
 from pit_jax.flax.nnx_moe import MoE
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
@@ -122,3 +124,52 @@ class LayerNorm(nnx.Module):
 SparseLinear = SparseDense
 
 __all__ = ["LayerNorm", "MoE", "SparseDense", "SparseLinear"]
+
+
+class VarlenSelfAttention(nnx.Module):
+    """Multi-head self-attention of a right-padded batch on its valid tokens: the state of
+    `flax.nnx.MultiHeadAttention` (`query`, `key`, `value`, `out`, each an
+    `nnx.LinearGeneral` with its kernel and bias; same initializers), and on the valid rows
+    its result for self-attention with the mask `nnx.make_attention_mask(valid, valid)`.
+    The projections run as M-axis products over the valid tokens only (q, k, v in one),
+    the attention as `pit_jax.varlen_attention`; as `pit_jax.flax.VarlenSelfAttention`
+    (linen), whose docstring has the details.
+
+    `__call__(x [B, S, D], lengths [B], index=None)`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        in_features: int,
+        qkv_features: Optional[int] = None,
+        out_features: Optional[int] = None,
+        *,
+        dtype: Optional[Any] = None,
+        param_dtype: Any = jnp.float32,
+        precision: Any = None,
+        kernel_init: Any = initializers.lecun_normal(),
+        bias_init: Any = initializers.zeros_init(),
+        use_bias: bool = True,
+        dead_rows: str = "zeros",
+        rngs: nnx.Rngs,
+    ):
+        feats = qkv_features or in_features
+        if num_heads < 1 or feats % num_heads:
+            raise ValueError(f"VarlenSelfAttention: num_heads ({num_heads}) must divide qkv_features ({feats})")
+        self.num_heads, self.in_features, self.qkv_features = num_heads, in_features, feats
+        self.out_features = out_features or in_features
+        self.dtype, self.precision, self.use_bias, self.dead_rows = dtype, precision, use_bias, dead_rows
+        heads, hd = num_heads, feats // num_heads
+        # Parameter holders only (never called), so the state is nnx.MultiHeadAttention's.
+        proj = lambda i, o, axis=-1: nnx.LinearGeneral(i, o, axis=axis, use_bias=use_bias, param_dtype=param_dtype,  # noqa: E731
+                                                       kernel_init=kernel_init, bias_init=bias_init, rngs=rngs)
+        self.query, self.key, self.value = (proj(in_features, (heads, hd)) for _ in range(3))
+        self.out = proj((heads, hd), self.out_features, axis=(-2, -1))
+
+    def __call__(self, x, lengths, index=None):
+        qkv = (self.query, self.key, self.value)
+        return varlen_self_attention(
+            x, lengths, [m.kernel[...] for m in qkv], [m.bias[...] for m in qkv] if self.use_bias else None,
+            self.out.kernel[...], self.out.bias[...] if self.use_bias else None, dtype=self.dtype,
+            precision=self.precision, index=index, dead_rows=self.dead_rows)
