@@ -377,14 +377,18 @@ def mask_blocks(live, *mats, tile_h: int, tile_w: int, dtype):
     return outs
 
 
+def valid_tokens(lengths, seq):
+    """bool [B, seq]: whether token i of sequence b is valid (i < lengths[b], the lengths
+    clamped to [0, seq]), for right-padded sequences."""
+    return jnp.arange(seq)[None, :] < jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, seq)[:, None]
+
+
 def varlen_attention(q, k, v, lengths, *, scale):
     """(out, lse) of softmax attention over each sequence's first lengths[b] tokens (q, k,
     v [B, S, H, D]; float32 math over every row, masked): out in q's dtype, zeros on padding
     rows; lse [B, H, S] float32, each valid query's log-sum-exp of its scaled scores, 0 on
     padding rows (the forward target's second result)."""
-    s_len = q.shape[1]
-    lengths = jnp.clip(lengths.astype(jnp.int32), 0, s_len)
-    valid = jnp.arange(s_len)[None, :] < lengths[:, None]  # [B, S]
+    valid = valid_tokens(lengths, q.shape[1])  # [B, S]
     f = lambda a: a.astype(jnp.float32)  # noqa: E731
     s = jnp.einsum("bqhd,bkhd->bhqk", f(q), f(k)) * scale
     s = jnp.where(valid[:, None, None, :], s, -1e30)  # padding keys: no weight (a constant: no gradient)

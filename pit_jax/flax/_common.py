@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pit_jax
+from pit_jax import reference
 from pit_jax.optimizer.plan import Plan
 
 
@@ -135,22 +136,18 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     b, s, d = x.shape
     heads, hd = qkv_kernels[0].shape[1:]
     feats = heads * hd
-    x, *kernels = promote_dtype(x, *qkv_kernels, out_kernel, dtype=dtype)
-    w_qkv = jnp.concatenate([k.reshape(d, feats) for k in kernels[:3]], axis=1)
-
-    def bias(v):  # Flax's promotion; a float32 parameter goes to sparse_dense as it is (rounded there)
-        return None if v is None else v if jnp.asarray(v).dtype == jnp.float32 else jnp.asarray(v).astype(x.dtype)
-
-    b_qkv = None if qkv_biases is None else bias(jnp.concatenate([jnp.reshape(v, (feats,)) for v in qkv_biases]))
-    out_bias = bias(out_bias)
+    b_qkv = None if qkv_biases is None else jnp.concatenate([jnp.reshape(v, (feats,)) for v in qkv_biases])
+    x, w_q, w_k, w_v, w_out, b_qkv_p, out_bias_p = promote_dtype(x, *qkv_kernels, out_kernel, b_qkv, out_bias,
+                                                                 dtype=dtype)
+    w_qkv = jnp.concatenate([w.reshape(d, feats) for w in (w_q, w_k, w_v)], axis=1)
+    b_qkv, out_bias = keep_float32_bias(b_qkv, b_qkv_p), keep_float32_bias(out_bias, out_bias_p)
     if index is None:
-        valid = jnp.arange(s)[None, :] < jnp.clip(lengths, 0, s)[:, None]
-        index = pit_jax.index(valid.reshape(b * s, 1), "row")
+        index = pit_jax.index(reference.valid_tokens(lengths, s).reshape(b * s, 1), "row")
     # q, k and v keep zeros on padding rows: the attention's XLA path (shapes its kernels
     # do not take) reads every row.
     q, k, v = pit_jax.sparse_dense(x.reshape(b * s, d), w_qkv, index, axis="m", bias=b_qkv, out_parts=3,
                                    dead_rows="zeros", precision=precision)
     att = pit_jax.varlen_attention(*(t.reshape(b, s, heads, hd) for t in (q, k, v)), lengths)
-    y = pit_jax.sparse_dense(att.reshape(b * s, feats), kernels[3].reshape(feats, -1), index, axis="m",
+    y = pit_jax.sparse_dense(att.reshape(b * s, feats), w_out.reshape(feats, -1), index, axis="m",
                              bias=out_bias, dead_rows=dead_rows, precision=precision)
     return y.reshape(b, s, -1)

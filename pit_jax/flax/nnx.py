@@ -121,11 +121,6 @@ class LayerNorm(nnx.Module):
                                    copies=copies)
 
 
-SparseLinear = SparseDense
-
-__all__ = ["LayerNorm", "MoE", "SparseDense", "SparseLinear"]
-
-
 class VarlenSelfAttention(nnx.Module):
     """Multi-head self-attention of a right-padded batch on its valid tokens: the state of
     `flax.nnx.MultiHeadAttention` (`query`, `key`, `value`, `out`, each an
@@ -173,3 +168,8 @@ class VarlenSelfAttention(nnx.Module):
             x, lengths, [m.kernel[...] for m in qkv], [m.bias[...] for m in qkv] if self.use_bias else None,
             self.out.kernel[...], self.out.bias[...] if self.use_bias else None, dtype=self.dtype,
             precision=self.precision, index=index, dead_rows=self.dead_rows)
+
+
+SparseLinear = SparseDense
+
+__all__ = ["LayerNorm", "MoE", "SparseDense", "SparseLinear", "VarlenSelfAttention"]

@@ -146,11 +146,6 @@ def clip_micro_tile(tile, shape):
     return (None if h is None else min(h, rows), None if w is None else min(w, cols))
 
 
-def _plan_tile(plan, shape):
-    """The plan's micro-tile clipped to the matrix it tiles (a smaller batch than planned)."""
-    return clip_micro_tile(plan.micro_tile, shape)
-
-
 def _check_plan(plan, axis, micro_tile, x, w):
     if not isinstance(plan, Plan):
         raise TypeError(f"sparse_dense: plan must be a pit_jax.Plan (from pit_jax.plan), got {type(plan).__name__}")
@@ -305,7 +300,7 @@ def sparse_dense(
                 raise ValueError("sparse_dense: the plan is dense, so there is no index to pass")
             return result(epilogue(dense_product(x, w, precision)))
         axis = plan.axis
-        micro_tile = _plan_tile(plan, (w if axis == "w" else x).shape[-2:])
+        micro_tile = clip_micro_tile(plan.micro_tile, (w if axis == "w" else x).shape[-2:])  # a smaller batch than planned
     axis = axis or "m"
     if zero_dead and axis != "m":
         raise ValueError(f"sparse_dense: dead_rows={dead_rows!r} needs the M axis (token rows), got axis={axis!r}")
