@@ -377,21 +377,28 @@ def mask_blocks(live, *mats, tile_h: int, tile_w: int, dtype):
     return outs
 
 
-def valid_tokens(lengths, seq):
-    """bool [B, seq]: whether token i of sequence b is valid (i < lengths[b], the lengths
-    clamped to [0, seq]), for right-padded sequences."""
-    return jnp.arange(seq)[None, :] < jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, seq)[:, None]
+def valid_tokens(lengths, seq, left_padded=False):
+    """bool [B, seq]: whether token i of sequence b is valid: i < lengths[b] (right
+    padding) or i >= seq - lengths[b] (left padding), the lengths clamped to [0, seq]."""
+    n = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, seq)[:, None]
+    i = jnp.arange(seq)[None, :]
+    return i >= seq - n if left_padded else i < n
 
 
-def varlen_attention(q, k, v, lengths, *, scale):
-    """(out, lse) of softmax attention over each sequence's first lengths[b] tokens (q, k,
+def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False):
+    """(out, lse) of softmax attention over each sequence's valid tokens (the first
+    lengths[b], or the last with `left_padded`; causal: keys at or before the query) (q, k,
     v [B, S, H, D]; float32 math over every row, masked): out in q's dtype, zeros on padding
     rows; lse [B, H, S] float32, each valid query's log-sum-exp of its scaled scores, 0 on
     padding rows (the forward target's second result)."""
-    valid = valid_tokens(lengths, q.shape[1])  # [B, S]
+    seq = q.shape[1]
+    valid = valid_tokens(lengths, seq, left_padded)  # [B, S]
     f = lambda a: a.astype(jnp.float32)  # noqa: E731
     s = jnp.einsum("bqhd,bkhd->bhqk", f(q), f(k)) * scale
-    s = jnp.where(valid[:, None, None, :], s, -1e30)  # padding keys: no weight (a constant: no gradient)
+    keys = valid[:, None, None, :]
+    if causal:
+        keys = keys & (jnp.arange(seq)[None, :] <= jnp.arange(seq)[:, None])[None, None]
+    s = jnp.where(keys, s, -1e30)  # masked keys: no weight (a constant: no gradient)
     p = jax.nn.softmax(s, axis=-1)
     out = jnp.einsum("bhqk,bkhd->bqhd", p, f(v))
     out = jnp.where(valid[:, :, None, None], out, 0.0).astype(q.dtype)

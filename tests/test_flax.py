@@ -14,6 +14,7 @@ from flax import nnx
 from pit_testing import PLATFORMS, fresh_rng, put
 
 import pit_jax
+from pit_jax import reference as ref
 from pit_jax.flax import SparseDense
 from pit_jax.flax import nnx as pit_nnx
 
@@ -155,11 +156,21 @@ ATTENTION_CASES = [
 ]
 
 
-def _attention_inputs(rng, d, dtype):
+# (causal, padding): an encoder's, and a decoder's batch of left-padded prompts.
+ATTENTION_MODES = [(False, "right"), (True, "left")]
+
+
+def _attention_inputs(rng, d, dtype, padding="right"):
     x = rng.standard_normal((3, 37, d)).astype(np.float32)
     lengths = np.array([37, 0, int(rng.integers(1, 37))], np.int32)
-    valid = np.arange(37)[None, :] < lengths[:, None]
+    valid = np.asarray(ref.valid_tokens(lengths, 37, padding == "left"))
     return jnp.asarray(x, dtype), jnp.asarray(lengths), jnp.asarray(valid)
+
+
+def _flax_mask(valid, causal, make_attention_mask, make_causal_mask, combine_masks):
+    """Flax's mask for the same attention: padding keys (and queries), and later keys."""
+    mask = make_attention_mask(valid, valid)
+    return combine_masks(mask, make_causal_mask(valid)) if causal else mask
 
 
 def _check_attention(y, y_flax, valid, dtype, what):
@@ -172,18 +183,20 @@ def _check_attention(y, y_flax, valid, dtype, what):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=["f32-xla", "bf16-kernels"])
-def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out):
+@pytest.mark.parametrize("causal,padding", ATTENTION_MODES, ids=["bidirectional-right", "causal-left"])
+def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
     from pit_jax.flax import VarlenSelfAttention
 
     rng, seed = fresh_rng()
-    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype))
-    layer = VarlenSelfAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding))
+    layer = VarlenSelfAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype, causal=causal,
+                                padding=padding)
     flax_layer = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
     key = jax.random.PRNGKey(seed % 1000)
     params = layer.init(key, x, lengths)
     want_tree = flax_layer.init(key, x, x)
     assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(jnp.shape, want_tree)
-    mask = nn.make_attention_mask(valid, valid)
+    mask = _flax_mask(valid, causal, nn.make_attention_mask, nn.make_causal_mask, nn.combine_masks)
 
     def loss(p, apply):
         return jnp.sum(jnp.where(valid[..., None], apply(p).astype(jnp.float32), 0.0) ** 2)
@@ -205,10 +218,12 @@ def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, fea
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=["f32-xla", "bf16-kernels"])
-def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out):
+@pytest.mark.parametrize("causal,padding", ATTENTION_MODES, ids=["bidirectional-right", "causal-left"])
+def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
     rng, seed = fresh_rng()
-    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype))
-    layer = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, rngs=nnx.Rngs(seed % 1000))
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding))
+    layer = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, padding=padding,
+                                        rngs=nnx.Rngs(seed % 1000))
     flax_layer = nnx.MultiHeadAttention(num_heads=heads, in_features=d, qkv_features=feats, out_features=out,
                                         dtype=dtype, decode=False, rngs=nnx.Rngs(0))
     state = nnx.state(layer, nnx.Param)
@@ -216,8 +231,8 @@ def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats
                                                                             nnx.state(flax_layer, nnx.Param))
     nnx.update(flax_layer, state)  # the same parameters drive Flax's layer
     y = nnx.jit(lambda m, x, ln: m(x, ln))(layer, x, lengths)
-    _check_attention(y, flax_layer(x, mask=nnx.make_attention_mask(valid, valid)), np.asarray(valid), dtype,
-                     f"seed={seed}")
+    mask = _flax_mask(valid, causal, nnx.make_attention_mask, nnx.make_causal_mask, nnx.combine_masks)
+    _check_attention(y, flax_layer(x, mask=mask), np.asarray(valid), dtype, f"seed={seed}")
 
 
 def test_varlen_self_attention_bad_configuration():
@@ -234,3 +249,5 @@ def test_varlen_self_attention_bad_configuration():
         VarlenSelfAttention(num_heads=4).init(jax.random.PRNGKey(0), x[0], lengths)
     with pytest.raises(ValueError, match="dead_rows must be 'zeros' or 'unspecified'"):
         VarlenSelfAttention(num_heads=4, dead_rows="dense").init(jax.random.PRNGKey(0), x, lengths)
+    with pytest.raises(ValueError, match="padding must be 'right' or 'left', got 'both'"):
+        VarlenSelfAttention(num_heads=4, padding="both").init(jax.random.PRNGKey(0), x, lengths)

@@ -1,9 +1,10 @@
-"""pit_jax.varlen_attention: attention over right-padded sequences on their valid tokens,
-its gradients and transformations, against float64 (the kernels and the CPU targets), and
-its XLA path where the kernels do not apply."""
+"""pit_jax.varlen_attention: attention over padded sequences (right or left padding,
+bidirectional or causal) on their valid tokens, its gradients and transformations, against
+float64 (the kernels and the CPU targets), and its XLA path where the kernels do not apply."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -34,8 +35,9 @@ def lengths_for(rng, b, s, kind):
     return np.full((b,), {"empty": 0, "full": s}[kind], np.int32)
 
 
-def reference64(q, k, v, lengths, dout, scale):
-    """(out, lse, dq, dk, dv) in float64, per sequence and head, over the valid tokens."""
+def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right"):
+    """(out, lse, dq, dk, dv) in float64, per sequence and head, over the valid tokens
+    (a sequence's first lengths[b], or its last with left padding; causal: keys j <= i)."""
     q, k, v, dout = (f64(a) for a in (q, k, v, dout))
     b_, s_, h_, _ = q.shape
     out, dq, dk, dv = (np.zeros_like(q) for _ in range(4))
@@ -44,21 +46,24 @@ def reference64(q, k, v, lengths, dout, scale):
         n = int(np.clip(lengths[b], 0, s_))
         if n == 0:
             continue
+        t = slice(s_ - n, s_) if padding == "left" else slice(0, n)
         for h in range(h_):
-            qq, kk, vv, do = q[b, :n, h], k[b, :n, h], v[b, :n, h], dout[b, :n, h]
+            qq, kk, vv, do = q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h]
             s = scale * qq @ kk.T
+            if causal:
+                s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
             m = s.max(1, keepdims=True)
             p = np.exp(s - m)
             l_ = p.sum(1, keepdims=True)
             p /= l_
             o = p @ vv
-            out[b, :n, h] = o
-            lse[b, h, :n] = (m + np.log(l_))[:, 0]
+            out[b, t, h] = o
+            lse[b, h, t] = (m + np.log(l_))[:, 0]
             dp = do @ vv.T
             ds = p * (dp - (do * o).sum(1, keepdims=True))
-            dq[b, :n, h] = scale * ds @ kk
-            dk[b, :n, h] = scale * ds.T @ qq
-            dv[b, :n, h] = p.T @ do
+            dq[b, t, h] = scale * ds @ kk
+            dk[b, t, h] = scale * ds.T @ qq
+            dv[b, t, h] = p.T @ do
     return out, lse, dq, dk, dv
 
 
@@ -89,6 +94,47 @@ def test_value_and_gradients(platform, dtype, kind, b, s, h):
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
         check_close(g, w, dtype, f"seed={seed} {name} lengths={lengths.tolist()}")
         assert not f64(g)[~valid].any(), f"seed={seed}: {name}'s padding rows must be zeros"
+
+
+# (causal, padding) besides the default (False, "right"): a decoder's modes.
+MODES = [(True, "right"), (False, "left"), (True, "left")]
+MODE_IDS = ["causal-right", "bidirectional-left", "causal-left"]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("causal,padding", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("b,s,h", [(3, 128, 2), (4, 37, 3), (2, 1, 1), (6, 128, 1)])
+def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h):
+    """Value, lse and gradients; padding rows zeros. Causal skips the tiles past a warp's
+    last query (forward, dQ) and before its first key (dK, dV): every length mod 16 and
+    the full sequence come up in (6, 128)."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, b, s, h, dtype)
+    lengths = lengths_for(rng, b, s, "random")
+    if b == 6:
+        lengths = np.array([128, 127, 113, 64, 17, 16], np.int32)
+    scale = 1 / math.sqrt(64)
+    kw = dict(causal=causal, padding=padding)
+
+    def f(q, k, v, lengths, dout):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
+        return (out, *vjp(dout))
+
+    args = put(platform, q, k, v, lengths, dout)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
+    got = jax.jit(f)(*args)
+    want = reference64(q, k, v, lengths, dout, scale, **kw)
+    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
+    what = f"seed={seed} lengths={lengths.tolist()}"
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
+        check_close(g, w, dtype, f"{what} {name}")
+        assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
+    params = dict(scale=scale, causal=causal, left_padded=padding == "left")
+    _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
+    check_close(lse, want[1], jnp.float32, f"{what} lse")
+    assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -141,25 +187,27 @@ def test_lengths_out_of_range_are_clamped(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("lengths_mapped", [True, False])
-def test_vmap_and_vmap_of_grad(platform, lengths_mapped):
+@pytest.mark.parametrize("lengths_mapped,causal,padding", [(True, False, "right"), (False, False, "right"),
+                                                            (True, True, "left")])
+def test_vmap_and_vmap_of_grad(platform, lengths_mapped, causal, padding):
     """vmap folds the mapped axis into the batch: bitwise the per-slice calls."""
     rng, seed = fresh_rng()
     q, k, v, dout = (randn(rng, (3, 4, 24, 2, 64), jnp.bfloat16) for _ in range(4))
     lengths = rng.integers(0, 25, size=(3, 4) if lengths_mapped else (4,)).astype(np.int32)
     in_ln = 0 if lengths_mapped else None
+    attend = functools.partial(pit_jax.varlen_attention, causal=causal, padding=padding)
 
     def loss(q, k, v, ln, do):
-        return jnp.sum(pit_jax.varlen_attention(q, k, v, ln).astype(jnp.float32) * do.astype(jnp.float32))
+        return jnp.sum(attend(q, k, v, ln).astype(jnp.float32) * do.astype(jnp.float32))
 
     args = put(platform, q, k, v, lengths, dout)
-    out = jax.jit(jax.vmap(pit_jax.varlen_attention, in_axes=(0, 0, 0, in_ln)))(*args[:4])
+    out = jax.jit(jax.vmap(attend, in_axes=(0, 0, 0, in_ln)))(*args[:4])
     grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(0, 0, 0, in_ln, 0)))(*args)
     for i in range(3):
         ln = lengths[i] if lengths_mapped else lengths
         sl = put(platform, q[i], k[i], v[i], ln, dout[i])
         np.testing.assert_array_equal(np.asarray(out[i], np.float32),
-                                      np.asarray(jax.jit(pit_jax.varlen_attention)(*sl[:4]), np.float32),
+                                      np.asarray(jax.jit(attend)(*sl[:4]), np.float32),
                                       err_msg=f"seed={seed} slice {i}")
         want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*sl)
         for g, w in zip(grads, want):
@@ -169,16 +217,19 @@ def test_vmap_and_vmap_of_grad(platform, lengths_mapped):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype,s,d", [(jnp.float32, 40, 64), (jnp.bfloat16, 40, 32), (jnp.bfloat16, 200, 64)])
-def test_shapes_the_kernels_do_not_take_run_in_xla(platform, dtype, s, d):
+@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
+                                                                                    "causal-left"])
+def test_shapes_the_kernels_do_not_take_run_in_xla(platform, dtype, s, d, causal, padding):
     """float32, other head dims, longer sequences: the masked softmax in XLA, same contract."""
     rng, seed = fresh_rng()
     q, k, v, dout = inputs(rng, 3, s, 2, dtype, d)
     lengths = lengths_for(rng, 3, s, "random")
-    f = lambda q, k, v, ln, do: jax.vjp(lambda *a: pit_jax.varlen_attention(*a, ln), q, k, v)  # noqa: E731
+    kw = dict(causal=causal, padding=padding)
+    f = lambda q, k, v, ln, do: jax.vjp(lambda *a: pit_jax.varlen_attention(*a, ln, **kw), q, k, v)  # noqa: E731
     args = put(platform, q, k, v, lengths, dout)
     assert "pit_varlen_attention" not in str(jax.make_jaxpr(lambda *a: pit_jax.varlen_attention(*a))(*args[:4]))
     out, vjp = jax.jit(f)(*args)
-    want = reference64(q, k, v, lengths, dout, 1 / math.sqrt(d))
+    want = reference64(q, k, v, lengths, dout, 1 / math.sqrt(d), **kw)
     check_close(out, want[0], dtype, f"seed={seed} out")
     for name, g, w in zip(("dq", "dk", "dv"), vjp(args[4]), want[2:]):
         check_close(g, w, dtype, f"seed={seed} {name}")
@@ -252,10 +303,10 @@ def test_checkpoint_policies_save_attention():
         np.testing.assert_array_equal(np.asarray(jax.jit(f)(q), np.float32), want, err_msg=f"seed={seed} {policy}")
 
 
-def _f32_reference(lengths, scale=1 / 8):
+def _f32_reference(lengths, scale=1 / 8, **mode):
     """The jnp reference on float32 copies of q, k, v (the forward-mode oracle)."""
     def f(q, k, v):
-        return ref.varlen_attention(*(a.astype(jnp.float32) for a in (q, k, v)), lengths, scale=scale)[0]
+        return ref.varlen_attention(*(a.astype(jnp.float32) for a in (q, k, v)), lengths, scale=scale, **mode)[0]
     return f
 
 
@@ -266,22 +317,25 @@ def _f32(*arrays):
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("b,s,h", [(3, 37, 2), (2, 128, 1)])
-def test_forward_mode(platform, dtype, b, s, h):
+@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
+                                                                                    "causal-left"])
+def test_forward_mode(platform, dtype, b, s, h, causal, padding):
     """jax.jvp: the kernels' forward and the tangent of the jnp expression; padding rows'
     tangents are zero. jacfwd equals jacrev."""
     rng, seed = fresh_rng()
     q, k, v, dq = inputs(rng, b, s, h, dtype)
     dk, dv = (randn(rng, q.shape, dtype) for _ in range(2))
     lengths = lengths_for(rng, b, s, "random")
-    f = lambda q, k, v, ln: pit_jax.varlen_attention(q, k, v, ln)  # noqa: E731
+    f = lambda q, k, v, ln: pit_jax.varlen_attention(q, k, v, ln, causal=causal, padding=padding)  # noqa: E731
     args = put(platform, q, k, v, lengths, dq, dk, dv)
     jaxpr = str(jax.make_jaxpr(lambda *a: jax.jvp(lambda q, k, v: f(q, k, v, a[3]), a[:3], a[4:]))(*args))
     assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_tangent[" in jaxpr
     out, tan = jax.jit(lambda *a: jax.jvp(lambda q, k, v: f(q, k, v, a[3]), a[:3], a[4:]))(*args)
-    want_out, want_tan = jax.jvp(_f32_reference(jnp.asarray(lengths)), _f32(q, k, v), _f32(dq, dk, dv))
+    r = _f32_reference(jnp.asarray(lengths), causal=causal, left_padded=padding == "left")
+    want_out, want_tan = jax.jvp(r, _f32(q, k, v), _f32(dq, dk, dv))
     check_close(out, f64(want_out), dtype, f"seed={seed} out")
     check_close(tan, f64(want_tan), dtype, f"seed={seed} tangent")
-    valid = np.arange(s)[None, :] < lengths[:, None]
+    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
     assert not f64(tan)[~valid].any(), f"seed={seed}: the padding rows' tangents must be zeros"
 
     qs, ks, vs = (a[:1, :9, :1] for a in args[:3])
@@ -320,8 +374,9 @@ def test_second_order(platform):
     jv = lambda q, t: jax.jvp(lambda q: pit_jax.varlen_attention(q, args[1], args[2], args[3]), (q,), (t,))[1]  # noqa: E731
     mapped = jax.jit(jax.vmap(jv))(qb, tb)
     for i in range(2):
-        np.testing.assert_array_equal(np.asarray(mapped[i], np.float32), np.asarray(jax.jit(jv)(qb[i], tb[i]), np.float32),
-                                      err_msg=f"seed={seed} slice {i}")
+        # The tangent is XLA's einsums: on a GPU the batched and the single call may take
+        # different GEMM algorithms (one bf16 ulp apart, H200), so not bitwise.
+        check_close(mapped[i], f64(jax.jit(jv)(qb[i], tb[i])), jnp.bfloat16, f"seed={seed} slice {i}")
 
 
 def test_bad_input_is_a_clear_error():
@@ -339,6 +394,10 @@ def test_bad_input_is_a_clear_error():
         pit_jax.varlen_attention(q, q, q, jnp.array([3.0, 8.0]))
     with pytest.raises(TypeError, match="q must be a float array"):
         pit_jax.varlen_attention(*(jnp.ones((2, 8, 1, 64), jnp.int32),) * 3, ln)
+    with pytest.raises(ValueError, match="padding must be one of \\('right', 'left'\\), got 'middle'"):
+        pit_jax.varlen_attention(q, q, q, ln, padding="middle")
+    with pytest.raises(TypeError, match="causal must be a Python bool, got Array"):
+        pit_jax.varlen_attention(q, q, q, ln, causal=jnp.array(True))
     with pytest.raises(ValueError, match="the kernels take bfloat16 or float16"):
         varlen_attention_p.bind(q.astype(jnp.float32), q.astype(jnp.float32), q.astype(jnp.float32), ln, scale=1.0)
 
@@ -350,14 +409,15 @@ _L = jnp.zeros((2,), jnp.int32)
 def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8)):
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(out_shape, q.dtype),
                                                      jax.ShapeDtypeStruct(lse_shape, jnp.float32)))(
-        q, k, v, lengths, scale=np.float32(0.125))
+        q, k, v, lengths, scale=np.float32(0.125), causal=False, left_padded=False)
 
 
 def _raw_bwd(lse):
     q = _B(2, 8, 1, 64)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(q, q, q, q, lse, q, _L,
-                                                                          scale=np.float32(0.125))
+                                                                          scale=np.float32(0.125), causal=False,
+                                                                          left_padded=False)
 
 
 RAW_BAD = {

@@ -8,13 +8,17 @@
 
 namespace pit {
 
-// Right-padded sequences: q, k, v, o and their cotangents are [batch, seq, heads, head_dim]
-// in `dtype`; sequence b's first lengths[b] tokens (clamped to [0, seq]) are valid, the
-// rest are padding that no valid token attends to and whose rows of every result are 0.
+// Padded sequences: q, k, v, o and their cotangents are [batch, seq, heads, head_dim] in
+// `dtype`; sequence b's first lengths[b] tokens (clamped to [0, seq]) are valid, or its
+// last lengths[b] with `left_padded`; the rest are padding that no valid token attends to
+// and whose rows of every result are 0. With `causal` a valid query attends to the valid
+// keys at or before its own position.
 struct VarlenAttentionParams {
   DType dtype = DType::kBF16;
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   float scale = 1.f;                // on q k^T, before the softmax
+  bool causal = false;
+  bool left_padded = false;
   const int32_t* lengths = nullptr;  // [batch]
   const void* q = nullptr;
   const void* k = nullptr;

@@ -289,7 +289,9 @@ auto VarlenAttention(B b) {
       .template Arg<S32>()  // lengths [batch]
       .template Ret<AnyBuffer>()  // out (q's shape)
       .template Ret<AnyBuffer>()  // lse float32 [batch, heads, seq]
-      .template Attr<float>("scale");
+      .template Attr<float>("scale")
+      .template Attr<bool>("causal")
+      .template Attr<bool>("left_padded");
 }
 
 template <class B>
@@ -304,7 +306,9 @@ auto VarlenAttentionBwd(B b) {
       .template Ret<AnyBuffer>()  // dq
       .template Ret<AnyBuffer>()  // dk
       .template Ret<AnyBuffer>()  // dv
-      .template Attr<float>("scale");
+      .template Attr<float>("scale")
+      .template Attr<bool>("causal")
+      .template Attr<bool>("left_padded");
 }
 
 }  // namespace bind

@@ -16,7 +16,8 @@ namespace pit {
 // shape and dtype; lengths [batch] int32.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                                                      S32Buffer lengths, float scale) {
+                                                                      S32Buffer lengths, float scale, bool causal,
+                                                                      bool left_padded) {
   const auto d = q.dimensions();
   if (d.size() != 4) return InvalidArg(target + ": q must be [batch, seq, heads, head_dim], got " + DimsString(d));
   if (q.element_type() != ffi::DataType::BF16 && q.element_type() != ffi::DataType::F16)
@@ -44,6 +45,8 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   p.heads = d[2];
   p.head_dim = d[3];
   p.scale = scale;
+  p.causal = causal;
+  p.left_padded = left_padded;
   p.lengths = lengths.typed_data();
   p.q = q.untyped_data();
   p.k = k.untyped_data();
@@ -72,9 +75,10 @@ inline ffi::Error CheckLse(const std::string& target, const char* name, ffi::Any
 // pit_varlen_attention: q, k, v, lengths -> out, lse.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                                                 S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& out,
-                                                                ffi::Result<ffi::AnyBuffer>& lse, float scale) {
+                                                                ffi::Result<ffi::AnyBuffer>& lse, float scale,
+                                                                bool causal, bool left_padded) {
   const std::string target = "pit_varlen_attention";
-  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale);
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded);
   if (p.has_error()) return p;
   if (auto e = CheckLikeQ(target, "the result", out->dimensions(), out->element_type(), *p, q.dimensions());
       e.failure())
@@ -90,9 +94,9 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer 
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionBwd(
     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
     S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
-    ffi::Result<ffi::AnyBuffer>& dv, float scale) {
+    ffi::Result<ffi::AnyBuffer>& dv, float scale, bool causal, bool left_padded) {
   const std::string target = "pit_varlen_attention_bwd";
-  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale);
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded);
   if (p.has_error()) return p;
   const auto qd = q.dimensions();
   for (auto [name, dims, type] :

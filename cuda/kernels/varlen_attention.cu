@@ -1,12 +1,15 @@
-// Attention over right-padded short sequences (seq <= 128, head_dim 64), valid tokens
-// only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
+// Attention over padded short sequences (seq <= 128, head_dim 64; right or left padding,
+// bidirectional or causal), valid tokens only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
 // Hopper, where these problems are latency-bound, not tensor-bound).
 //
 // One CTA of 8 warps per (head, sequence) stages the sequence's valid rows in shared
 // memory (zeros up to the next multiple of 16), so the whole key range is in one tile:
 // the softmax needs no running rescale and the backward needs no atomics (its dQ is a
 // second product over dS staged in shared memory), and every sum has a fixed order.
-// Padding tokens cost nothing but the zeros written to their rows of the results.
+// Padding tokens cost nothing but the zeros written to their rows of the results. Left
+// padding moves the rows' base to the first valid token; causal attention skips the key
+// tiles past a warp's last query (forward, dQ) and the query tiles before a warp's first
+// key (dK, dV), so it does about half the work.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16/.f16): lane = 4 g + t;
 //   A (16 x 16, row): {a0,a1} row g, cols 2t..2t+1; {a2,a3} row g+8; {a4,a5} row g,
@@ -41,23 +44,34 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
-// The CTA's problem: sequence b, head h, its valid length and row pointers.
+// The CTA's problem: sequence b, head h, its valid tokens and row pointers. Rows are
+// counted from the first valid token (token `start`).
 struct Seq {
   int len;           // valid tokens, clamped to [0, seq]
   int rows;          // len rounded up to 16: the rows staged (zeros past len)
+  int start;         // the first valid token: 0, or seq - len with left padding
+  bool causal;
   int64_t stride;    // elements between consecutive tokens (heads * kD)
-  int64_t base;      // element offset of (b, token 0, h, 0)
-  int64_t lse_base;  // offset of lse[b, h, 0]
+  int64_t base;      // element offset of (b, token start, h, 0)
+  int64_t lse_base;  // offset of lse[b, h, start]
 
   __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
     const int n = p.lengths[b];
     len = n < 0 ? 0 : (n > p.seq ? static_cast<int>(p.seq) : n);
     rows = (len + 15) & ~15;
+    start = p.left_padded ? static_cast<int>(p.seq) - len : 0;
+    causal = p.causal;
     stride = p.heads * kD;
-    base = static_cast<int64_t>(b) * p.seq * stride + static_cast<int64_t>(h) * kD;
-    lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq;
+    base = (static_cast<int64_t>(b) * p.seq + start) * stride + static_cast<int64_t>(h) * kD;
+    lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
   }
   __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
+  // Padding token i of seq - len, as a row (negative before the valid ones).
+  __device__ int PadRow(int i) const { return i < start ? i - start : i - start + len; }
+  // The end of the keys (rows) that queries [r0, r0 + 16) attend to, and of the tiles
+  // staged for them (a multiple of 16).
+  __device__ int KeyEnd(int r0) const { return causal ? min(len, r0 + 16) : len; }
+  __device__ int KeyRows(int r0) const { return causal ? min(rows, r0 + 16) : rows; }
 };
 
 constexpr int kMaxRows = static_cast<int>(kVarlenAttentionMaxSeq);
@@ -92,11 +106,11 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
   }
 }
 
-// Zeros on rows [s.len, seq) of `dst`.
+// Zeros on the padding rows of `dst`.
 __device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq& s, int seq) {
   uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
   for (int i = threadIdx.x; i < (seq - s.len) * (kD / 8); i += kThreads) {
-    const int r = s.len + i / (kD / 8), c = (i % (kD / 8)) * 8;
+    const int r = s.PadRow(i / (kD / 8)), c = (i % (kD / 8)) * 8;
     *reinterpret_cast<uint4*>(dst + s.At(r, c)) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -181,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   const Seq s(p, blockIdx.y, blockIdx.x);
   Stage<3>({p.q, p.k, p.v}, {qs, ks, vs}, s);
   ZeroPadding(p.out, s, seq);
-  for (int r = s.len + threadIdx.x; r < seq; r += kThreads) p.lse[s.lse_base + r] = 0.f;
+  for (int i = threadIdx.x; i < seq - s.len; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
@@ -191,20 +205,22 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) LoadA(qa[kk], qs, kRowPitch, r0, 16 * kk, lane);
   // Scores in log2 units, 16 tiles of 8 keys; only the staged keys' tiles are computed
-  // (past s.rows the probabilities are 0 without an exp).
+  // (past key_rows the probabilities are 0 without an exp).
+  const int key_rows = s.KeyRows(r0), key_end = s.KeyEnd(r0), g = lane / 4;
   float sc[16][4] = {};
   const float sl = p.scale * kLog2e;
   float m0 = -INFINITY, m1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 16; j += 2) {
-    if (8 * j >= s.rows) break;
+    if (8 * j >= key_rows) break;
     MmaDimB<T>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = 8 * (j + h) + 2 * t + (e & 1);
-        sc[j + h][e] = key < s.len ? sc[j + h][e] * sl : -INFINITY;
+        const int key = 8 * (j + h) + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
+        const bool live = key < s.len && (!s.causal || key <= query);
+        sc[j + h][e] = live ? sc[j + h][e] * sl : -INFINITY;
       }
       m0 = fmaxf(m0, fmaxf(sc[j + h][0], sc[j + h][1]));
       m1 = fmaxf(m1, fmaxf(sc[j + h][2], sc[j + h][3]));
@@ -218,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   float l0 = 0.f, l1 = 0.f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    if (8 * j >= s.rows) break;
+    if (8 * j >= key_rows) break;
     sc[j][0] = exp2f(sc[j][0] - m0);
     sc[j][1] = exp2f(sc[j][1] - m0);
     sc[j][2] = exp2f(sc[j][2] - m1);
@@ -234,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   float o[8][4] = {};
 #pragma unroll
   for (int kb = 0; kb < 8; ++kb) {
-    if (16 * kb >= s.len) break;
+    if (16 * kb >= key_end) break;
     uint32_t pa[4];
     PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
     MmaTokensB<T>(o, pa, vs, 16 * kb, lane);
@@ -248,7 +264,6 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
     o[jd][2] *= i1;
     o[jd][3] *= i1;
   }
-  const int g = lane / 4;
   StoreRows<T>(o, 1.f, p.out, s, r0, g, t);
   if (t == 0) {
     if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
@@ -259,7 +274,9 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // Backward. Phase 1: warp w owns keys [16 w, 16 w + 16) and walks the query blocks:
 // P^T and dP^T (from k q^T and v dO^T), dS^T = P^T (dP^T - delta), dV += P^T dO, dK +=
 // dS^T Q, and dS into shared memory. Phase 2: warp w owns queries [16 w, 16 w + 16): dQ =
-// dS K. delta = rowsum(dO o) per query, from the forward's rounded o.
+// dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal: phase 1
+// starts at the warp's own query block (earlier queries see none of its keys), phase 2
+// stops after it; every dS entry phase 2 reads was written in phase 1.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
@@ -311,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
     float dv[8][4] = {}, dk[8][4] = {};
     const int key_a = k0 + g, key_b = key_a + 8;
 #pragma unroll 1
-    for (int qb = 0; 16 * qb < s.len; ++qb) {
+    for (int qb = s.causal ? warp : 0; 16 * qb < s.len; ++qb) {
       float st[2][4] = {}, dpt[2][4] = {};
       MmaDimB<T>(st[0], st[1], ka, qs, 16 * qb, lane);
       MmaDimB<T>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
@@ -320,7 +337,8 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
-          const float pr = (q < s.len && key < s.len) ? exp2f(st[h][e] * sl - lse2[q]) : 0.f;
+          const bool live = q < s.len && key < s.len && (!s.causal || key <= q);
+          const float pr = live ? exp2f(st[h][e] * sl - lse2[q]) : 0.f;
           st[h][e] = pr;                           // P^T
           dpt[h][e] = pr * (dpt[h][e] - delta[q]);  // dS^T
         }
@@ -348,8 +366,9 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
   const int q0 = 16 * warp;
   if (q0 < s.len) {
     float dq[8][4] = {};
+    const int key_end = s.KeyEnd(q0);
 #pragma unroll 1
-    for (int kb = 0; 16 * kb < s.len; ++kb) {
+    for (int kb = 0; 16 * kb < key_end; ++kb) {
       uint32_t a[4];
       LoadA(a, dss, pitch_ds, q0, 16 * kb, lane);
       MmaTokensB<T>(dq, a, ks, 16 * kb, lane);

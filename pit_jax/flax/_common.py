@@ -114,9 +114,10 @@ def plan_from_sample(sample, in_features, out_features, *, dtype, param_dtype, p
 
 
 def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_bias, *, dtype, precision,
-                          index=None, dead_rows="zeros"):
-    """Multi-head self-attention of x [B, S, D] over each sequence's first lengths[b]
-    tokens, from Flax's attention parameters: qkv_kernels three [D, H, hd] (query, key,
+                          index=None, dead_rows="zeros", causal=False, padding="right"):
+    """Multi-head self-attention of x [B, S, D] over each sequence's valid tokens (its
+    first lengths[b], or its last with padding "left"; causal: each query over the keys
+    at or before it), from Flax's attention parameters: qkv_kernels three [D, H, hd] (query, key,
     value), qkv_biases three [H, hd] or None, out_kernel [H, hd, O], out_bias [O] or None.
     The three projections are one M-axis product (out_parts=3) over the valid rows, the
     attention `pit_jax.varlen_attention` (scale 1/sqrt(hd), as Flax's), the output
@@ -133,6 +134,8 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
                          f"{lengths.dtype} {tuple(lengths.shape)}")
     if dead_rows not in ("zeros", "unspecified"):
         raise ValueError(f"VarlenSelfAttention: dead_rows must be 'zeros' or 'unspecified', got {dead_rows!r}")
+    if padding not in ("right", "left"):
+        raise ValueError(f"VarlenSelfAttention: padding must be 'right' or 'left', got {padding!r}")
     b, s, d = x.shape
     heads, hd = qkv_kernels[0].shape[1:]
     feats = heads * hd
@@ -142,12 +145,13 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     w_qkv = jnp.concatenate([w.reshape(d, feats) for w in (w_q, w_k, w_v)], axis=1)
     b_qkv, out_bias = keep_float32_bias(b_qkv, b_qkv_p), keep_float32_bias(out_bias, out_bias_p)
     if index is None:
-        index = pit_jax.index(reference.valid_tokens(lengths, s).reshape(b * s, 1), "row")
+        index = pit_jax.index(reference.valid_tokens(lengths, s, padding == "left").reshape(b * s, 1), "row")
     # q, k and v keep zeros on padding rows: the attention's XLA path (shapes its kernels
     # do not take) reads every row.
     q, k, v = pit_jax.sparse_dense(x.reshape(b * s, d), w_qkv, index, axis="m", bias=b_qkv, out_parts=3,
                                    dead_rows="zeros", precision=precision)
-    att = pit_jax.varlen_attention(*(t.reshape(b, s, heads, hd) for t in (q, k, v)), lengths)
+    att = pit_jax.varlen_attention(*(t.reshape(b, s, heads, hd) for t in (q, k, v)), lengths, causal=causal,
+                                   padding=padding)
     y = pit_jax.sparse_dense(att.reshape(b * s, feats), w_out.reshape(feats, -1), index, axis="m",
                              bias=out_bias, dead_rows=dead_rows, precision=precision)
     return y.reshape(b, s, -1)

@@ -131,16 +131,17 @@ class _KernelBias(nn.Module):
 
 
 class VarlenSelfAttention(nn.Module):
-    """Multi-head self-attention of a right-padded batch on its valid tokens: the
+    """Multi-head self-attention of a padded batch on its valid tokens: the
     parameters of `flax.linen.MultiHeadDotProductAttention` ("query", "key", "value":
     kernel [D, heads, head_dim], bias [heads, head_dim]; "out": kernel [heads, head_dim,
     out_features], bias [out_features]; same initializers), and on the valid rows its
     result for `inputs_q = inputs_kv = x` with the mask `nn.make_attention_mask(valid,
-    valid)`. The projections run as M-axis products over the valid tokens only (q, k, v in
-    one), the attention as `pit_jax.varlen_attention`.
+    valid)` (`causal=True`: combined with `nn.make_causal_mask`). The projections run as
+    M-axis products over the valid tokens only (q, k, v in one), the attention as
+    `pit_jax.varlen_attention`.
 
     `__call__(x [B, S, D], lengths [B], index=None)`: sequence b's valid tokens are its
-    first lengths[b]; `index` is the row index of the valid tokens of x as [B * S, D]
+    first lengths[b] (`padding="right"`) or its last (`padding="left"`); `index` is the row index of the valid tokens of x as [B * S, D]
     (e.g. one `pit_jax.index(mask.reshape(-1, 1), "row")` shared by a model's layers),
     built from lengths when None. The padding rows of the result are zeros
     (`dead_rows="zeros"`) or left unwritten (`"unspecified"`), where Flax's would hold an
@@ -157,6 +158,8 @@ class VarlenSelfAttention(nn.Module):
     bias_init: Any = nn.initializers.zeros_init()
     use_bias: bool = True
     dead_rows: str = "zeros"
+    causal: bool = False
+    padding: str = "right"
 
     @nn.compact
     def __call__(self, x, lengths, index=None):
@@ -171,4 +174,4 @@ class VarlenSelfAttention(nn.Module):
         out_kernel, out_bias = proj("out", (heads, hd, out), (out,))
         return varlen_self_attention(x, lengths, [k for k, _ in qkv], [b for _, b in qkv] if self.use_bias else None,
                                      out_kernel, out_bias, dtype=self.dtype, precision=self.precision, index=index,
-                                     dead_rows=self.dead_rows)
+                                     dead_rows=self.dead_rows, causal=self.causal, padding=self.padding)

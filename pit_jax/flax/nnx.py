@@ -122,10 +122,12 @@ class LayerNorm(nnx.Module):
 
 
 class VarlenSelfAttention(nnx.Module):
-    """Multi-head self-attention of a right-padded batch on its valid tokens: the state of
+    """Multi-head self-attention of a padded batch on its valid tokens: the state of
     `flax.nnx.MultiHeadAttention` (`query`, `key`, `value`, `out`, each an
     `nnx.LinearGeneral` with its kernel and bias; same initializers), and on the valid rows
-    its result for self-attention with the mask `nnx.make_attention_mask(valid, valid)`.
+    its result for self-attention with the mask `nnx.make_attention_mask(valid, valid)`
+    (`causal=True`: combined with `nnx.make_causal_mask`; `padding="left"`: the valid
+    tokens are each sequence's last lengths[b]).
     The projections run as M-axis products over the valid tokens only (q, k, v in one),
     the attention as `pit_jax.varlen_attention`; as `pit_jax.flax.VarlenSelfAttention`
     (linen), whose docstring has the details.
@@ -147,6 +149,8 @@ class VarlenSelfAttention(nnx.Module):
         bias_init: Any = initializers.zeros_init(),
         use_bias: bool = True,
         dead_rows: str = "zeros",
+        causal: bool = False,
+        padding: str = "right",
         rngs: nnx.Rngs,
     ):
         feats = qkv_features or in_features
@@ -155,6 +159,7 @@ class VarlenSelfAttention(nnx.Module):
         self.num_heads, self.in_features, self.qkv_features = num_heads, in_features, feats
         self.out_features = out_features or in_features
         self.dtype, self.precision, self.use_bias, self.dead_rows = dtype, precision, use_bias, dead_rows
+        self.causal, self.padding = causal, padding
         heads, hd = num_heads, feats // num_heads
         # Parameter holders only (never called), so the state is nnx.MultiHeadAttention's.
         proj = lambda i, o, axis=-1: nnx.LinearGeneral(i, o, axis=axis, use_bias=use_bias, param_dtype=param_dtype,  # noqa: E731
@@ -167,7 +172,7 @@ class VarlenSelfAttention(nnx.Module):
         return varlen_self_attention(
             x, lengths, [m.kernel[...] for m in qkv], [m.bias[...] for m in qkv] if self.use_bias else None,
             self.out.kernel[...], self.out.bias[...] if self.use_bias else None, dtype=self.dtype,
-            precision=self.precision, index=index, dead_rows=self.dead_rows)
+            precision=self.precision, index=index, dead_rows=self.dead_rows, causal=self.causal, padding=self.padding)
 
 
 SparseLinear = SparseDense

@@ -1,14 +1,18 @@
-"""`pit_jax.varlen_attention`: multi-head attention over right-padded sequences, on their
-valid tokens only.
+"""`pit_jax.varlen_attention`: multi-head attention over padded sequences, on their valid
+tokens only.
 
     out = pit_jax.varlen_attention(q, k, v, lengths)   # q, k, v [B, S, H, D], lengths [B]
+    out = pit_jax.varlen_attention(q, k, v, lengths, causal=True, padding="left")  # decoders
 
-Sequence b attends over its first lengths[b] tokens (bidirectional; lengths clamped to
-[0, S]); the padding rows of `out` are zeros and get zero gradients. Where the kernels
-apply (bfloat16 / float16, head_dim 64, S <= 128: batches of short sequences, BERT's
-fine-tuning shapes) one CTA per (head, sequence) holds the whole sequence in shared
-memory: padding costs nothing, the softmax needs no running rescale and the backward no
-atomics. Elsewhere (other dtypes, head dims or longer sequences) the same function runs
+Sequence b's valid tokens are its first lengths[b] (`padding="right"`, the default) or its
+last lengths[b] (`padding="left"`, as batched decoder prompts are laid out), the lengths
+clamped to [0, S]. Each valid query attends over the valid keys (bidirectional), or over
+those at or before its own position (`causal=True`). The padding rows of `out` are zeros
+and get zero gradients. Where the kernels apply (bfloat16 / float16, head_dim 64, S <=
+128: batches of short sequences, BERT's fine-tuning shapes, OPT-1.3B's heads) one CTA per
+(head, sequence) holds the whole sequence in shared memory: padding costs nothing (causal
+attention skips the masked half too), the softmax needs no running rescale and the
+backward no atomics. Elsewhere (other dtypes, head dims or longer sequences) the same function runs
 as a masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
 
 Differentiable in both modes (the primitive's JVP is a linear primitive whose transpose is
@@ -23,23 +27,29 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pit_jax import config
 from pit_jax import reference as _ref
 from pit_jax.primitives import varlen_attention as _prim
 
 
-def reference(q, k, v, lengths, *, scale):
+PADDINGS = ("right", "left")
+
+
+def reference(q, k, v, lengths, *, scale, causal=False, left_padded=False):
     """The same value in jnp, float32 math over every row, masked (`pit_jax.reference`)."""
-    return _ref.varlen_attention(q, k, v, lengths, scale=scale)[0]
+    return _ref.varlen_attention(q, k, v, lengths, scale=scale, causal=causal, left_padded=left_padded)[0]
 
 
 def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *,
-                     scale: Optional[float] = None) -> jax.Array:
+                     scale: Optional[float] = None, causal: bool = False, padding: str = "right") -> jax.Array:
     """softmax(scale q k^T) v per sequence and head over its valid tokens; zeros on padding rows.
 
     q, k, v: [batch, seq, heads, head_dim], one float dtype; lengths: [batch] integers,
-    sequence b's valid tokens are its first lengths[b]; scale: default 1 / sqrt(head_dim).
+    sequence b's valid tokens are its first lengths[b] (padding "right") or its last
+    lengths[b] (padding "left"); causal: each query attends to the keys at or before its
+    position only; scale: default 1 / sqrt(head_dim).
     Returns [batch, seq, heads, head_dim] in q's dtype.
     """
     q, k, v, lengths = (jnp.asarray(a) for a in (q, k, v, lengths))
@@ -49,8 +59,13 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
     if tuple(lengths.shape) != (q.shape[0],) or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise ValueError(f"varlen_attention: lengths must be integers [batch] = [{q.shape[0]}], got "
                          f"{lengths.dtype} {tuple(lengths.shape)}")
+    if padding not in PADDINGS:
+        raise ValueError(f"varlen_attention: padding must be one of {PADDINGS}, got {padding!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"varlen_attention: causal must be a Python bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     lengths = lengths.astype(jnp.int32)
+    params = dict(scale=scale, causal=bool(causal), left_padded=padding == "left")
     if config.reference_enabled("varlen_attention") or not _prim.kernel_applies(q.shape, q.dtype):
-        return reference(q, k, v, lengths, scale=scale)
-    return _prim.varlen_attention_p.bind(q, k, v, lengths, scale=scale)[0]
+        return reference(q, k, v, lengths, **params)
+    return _prim.varlen_attention_p.bind(q, k, v, lengths, **params)[0]

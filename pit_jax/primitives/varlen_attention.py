@@ -1,10 +1,12 @@
-"""`varlen_attention`: softmax attention over right-padded sequences, on the valid tokens.
+"""`varlen_attention`: softmax attention over padded sequences, on the valid tokens.
 
-    out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for i, j < lengths[b]
-    out[b, i] = 0                                             for i >= lengths[b]
+    out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i)
+    out[b, i] = 0                                             for padding i
 
 q, k, v, out [B, S, H, D] (16-bit, D = 64, S <= 128: one CTA holds a sequence's keys),
-lengths [B] int32 (clamped to [0, S]). Two primitives, each one FFI target:
+lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
+its last with `left_padded`. Params: scale, causal, left_padded. Two primitives, each one
+FFI target:
 `varlen_attention_p` (q, k, v, lengths) -> (out, lse) with lse [B, H, S] float32, each
 valid query's log-sum-exp (0 on padding rows), and `varlen_attention_bwd_p` (q, k, v,
 out, lse, dout, lengths) -> (dq, dk, dv), zeros on padding rows. vmap folds mapped axes
@@ -71,20 +73,24 @@ def check(q, k, v, lengths, where="varlen_attention", **like_q):
                          f"{tuple(lengths.shape)}")
 
 
-def _abstract_eval(q, k, v, lengths, *, scale):
+def _abstract_eval(q, k, v, lengths, **params):
     check(q, k, v, lengths)
     b, s, h, _ = q.shape
     return ShapedArray(q.shape, q.dtype), ShapedArray((b, h, s), jnp.float32)
 
 
-def _native(q, k, v, lengths, *, scale):
+def _attrs(scale, causal=False, left_padded=False):
+    return dict(scale=np.float32(scale), causal=bool(causal), left_padded=bool(left_padded))
+
+
+def _native(q, k, v, lengths, **params):
     b, s, h, _ = q.shape
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(q.shape, q.dtype),
                                                      jax.ShapeDtypeStruct((b, h, s), jnp.float32)))(
-        q, k, v, lengths, scale=np.float32(scale))
+        q, k, v, lengths, **_attrs(**params))
 
 
-def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, *, scale):
+def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, **params):
     check(q, k, v, lengths, "varlen_attention_bwd", o=o, dout=dout)
     b, s, h, _ = q.shape
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
@@ -93,10 +99,10 @@ def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, *, scale):
     return (ShapedArray(q.shape, q.dtype),) * 3
 
 
-def _bwd_native(q, k, v, o, lse, dout, lengths, *, scale):
+def _bwd_native(q, k, v, o, lse, dout, lengths, **params):
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(
-        q, k, v, o, lse, dout, lengths, scale=np.float32(scale))
+        q, k, v, o, lse, dout, lengths, **_attrs(**params))
 
 
 def _folded(prim, args, dims, **params):
@@ -116,16 +122,16 @@ def _bwd_batch(args, dims, **params):
     return _folded(varlen_attention_bwd_p, args, dims, **params)
 
 
-def _jvp(primals, tangents, *, scale):
+def _jvp(primals, tangents, **params):
     q, k, v, lengths = primals
-    out, lse = varlen_attention_p.bind(*primals, scale=scale)
+    out, lse = varlen_attention_p.bind(*primals, **params)
     if all(type(t) is ad.Zero for t in tangents[:3]):
         return [out, lse], [zero_tangent(out), zero_tangent(lse)]
     dq, dk, dv = (ad.instantiate_zeros(t) for t in tangents[:3])
-    return [out, lse], varlen_attention_tangent_p.bind(q, k, v, out, lse, lengths, dq, dk, dv, scale=scale)
+    return [out, lse], varlen_attention_tangent_p.bind(q, k, v, out, lse, lengths, dq, dk, dv, **params)
 
 
-def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
+def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, **params):
     check(q, k, v, lengths, "varlen_attention_tangent", o=o, dq=dq, dk=dk, dv=dv)
     b, s, h, _ = q.shape
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
@@ -134,49 +140,49 @@ def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
     return [ShapedArray(q.shape, q.dtype), ShapedArray((b, h, s), jnp.float32)]
 
 
-def _tangent_map(q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
+def _tangent_map(q, k, v, o, lse, lengths, dq, dk, dv, **params):
     """Forward mode: the reference's tangent (o and lse are its primal results)."""
-    f = lambda q, k, v: _ref.varlen_attention(q, k, v, lengths, scale=scale)  # noqa: E731
+    f = lambda q, k, v: _ref.varlen_attention(q, k, v, lengths, **params)  # noqa: E731
     return list(jax.jvp(f, (q, k, v), (dq, dk, dv))[1])
 
 
-def _tangent_transpose(cts, q, k, v, o, lse, lengths, dq, dk, dv, *, scale):
+def _tangent_transpose(cts, q, k, v, o, lse, lengths, dq, dk, dv, **params):
     if any(ad.is_undefined_primal(a) for a in (q, k, v, o, lse, lengths)):
         raise NotImplementedError("varlen_attention_tangent is linear in its tangents only")
     ct_out, ct_lse = cts
     grads = [None] * 3
     if type(ct_out) is not ad.Zero:
-        grads = list(varlen_attention_bwd_p.bind(q, k, v, o, lse, ct_out.astype(q.dtype), lengths, scale=scale))
+        grads = list(varlen_attention_bwd_p.bind(q, k, v, o, lse, ct_out.astype(q.dtype), lengths, **params))
     if type(ct_lse) is not ad.Zero:  # only when a caller reads lse (the op itself does not)
-        lse_of = lambda q, k: _ref.varlen_attention(q, k, v, lengths, scale=scale)[1]  # noqa: E731
+        lse_of = lambda q, k: _ref.varlen_attention(q, k, v, lengths, **params)[1]  # noqa: E731
         extra = jax.vjp(lse_of, q, k)[1](ct_lse.astype(jnp.float32))
         grads[:2] = [e if g is None else g + e for g, e in zip(grads[:2], extra)]
     tangents = (dq, dk, dv)
     return [None] * 6 + [g if ad.is_undefined_primal(t) else None for g, t in zip(grads, tangents)]
 
 
-def _tangent_jvp(primals, tangents, *, scale):
+def _tangent_jvp(primals, tangents, **params):
     """Second order: the jvp of the tangent map's jnp expression."""
-    outs = varlen_attention_tangent_p.bind(*primals, scale=scale)
+    outs = varlen_attention_tangent_p.bind(*primals, **params)
     tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
-    return outs, jax.jvp(lambda *a: _tangent_map(*a, scale=scale), tuple(primals), tangents)[1]
+    return outs, jax.jvp(lambda *a: _tangent_map(*a, **params), tuple(primals), tangents)[1]
 
 
 def _tangent_batch(args, dims, **params):
     return _folded(varlen_attention_tangent_p, args, dims, **params)
 
 
-def bwd_reference(q, k, v, o, lse, dout, lengths, *, scale):
+def bwd_reference(q, k, v, o, lse, dout, lengths, **params):
     """The backward in jnp: the reference's VJP (o and lse recomputed from q, k, v)."""
-    f = lambda q, k, v: _ref.varlen_attention(q, k, v, lengths, scale=scale)[0]  # noqa: E731
+    f = lambda q, k, v: _ref.varlen_attention(q, k, v, lengths, **params)[0]  # noqa: E731
     return list(jax.vjp(f, q, k, v)[1](dout))
 
 
-def _bwd_jvp(primals, tangents, *, scale):
+def _bwd_jvp(primals, tangents, **params):
     """Second order (e.g. forward over reverse): the jvp of the backward's jnp expression."""
-    outs = varlen_attention_bwd_p.bind(*primals, scale=scale)
+    outs = varlen_attention_bwd_p.bind(*primals, **params)
     tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
-    return outs, jax.jvp(lambda *a: bwd_reference(*a, scale=scale), tuple(primals), tangents)[1]
+    return outs, jax.jvp(lambda *a: bwd_reference(*a, **params), tuple(primals), tangents)[1]
 
 
 varlen_attention_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_p, *args, **params))

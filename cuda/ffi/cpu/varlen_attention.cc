@@ -14,19 +14,27 @@ namespace {
 
 struct Heads {
   const VarlenAttentionParams& p;
-  int64_t Offset(int64_t b, int64_t s, int64_t h) const { return ((b * p.seq + s) * p.heads + h) * p.head_dim; }
   int Length(int64_t b) const {
     const int64_t n = p.lengths[b];
     return static_cast<int>(n < 0 ? 0 : (n > p.seq ? p.seq : n));
   }
-  // Rows [0, len) of one head as floats [len, head_dim].
+  // The sequence's first valid token: left padding puts its len valid tokens last.
+  int64_t Start(int len) const { return p.left_padded ? p.seq - len : 0; }
+  // Element offset of valid token s (counted from the first valid one) of head h.
+  int64_t Offset(int64_t b, int len, int64_t s, int64_t h) const {
+    return ((b * p.seq + Start(len) + s) * p.heads + h) * p.head_dim;
+  }
+  int64_t LseOffset(int64_t b, int len, int64_t h, int64_t s) const { return (b * p.heads + h) * p.seq + Start(len) + s; }
+  // Keys a valid query attends to: [0, KeyEnd).
+  int KeyEnd(int query, int len) const { return p.causal ? query + 1 : len; }
+  // The valid rows of one head as floats [len, head_dim].
   std::vector<float> Load(const void* src, int64_t b, int64_t h, int len) const {
     std::vector<float> out(static_cast<size_t>(len) * p.head_dim);
-    for (int s = 0; s < len; ++s) cpu::LoadRow(p.dtype, src, Offset(b, s, h), p.head_dim, &out[s * p.head_dim]);
+    for (int s = 0; s < len; ++s) cpu::LoadRow(p.dtype, src, Offset(b, len, s, h), p.head_dim, &out[s * p.head_dim]);
     return out;
   }
   void Store(const std::vector<float>& rows, void* dst, int64_t b, int64_t h, int len) const {
-    for (int s = 0; s < len; ++s) cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(b, s, h));
+    for (int s = 0; s < len; ++s) cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(b, len, s, h));
   }
 };
 
@@ -47,12 +55,13 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
       const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len), v = hd.Load(p.v, b, h, len);
       std::vector<float> o(static_cast<size_t>(len) * d, 0.f), s(len);
       for (int i = 0; i < len; ++i) {
+        const int keys = hd.KeyEnd(i, len);
         float m = -INFINITY;
-        for (int j = 0; j < len; ++j) m = std::fmax(m, s[j] = p.scale * Dot(&q[i * d], &k[j * d], d));
+        for (int j = 0; j < keys; ++j) m = std::fmax(m, s[j] = p.scale * Dot(&q[i * d], &k[j * d], d));
         float l = 0.f;
-        for (int j = 0; j < len; ++j) l += s[j] = std::exp(s[j] - m);
-        for (int j = 0; j < len; ++j) cpu::Axpy(s[j] / l, &v[j * d], &o[i * d], d);
-        p.lse[(b * p.heads + h) * p.seq + i] = m + std::log(l);
+        for (int j = 0; j < keys; ++j) l += s[j] = std::exp(s[j] - m);
+        for (int j = 0; j < keys; ++j) cpu::Axpy(s[j] / l, &v[j * d], &o[i * d], d);
+        p.lse[hd.LseOffset(b, len, h, i)] = m + std::log(l);
       }
       hd.Store(o, p.out, b, h, len);
     }
@@ -70,9 +79,9 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
       const auto o = hd.Load(p.o, b, h, len), dout = hd.Load(p.dout, b, h, len);
       std::vector<float> dq(static_cast<size_t>(len) * d, 0.f), dk(dq), dv(dq);
       for (int i = 0; i < len; ++i) {
-        const float lse = p.lse_in[(b * p.heads + h) * p.seq + i];
+        const float lse = p.lse_in[hd.LseOffset(b, len, h, i)];
         const float delta = Dot(&dout[i * d], &o[i * d], d);
-        for (int j = 0; j < len; ++j) {
+        for (int j = 0; j < hd.KeyEnd(i, len); ++j) {
           const float pr = std::exp(p.scale * Dot(&q[i * d], &k[j * d], d) - lse);
           const float ds = pr * (Dot(&dout[i * d], &v[j * d], d) - delta);
           cpu::Axpy(pr, &dout[i * d], &dv[j * d], d);
@@ -88,8 +97,9 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
 }
 
 ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, S32Buffer lengths,
-                              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float scale) {
-  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale);
+                              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float scale, bool causal,
+                               bool left_padded) {
+  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded);
   if (p.has_error()) return p.error();
   cpu::Poison(out->untyped_data(), out->size_bytes());
   cpu::Poison(lse->untyped_data(), lse->size_bytes());
@@ -100,8 +110,10 @@ ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
 ffi::Error VarlenAttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
                                  ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
                                  ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                                 ffi::Result<ffi::AnyBuffer> dv, float scale) {
-  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale);
+                                 ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal,
+                                  bool left_padded) {
+  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale, causal,
+                                    left_padded);
   if (p.has_error()) return p.error();
   for (auto* r : {&dq, &dk, &dv}) cpu::Poison((*r)->untyped_data(), (*r)->size_bytes());
   VarlenAttentionBwd(*p);

@@ -13,9 +13,10 @@ namespace {
 
 ffi::Error VarlenAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                S32Buffer lengths, ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Result<ffi::AnyBuffer> lse, float scale) {
+                               ffi::Result<ffi::AnyBuffer> lse, float scale, bool causal,
+                               bool left_padded) {
   ++HandlerCalls();
-  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale);
+  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded);
   if (p.has_error()) return p.error();
   cudaError_t status = gpu::Poison(out->untyped_data(), out->size_bytes(), stream);
   if (status == cudaSuccess) status = gpu::Poison(lse->untyped_data(), lse->size_bytes(), stream);
@@ -26,9 +27,11 @@ ffi::Error VarlenAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
 ffi::Error VarlenAttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                   ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
                                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                                  ffi::Result<ffi::AnyBuffer> dv, float scale) {
+                                  ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal,
+                                  bool left_padded) {
   ++HandlerCalls();
-  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale);
+  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale, causal,
+                                    left_padded);
   if (p.has_error()) return p.error();
   cudaError_t status = cudaSuccess;
   for (auto* r : {&dq, &dk, &dv})
