@@ -203,6 +203,26 @@ def test_opt_layer_matches_dense(padding):
         assert _rel(h, hd) < F32_TOL, mode
 
 
+def test_opt_layer_attends_causally_over_left_padding_with_the_kernels():
+    """bf16 heads of 64: the pit modes' attention is pit_jax.varlen_attention (causal,
+    left padding), the dense model's XLA's masked causal attention; same valid rows."""
+    cfg = opt.OPTConfig(d=128, heads=2, dtype=jnp.bfloat16)
+    b, s = 3, 40
+    lengths = jnp.array([5, 40, 17], jnp.int32)
+    x = jax.random.normal(jax.random.PRNGKey(0), (b, s, cfg.d)).astype(cfg.dtype)
+    params = jax.jit(opt.OPTDecoderLayer(cfg, "dense").init)(jax.random.PRNGKey(1), x, lengths)
+    params = opt.relu_like_opt(params, jax.random.PRNGKey(2), cfg, 0.2)
+    valid = np.asarray(common.left_padding_mask(lengths, s)).reshape(-1)
+    yd = jax.jit(opt.OPTDecoderLayer(cfg, "dense").apply)(params, x, lengths)[0]
+    for mode in ("pit", "pit_m"):
+        model = opt.OPTDecoderLayer(cfg, mode)
+        assert "pit_varlen_attention[" in str(jax.make_jaxpr(model.apply)(params, x, lengths))
+        y = jax.jit(model.apply)(params, x, lengths)[0]
+        assert _rel(y, yd, valid) < common.tolerance(cfg.dtype), mode
+    xla = opt.OPTDecoderLayer(cfg, "pit", varlen_attention=False)
+    assert "pit_varlen_attention" not in str(jax.make_jaxpr(xla.apply)(params, x, lengths))
+
+
 def test_opt_relu_like_bias_hits_target_density():
     cfg = opt.OPTConfig(d=96, heads=2, dtype=jnp.float32)
     x = jax.random.normal(jax.random.PRNGKey(3), (2, 128, cfg.d))

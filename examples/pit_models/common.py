@@ -23,27 +23,33 @@ ATTENTION_IMPLS = ("auto", "cudnn", "xla", "pit")
 # -- attention ---------------------------------------------------------------------------
 
 
-def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, implementation="xla"):
+def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="right", implementation="xla"):
     """Multi-head attention over a padded batch. q, k, v: [B, S, heads, head_dim].
 
     `lengths` [B] int32: right padding (the first lengths[b] tokens are valid); cuDNN
     then skips the padded work, and "pit" (`pit_jax.varlen_attention`) computes the valid
-    tokens only. `key_mask` [B, S] bool: any padding (left padding in
-    the OPT layer), applied as a mask. Rows of padded queries are garbage-free (no NaN)
-    but meaningless: callers read valid tokens only.
+    tokens only (with `padding="left"`: the last lengths[b]). `key_mask` [B, S] bool: any
+    padding (left padding in the OPT layer's other implementations), applied as a mask.
+    Rows of padded queries are garbage-free (no NaN) but meaningless: callers read valid
+    tokens only.
     """
     if implementation == "pit":
-        # pit_jax.varlen_attention: right padding by lengths only, on the valid tokens.
-        if lengths is None or key_mask is not None or causal:
-            raise ValueError("attention: implementation='pit' takes right padding by `lengths` only "
-                             "(no key_mask, not causal)")
-        return pit_jax.varlen_attention(q, k, v, lengths)
+        # pit_jax.varlen_attention: padding by lengths, on the valid tokens.
+        if lengths is None or key_mask is not None:
+            raise ValueError("attention: implementation='pit' takes padding by `lengths` (and `padding`), "
+                             "not key_mask")
+        return pit_jax.varlen_attention(q, k, v, lengths, causal=causal, padding=padding)
+    if padding != "right":
+        raise ValueError("attention: padding='left' is for implementation='pit'; pass key_mask to the others")
     mask = None
     if key_mask is not None:
         mask = key_mask[:, None, None, :]
     if implementation == "cudnn" and mask is not None:
-        # cuDNN takes padding as lengths only; other masks go in as an additive bias.
-        bias = jnp.where(mask, 0.0, -1e9).astype(q.dtype)
+        # cuDNN takes padding as lengths only; other masks go in as an additive bias, which
+        # it takes as [B, 1, S, S] only ("Bias must have same seq length as QKV" for [B, 1,
+        # 1, S]: until 2026-11-30 the OPT layer's "auto" fell back to XLA on that).
+        s = q.shape[1]
+        bias = jnp.broadcast_to(jnp.where(mask, 0.0, -1e9).astype(q.dtype), (q.shape[0], 1, s, s))
         return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=causal, implementation="cudnn")
     seq = None if lengths is None else lengths.astype(jnp.int32)
     dtype = q.dtype

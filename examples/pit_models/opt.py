@@ -5,7 +5,9 @@ Modes (the same parameters run all three):
   "dense": nn.Dense everywhere.
   "pit":   qkv, out_proj and fc1 skip padding rows (M axis, one row index per batch);
            fc2 reads the ReLU output through a K-axis index of 32x1 micro-tiles built
-           from it in the same jit: per block of 32 tokens, only the neurons that fired.
+           from it in the same jit: per block of 32 tokens, only the neurons that fired;
+           causal attention over the valid tokens (`pit_jax.varlen_attention`, left
+           padding) where its kernels take the heads (16-bit, head_dim 64: d = 2048).
   "pit_m": like "pit" but fc2 also on the M axis (isolates what the K axis adds).
 The ReLU output is zero on padding tokens (pit: fc1 writes zeros there, dead_rows="zeros";
 dense: multiplied by the padding mask), so blocks of padding tokens are dead micro-tiles
@@ -25,6 +27,7 @@ from flax import linen as nn
 
 import pit_jax
 from pit_jax.flax import SparseDense
+from pit_jax.primitives.varlen_attention import kernel_applies
 from pit_models import common
 from pit_models.bert import row_index
 
@@ -64,6 +67,9 @@ class OPTDecoderLayer(nn.Module):
     cfg: OPTConfig
     mode: str = "pit"
     attention: str = "xla"
+    # pit modes: attention by `pit_jax.varlen_attention` where its kernels take the shapes
+    # (16-bit, head_dim 64, seq <= 128), else `attention`.
+    varlen_attention: bool = True
 
     @nn.compact
     def __call__(self, x, lengths):
@@ -74,8 +80,12 @@ class OPTDecoderLayer(nn.Module):
         if d != cfg.d:
             raise ValueError(f"OPTDecoderLayer: x has d={d}, the config says d={cfg.d}")
         valid = common.left_padding_mask(lengths, s)
-        impl = common.resolve_attention(self.attention, b, s, cfg.heads, cfg.head_dim, cfg.dtype,
-                                        causal=True, key_mask=True)
+        if self.mode != "dense" and self.varlen_attention and kernel_applies((b, s, cfg.heads, cfg.head_dim),
+                                                                             cfg.dtype):
+            impl = "pit"
+        else:
+            impl = common.resolve_attention(self.attention, b, s, cfg.heads, cfg.head_dim, cfg.dtype,
+                                            causal=True, key_mask=True)
         rows = None if self.mode == "dense" else row_index(valid)
 
         def lin(features, name, h, *, k_index=None, relu=False, dead_rows="dense"):
@@ -92,8 +102,12 @@ class OPTDecoderLayer(nn.Module):
         x = x.reshape(b * s, d)
         h = nn.LayerNorm(dtype=cfg.dtype, name="ln_attn")(x)
         qkv = lin(3 * d, "qkv", h).reshape(b, s, 3, cfg.heads, cfg.head_dim)
-        att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], key_mask=valid, causal=True,
-                               implementation=impl)
+        if impl == "pit":
+            att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths, causal=True,
+                                   padding="left", implementation=impl)
+        else:
+            att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], key_mask=valid, causal=True,
+                                   implementation=impl)
         x = x + lin(d, "out_proj", att.reshape(b * s, d))
         h = nn.LayerNorm(dtype=cfg.dtype, name="ln_ffn")(x)
         if self.mode == "dense":
