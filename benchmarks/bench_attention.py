@@ -1,12 +1,16 @@
-"""Attention over right-padded short sequences: pit_jax.varlen_attention against what a JAX
-user has (issue 7's BERT shapes).
+"""Attention over padded short sequences: pit_jax.varlen_attention against what a JAX user
+has (issue 7's BERT and OPT shapes).
 
 Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like lengths
-(~27 % valid tokens), and the same batch at full length. Per case, forward alone and
+(~27 % valid tokens), and the same batch at full length; OPT-1.3B's decoder heads (32 x
+64) on the same lengths left-padded, causal ("decoder"). Per case, forward alone and
 forward + backward (a vjp with a fixed cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   cudnn       jax.nn.dot_product_attention(implementation="cudnn") with sequence lengths
+              (decoder: is_causal and the left padding as an additive bias, since cuDNN
+              takes padding as right-padded lengths only)
   xla         jax.nn.dot_product_attention(implementation="xla") with sequence lengths
+              (decoder: is_causal and the padding mask)
 Inputs rotated so nothing sits in L2; wall time of jitted calls (median of repeats) and
 the device time of their kernels from a profiler trace.
 
@@ -16,6 +20,7 @@ the device time of their kernels from a profiler trace.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -30,7 +35,17 @@ sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 from pit_models import common as mcommon  # noqa: E402
 
 
-def impls():
+def impls(decoder=False):
+    if decoder:  # causal over left padding, as examples/pit_models/opt.py attends
+        def dpa(implementation):
+            def f(q, k, v, ln):
+                valid = mcommon.left_padding_mask(ln, q.shape[1])
+                return mcommon.attention(q, k, v, key_mask=valid, causal=True, implementation=implementation)
+            return f
+
+        pit = functools.partial(pit_jax.varlen_attention, causal=True, padding="left")
+        return {"pit_jax": pit, "cudnn": dpa("cudnn"), "xla": dpa("xla")}
+
     def dpa(implementation):
         def f(q, k, v, ln):
             return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=ln, key_value_seq_lengths=ln,
@@ -55,22 +70,28 @@ def main(argv=None):
     args = ap.parse_args(argv)
     meta = common.device_info()
     b, s, h, d = (4, 32, 2, 64) if args.small else (32, 128, 12, 64)
+    h_dec = 4 if args.small else 32  # OPT-1.3B: 32 heads of 64
     rng = np.random.default_rng(0)
-    cases = {"glue": mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s}),
-             "full": np.full((b,), s, np.int32)}
-    n_sets = common.rotations(5 * b * s * h * d * 2)
+    glue = mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s})
+    # case -> (lengths, heads, decoder)
+    cases = {"glue": (glue, h, False), "full": (np.full((b,), s, np.int32), h, False), "decoder": (glue, h_dec, True)}
+    n_sets = common.rotations(5 * b * s * max(h, h_dec) * d * 2)
     key = jax.random.PRNGKey(0)
     rows = []
-    for case, lengths in cases.items():
+    for case, (lengths, h, decoder) in cases.items():
         ln = jnp.asarray(lengths, jnp.int32)
+        mask = np.asarray(mcommon.left_padding_mask(lengths, s) if decoder else np.arange(s)[None, :] < lengths[:, None])
         sets = []
         for i in range(n_sets):
             ks = jax.random.split(jax.random.fold_in(key, i), 4)
             q, k, v, dout = (common.random_normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks)
+            # no cotangent on padding rows: the baselines' padding queries attend (to
+            # anything), and their gradients would reach the valid keys
+            dout = jnp.where(jnp.asarray(mask)[:, :, None, None], dout, 0).astype(dout.dtype)
             sets.append((q, k, v, ln, dout))
         valid = float(lengths.sum()) / (b * s)
         ref = None
-        for name, f in impls().items():
+        for name, f in impls(decoder).items():
             for pass_, fn in (("forward", lambda q, k, v, ln, do, f=f: f(q, k, v, ln)),
                               ("forward+backward", lambda *a, f=f: with_backward(f)(*a))):
                 row = {"case": case, "valid": valid, "pass": pass_, "impl": name, "shape": [b, s, h, d],
@@ -81,7 +102,6 @@ def main(argv=None):
                     rows.append({**row, "median_ms": None, "error": f"{type(e).__name__}: {str(e)[:200]}"})
                     continue
                 out = jax.tree_util.tree_leaves(t.pop("output"))
-                mask = np.arange(s)[None, :] < lengths[:, None]
                 vals = [np.asarray(o, np.float32)[mask] for o in out]
                 if pass_ == "forward+backward" and name == "pit_jax":
                     ref = vals

@@ -73,6 +73,7 @@ import numpy as np
 import optax
 
 from benchmarks import common
+from pit_jax.primitives.varlen_attention import kernel_applies
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
@@ -384,8 +385,9 @@ def opt_point(small, d, target):
     return opt_activation.build(cfg, batch, seq, target, 0)
 
 
-def opt_case(suite, small):
-    widths, densities = ((None,), (0.1,)) if small else ((2048, 2560, 4096, 5120), (0.1, 0.02))
+def opt_case(suite, small, widths=None):
+    default_widths, densities = ((None,), (0.1,)) if small else ((2048, 2560, 4096, 5120), (0.1, 0.02))
+    widths = default_widths if small or not widths else widths
     for d in widths:
         for target in densities:
             models, params, x, lengths, attn = opt_point(small, d, target)
@@ -396,9 +398,12 @@ def opt_case(suite, small):
             tiles, elems = opt.tile_density(h), float(jnp.mean(h != 0))
             del h
             label = f"d{cfg.d} tiles {tiles:.1%}"
+            # the pit modes' attention (examples/pit_models/opt.py): the kernels where they apply
+            pit_attn = ("pit_jax.varlen_attention" if kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype)
+                        else attn)
             base = dict(workload="opt", label=label, d=cfg.d, batch=batch, max_len=seq, mode="infer",
                         target_tile_density=target, tile_density=tiles, element_density=elems,
-                        valid_fraction=float(valid.mean()), attention=attn, alternative="pit_m",
+                        valid_fraction=float(valid.mean()), attention=attn, pit_attention=pit_attn, alternative="pit_m",
                         dtype=jnp.dtype(cfg.dtype).name)
             ref = None
             for impl in ("dense", "pit_m", "pit"):
@@ -579,6 +584,8 @@ def main(argv=None):
     ap.add_argument("--moe", default=None, help="moe: just these E:top_k configurations, e.g. 64:2,128:2")
     ap.add_argument("--prune", default=None, type=lambda v: tuple(t.strip() for t in v.split(",") if t.strip()),
                     help="prune: just these pruning tiles, e.g. 32x64")
+    ap.add_argument("--opt-d", default=None, type=lambda v: tuple(int(t) for t in v.split(",") if t.strip()),
+                    help="opt: just these widths, e.g. 2048")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     # moe E=128 training plans 45-57 GB: more than JAX's default pool (75 % of an 80 GB card).
@@ -597,7 +604,7 @@ def main(argv=None):
             if w in ("bert", "bert_long"):
                 bert_case(suite, w, args.small)
             elif w == "opt":
-                opt_case(suite, args.small)
+                opt_case(suite, args.small, args.opt_d)
             elif w == "moe":
                 moe_case(suite, args.small, args.moe)
             else:
