@@ -155,3 +155,27 @@ def test_cuda_module_carries_ptx_for_newer_gpus():
     ptx80, sass80 = entries.count((1, 80)), entries.count((2, 80))
     assert ptx80 > 0 and ptx80 == sass80, entries
     assert (2, 90) in entries, entries
+
+
+def test_wide_attention_heads_need_the_shared_memory(fake_gpu):
+    """varlen_attention at head_dim 128 stages up to 175 KB a block: on a GPU without it
+    (A100, Ada) the CUDA lowering says so; on Hopper, and at head_dim 64 anywhere, it lowers."""
+    import jax
+    import jax.numpy as jnp
+
+    if not _native.has_cuda():
+        pytest.skip("built without the CUDA module: its lowering says that instead")
+
+    def lower(d, grad=False):
+        q = jnp.ones((2, 16, 1, d), jnp.bfloat16)
+        ln = jnp.array([3, 16], jnp.int32)
+        f = lambda q: jnp.sum(pit_jax.varlen_attention(q, q, q, ln).astype(jnp.float32))  # noqa: E731
+        return jax.jit(jax.grad(f) if grad else f).trace(q).lower(lowering_platforms=("cuda",))
+
+    fake_gpu("8.0", "NVIDIA A100")
+    for grad in (False, True):
+        with pytest.raises(NotImplementedError, match=r"head_dim 128 needs .* NVIDIA A100 \(compute capability 8\.0\)"):
+            lower(128, grad)
+    lower(64, True)
+    fake_gpu("9.0", "NVIDIA H200")
+    lower(128, True)

@@ -21,6 +21,7 @@ from pit_jax.primitives.varlen_attention import varlen_attention_bwd_p, varlen_a
 pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 DTYPES = [jnp.bfloat16, jnp.float16]
+HEAD_DIMS = [64, 128]  # what the kernels take
 # (batch, seq, heads): seq a multiple of 16 or not, one to eight warps' rows, BERT b32's head.
 SHAPES = [(3, 128, 2), (4, 37, 3), (2, 16, 1), (5, 100, 2), (2, 1, 1)]
 
@@ -75,11 +76,12 @@ def inputs(rng, b, s, h, dtype, d=64):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("kind", ["random", "empty", "full"])
 @pytest.mark.parametrize("b,s,h", SHAPES)
-def test_value_and_gradients(platform, dtype, kind, b, s, h):
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_value_and_gradients(platform, dtype, kind, b, s, h, d):
     rng, seed = fresh_rng()
-    q, k, v, dout = inputs(rng, b, s, h, dtype)
+    q, k, v, dout = inputs(rng, b, s, h, dtype, d)
     lengths = lengths_for(rng, b, s, kind)
-    scale = 1 / math.sqrt(64)
+    scale = 1 / math.sqrt(d)
 
     def f(q, k, v, lengths, dout):
         out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths), q, k, v)
@@ -105,16 +107,17 @@ MODE_IDS = ["causal-right", "bidirectional-left", "causal-left"]
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal,padding", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("b,s,h", [(3, 128, 2), (4, 37, 3), (2, 1, 1), (6, 128, 1)])
-def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h):
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h, d):
     """Value, lse and gradients; padding rows zeros. Causal skips the tiles past a warp's
     last query (forward, dQ) and before its first key (dK, dV): every length mod 16 and
     the full sequence come up in (6, 128)."""
     rng, seed = fresh_rng()
-    q, k, v, dout = inputs(rng, b, s, h, dtype)
+    q, k, v, dout = inputs(rng, b, s, h, dtype, d)
     lengths = lengths_for(rng, b, s, "random")
     if b == 6:
         lengths = np.array([128, 127, 113, 64, 17, 16], np.int32)
-    scale = 1 / math.sqrt(64)
+    scale = 1 / math.sqrt(d)
     kw = dict(causal=causal, padding=padding)
 
     def f(q, k, v, lengths, dout):

@@ -203,10 +203,11 @@ def test_opt_layer_matches_dense(padding):
         assert _rel(h, hd) < F32_TOL, mode
 
 
-def test_opt_layer_attends_causally_over_left_padding_with_the_kernels():
-    """bf16 heads of 64: the pit modes' attention is pit_jax.varlen_attention (causal,
-    left padding), the dense model's XLA's masked causal attention; same valid rows."""
-    cfg = opt.OPTConfig(d=128, heads=2, dtype=jnp.bfloat16)
+@pytest.mark.parametrize("d", [128, 256])
+def test_opt_layer_attends_causally_over_left_padding_with_the_kernels(d):
+    """bf16 heads of 64 / 128: the pit modes' attention is pit_jax.varlen_attention
+    (causal, left padding), the dense model's XLA's masked causal attention; same valid rows."""
+    cfg = opt.OPTConfig(d=d, heads=2, dtype=jnp.bfloat16)
     b, s = 3, 40
     lengths = jnp.array([5, 40, 17], jnp.int32)
     x = jax.random.normal(jax.random.PRNGKey(0), (b, s, cfg.d)).astype(cfg.dtype)

@@ -36,9 +36,9 @@ struct VarlenAttentionParams {
   void* dv = nullptr;
 };
 
-// What the kernels take: 16-bit dtypes, head_dim 64, at most this many tokens a sequence
-// (one CTA holds a whole sequence's keys).
-constexpr int64_t kVarlenAttentionHeadDim = 64;
+// What the kernels take: 16-bit dtypes, head_dim 64 or 128, at most this many tokens a
+// sequence (one CTA holds a whole sequence's keys).
+constexpr bool VarlenAttentionHeadDimOk(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr int64_t kVarlenAttentionMaxSeq = 128;
 
 }  // namespace pit

@@ -1,5 +1,5 @@
-// Attention over padded short sequences (seq <= 128, head_dim 64; right or left padding,
-// bidirectional or causal), valid tokens only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
+// Attention over padded short sequences (seq <= 128, head_dim 64 or 128; right or left
+// padding, bidirectional or causal), valid tokens only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
 // Hopper, where these problems are latency-bound, not tensor-bound).
 //
 // One CTA of 8 warps per (head, sequence) stages the sequence's valid rows in shared
@@ -35,10 +35,14 @@
 namespace pit {
 namespace {
 
-constexpr int kD = static_cast<int>(kVarlenAttentionHeadDim);
 constexpr int kWarps = 8;       // 16 rows each: 128 tokens
 constexpr int kThreads = 32 * kWarps;
-constexpr int kRowPitch = kD + 8;  // row-major tiles: 144-byte rows, fragment loads conflict-free
+// Row-major tiles of head_dim kD: rows of kD + 8 elements (144 or 272 bytes), so the 8
+// rows an ldmatrix phase reads start 4 banks apart: conflict-free.
+template <int kD>
+constexpr int RowPitch() {
+  return kD + 8;
+}
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -46,6 +50,7 @@ __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cas
 
 // The CTA's problem: sequence b, head h, its valid tokens and row pointers. Rows are
 // counted from the first valid token (token `start`).
+template <int kD>
 struct Seq {
   int len;           // valid tokens, clamped to [0, seq]
   int rows;          // len rounded up to 16: the rows staged (zeros past len)
@@ -75,15 +80,16 @@ struct Seq {
 };
 
 constexpr int kMaxRows = static_cast<int>(kVarlenAttentionMaxSeq);
-constexpr int kStageIters = kMaxRows * (kD / 8) / kThreads;  // 16-byte chunks per thread and tensor
 
 // Copies rows [0, s.rows) x kD of each `src` into its row-major tile `dst` (pitch
 // kRowPitch), zeros past s.len. Every thread issues all its loads before its first
 // store, so the CTA waits on one round trip to memory, not one per chunk. Chunk i is
 // column chunk i / kMaxRows of row i % kMaxRows: a warp's 16-byte stores go to 32
 // consecutive rows, 8 distinct bank quads per phase.
-template <int kN>
-__device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* const (&dst)[kN], const Seq& s) {
+template <int kD, int kN>
+__device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* const (&dst)[kN], const Seq<kD>& s) {
+  constexpr int kStageIters = kMaxRows * (kD / 8) / kThreads;  // 16-byte chunks per thread and tensor
+  constexpr int kRowPitch = RowPitch<kD>();
   uint4 v[kN][kStageIters];
 #pragma unroll
   for (int it = 0; it < kStageIters; ++it) {
@@ -107,7 +113,8 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
 }
 
 // Zeros on the padding rows of `dst`.
-__device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq& s, int seq) {
+template <int kD>
+__device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq<kD>& s, int seq) {
   uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
   for (int i = threadIdx.x; i < (seq - s.len) * (kD / 8); i += kThreads) {
     const int r = s.PadRow(i / (kD / 8)), c = (i % (kD / 8)) * 8;
@@ -123,39 +130,41 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* tile, in
 
 // B fragments of two 8-column tiles (n0.., n0 + 8..) over k [k0, k0 + 16) of a tile
 // stored [n][k] (K for q k^T): {b[0], b[1]} the first, {b[2], b[3]} the second.
+template <int kD>
 __device__ __forceinline__ void LoadBNK(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0, int lane) {
-  const uint16_t* p = tile + (n0 + (lane & 7) + (lane >> 4) * 8) * kRowPitch + k0 + ((lane >> 3) & 1) * 8;
+  const uint16_t* p = tile + (n0 + (lane & 7) + (lane >> 4) * 8) * RowPitch<kD>() + k0 + ((lane >> 3) & 1) * 8;
   gemm::LdMatrixX4(b, gemm::SmemAddr(p));
 }
 
 // The same for a tile stored [k][n] (V for P V: k the token), transposed by ldmatrix.
+template <int kD>
 __device__ __forceinline__ void LoadBKN(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int lane) {
-  gemm::LdMatrixX4Trans(b, gemm::SmemAddr(tile + (k0 + (lane & 15)) * kRowPitch + n0 + (lane >> 4) * 8));
+  gemm::LdMatrixX4Trans(b, gemm::SmemAddr(tile + (k0 + (lane & 15)) * RowPitch<kD>() + n0 + (lane >> 4) * 8));
 }
 
-// acc[0..8) += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a row-major
-// [token][kD] tile, for the 8 column tiles of kD (P V, P^T dO, dS^T Q, dS K).
-template <typename T>
-__device__ __forceinline__ void MmaTokensB(float (&acc)[8][4], const uint32_t (&a)[4], const uint16_t* tile, int k0,
-                                           int lane) {
+// acc[0..kD/8) += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a
+// row-major [token][kD] tile, for the kD / 8 column tiles (P V, P^T dO, dS^T Q, dS K).
+template <typename T, int kD>
+__device__ __forceinline__ void MmaTokensB(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const uint16_t* tile,
+                                           int k0, int lane) {
 #pragma unroll
-  for (int jd = 0; jd < 8; jd += 2) {
+  for (int jd = 0; jd < kD / 8; jd += 2) {
     uint32_t b[4];
-    LoadBKN(b, tile, k0, 8 * jd, lane);
+    LoadBKN<kD>(b, tile, k0, 8 * jd, lane);
     gemm::Mma16816<T>(acc[jd], a, b[0], b[1]);
     gemm::Mma16816<T>(acc[jd + 1], a, b[2], b[3]);
   }
 }
 
-// c[0], c[1] += A (16 rows x kD; a[kk] the 4 k-steps) times the 16 tokens [n0, n0 + 16)
-// of a row-major tile as B (the product reduces over kD: q k^T, k q^T, v dO^T).
-template <typename T>
-__device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4][4], const uint16_t* tile,
-                                        int n0, int lane) {
+// c[0], c[1] += A (16 rows x kD; a[kk] the kD / 16 k-steps) times the 16 tokens [n0,
+// n0 + 16) of a row-major tile as B (the product reduces over kD: q k^T, k q^T, v dO^T).
+template <typename T, int kD>
+__device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[kD / 16][4],
+                                        const uint16_t* tile, int n0, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < kD / 16; ++kk) {
     uint32_t b[4];
-    LoadBNK(b, tile, n0, 16 * kk, lane);
+    LoadBNK<kD>(b, tile, n0, 16 * kk, lane);
     gemm::Mma16816<T>(c0, a[kk], b[0], b[1]);
     gemm::Mma16816<T>(c1, a[kk], b[2], b[3]);
   }
@@ -171,13 +180,13 @@ __device__ __forceinline__ void PackA(const float (&lo)[4], const float (&hi)[4]
 }
 
 // Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len.
-template <typename T>
-__device__ __forceinline__ void StoreRows(const float (&acc)[8][4], float mul, void* dst_v, const Seq& s, int r0,
-                                          int g, int t) {
+template <typename T, int kD>
+__device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float mul, void* dst_v, const Seq<kD>& s,
+                                          int r0, int g, int t) {
   uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
   const int ra = r0 + g, rb = ra + 8;
 #pragma unroll
-  for (int jd = 0; jd < 8; ++jd) {
+  for (int jd = 0; jd < kD / 8; ++jd) {
     const int c = 8 * jd + 2 * t;
     if (ra < s.len) St32(dst + s.At(ra, c), gemm::Elem<T>::Pack2(acc[jd][0] * mul, acc[jd][1] * mul));
     if (rb < s.len) St32(dst + s.At(rb, c), gemm::Elem<T>::Pack2(acc[jd][2] * mul, acc[jd][3] * mul));
@@ -185,15 +194,16 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[8][4], float mul, v
 }
 
 // Forward: warp w computes query rows [16 w, 16 w + 16) against all keys at once.
-template <typename T>
+template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
+  constexpr int kRowPitch = RowPitch<kD>();
   extern __shared__ __align__(16) uint16_t smem[];
   const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15;
   uint16_t* qs = smem;                  // [s16][kRowPitch] each
   uint16_t* ks = qs + s16 * kRowPitch;
   uint16_t* vs = ks + s16 * kRowPitch;
-  const Seq s(p, blockIdx.y, blockIdx.x);
-  Stage<3>({p.q, p.k, p.v}, {qs, ks, vs}, s);
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  Stage<kD, 3>({p.q, p.k, p.v}, {qs, ks, vs}, s);
   ZeroPadding(p.out, s, seq);
   for (int i = threadIdx.x; i < seq - s.len; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
   __syncthreads();
@@ -201,9 +211,9 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int r0 = 16 * warp;
   if (r0 >= s.len) return;
-  uint32_t qa[4][4];
+  uint32_t qa[kD / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) LoadA(qa[kk], qs, kRowPitch, r0, 16 * kk, lane);
+  for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[kk], qs, kRowPitch, r0, 16 * kk, lane);
   // Scores in log2 units, 16 tiles of 8 keys; only the staged keys' tiles are computed
   // (past key_rows the probabilities are 0 without an exp).
   const int key_rows = s.KeyRows(r0), key_end = s.KeyEnd(r0), g = lane / 4;
@@ -213,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 #pragma unroll
   for (int j = 0; j < 16; j += 2) {
     if (8 * j >= key_rows) break;
-    MmaDimB<T>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
+    MmaDimB<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -247,24 +257,24 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 
-  float o[8][4] = {};
+  float o[kD / 8][4] = {};
 #pragma unroll
   for (int kb = 0; kb < 8; ++kb) {
     if (16 * kb >= key_end) break;
     uint32_t pa[4];
     PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
-    MmaTokensB<T>(o, pa, vs, 16 * kb, lane);
+    MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
   }
   // Normalize per row: lanes hold rows g (c0, c1) and g + 8 (c2, c3).
   const float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
-  for (int jd = 0; jd < 8; ++jd) {
+  for (int jd = 0; jd < kD / 8; ++jd) {
     o[jd][0] *= i0;
     o[jd][1] *= i0;
     o[jd][2] *= i1;
     o[jd][3] *= i1;
   }
-  StoreRows<T>(o, 1.f, p.out, s, r0, g, t);
+  StoreRows<T, kD>(o, 1.f, p.out, s, r0, g, t);
   if (t == 0) {
     if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
     if (r0 + g + 8 < s.len) p.lse[s.lse_base + r0 + g + 8] = (m1 + log2f(l1)) * kLn2;
@@ -277,8 +287,10 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal: phase 1
 // starts at the warp's own query block (earlier queries see none of its keys), phase 2
 // stops after it; every dS entry phase 2 reads was written in phase 1.
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
+// Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one at 128 (175 KB).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
+  constexpr int kRowPitch = RowPitch<kD>();
   extern __shared__ __align__(16) uint16_t smem[];
   const int seq = static_cast<int>(p.seq), s16 = (seq + 15) & ~15, pitch_ds = s16 + 8;
   uint16_t* qs = smem;                   // [s16][kRowPitch] each
@@ -288,9 +300,9 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
   uint16_t* dss = dos + s16 * kRowPitch;  // [s16][pitch_ds]: dS[query][key]; first o, [s16][kRowPitch]
   float* lse2 = reinterpret_cast<float*>(dss + s16 * max(pitch_ds, kRowPitch));  // [s16]: lse in log2 units
   float* delta = lse2 + s16;                                                     // [s16]
-  const Seq s(p, blockIdx.y, blockIdx.x);
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
   uint16_t* os = dss;  // read before phase 1 writes dS
-  Stage<5>({p.q, p.k, p.v, p.dout, p.o}, {qs, ks, vs, dos, os}, s);
+  Stage<kD, 5>({p.q, p.k, p.v, p.dout, p.o}, {qs, ks, vs, dos, os}, s);
   ZeroPadding(p.dq, s, seq);
   ZeroPadding(p.dk, s, seq);
   ZeroPadding(p.dv, s, seq);
@@ -319,19 +331,19 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
   const float sl = p.scale * kLog2e;
   const int k0 = 16 * warp;
   if (k0 < s.len) {
-    uint32_t ka[4][4], va[4][4];
+    uint32_t ka[kD / 16][4], va[kD / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kD / 16; ++kk) {
       LoadA(ka[kk], ks, kRowPitch, k0, 16 * kk, lane);
       LoadA(va[kk], vs, kRowPitch, k0, 16 * kk, lane);
     }
-    float dv[8][4] = {}, dk[8][4] = {};
+    float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
     const int key_a = k0 + g, key_b = key_a + 8;
 #pragma unroll 1
     for (int qb = s.causal ? warp : 0; 16 * qb < s.len; ++qb) {
       float st[2][4] = {}, dpt[2][4] = {};
-      MmaDimB<T>(st[0], st[1], ka, qs, 16 * qb, lane);
-      MmaDimB<T>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
+      MmaDimB<T, kD>(st[0], st[1], ka, qs, 16 * qb, lane);
+      MmaDimB<T, kD>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -346,8 +358,8 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
       uint32_t pa[4], dsa[4];
       PackA<T>(st[0], st[1], pa);
       PackA<T>(dpt[0], dpt[1], dsa);
-      MmaTokensB<T>(dv, pa, dos, 16 * qb, lane);
-      MmaTokensB<T>(dk, dsa, qs, 16 * qb, lane);
+      MmaTokensB<T, kD>(dv, pa, dos, 16 * qb, lane);
+      MmaTokensB<T, kD>(dk, dsa, qs, 16 * qb, lane);
       // dS[query][key], rounded as in dsa, for phase 2.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -358,37 +370,40 @@ __global__ void __launch_bounds__(kThreads, 2) VarlenAttentionBwdKernel(VarlenAt
         }
       }
     }
-    StoreRows<T>(dv, 1.f, p.dv, s, k0, g, t);
-    StoreRows<T>(dk, p.scale, p.dk, s, k0, g, t);
+    StoreRows<T, kD>(dv, 1.f, p.dv, s, k0, g, t);
+    StoreRows<T, kD>(dk, p.scale, p.dk, s, k0, g, t);
   }
   __syncthreads();
 
   const int q0 = 16 * warp;
   if (q0 < s.len) {
-    float dq[8][4] = {};
+    float dq[kD / 8][4] = {};
     const int key_end = s.KeyEnd(q0);
 #pragma unroll 1
     for (int kb = 0; 16 * kb < key_end; ++kb) {
       uint32_t a[4];
       LoadA(a, dss, pitch_ds, q0, 16 * kb, lane);
-      MmaTokensB<T>(dq, a, ks, 16 * kb, lane);
+      MmaTokensB<T, kD>(dq, a, ks, 16 * kb, lane);
     }
-    StoreRows<T>(dq, p.scale, p.dq, s, q0, g, t);
+    StoreRows<T, kD>(dq, p.scale, p.dq, s, q0, g, t);
   }
 }
 
+template <int kD>
 size_t FwdSmem(int64_t seq) {
   const int64_t s16 = (seq + 15) & ~int64_t{15};
-  return static_cast<size_t>(3 * s16 * kRowPitch) * 2;
+  return static_cast<size_t>(3 * s16 * RowPitch<kD>()) * 2;
 }
 
+template <int kD>
 size_t BwdSmem(int64_t seq) {
+  constexpr int64_t kRowPitch = RowPitch<kD>();
   const int64_t s16 = (seq + 15) & ~int64_t{15}, pitch_ds = s16 + 8;
   const int64_t ds = s16 * (pitch_ds > kRowPitch ? pitch_ds : kRowPitch);  // dS, first o
   return static_cast<size_t>(4 * s16 * kRowPitch + ds) * 2 + 2 * s16 * sizeof(float);
 }
 
-template <typename T, bool kBwd>
+template <typename T, int kD, bool kBwd>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
   // Rows are read 16 bytes at a time: a misaligned buffer (XLA's never are) is an error
@@ -397,21 +412,29 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   for (const void* ptr : buffers) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorMisalignedAddress;
   }
-  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T> : VarlenAttentionKernel<T>;
-  const size_t smem = kBwd ? BwdSmem(p.seq) : FwdSmem(p.seq);
+  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD> : VarlenAttentionKernel<T, kD>;
+  const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch)), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
+template <bool kBwd>
+cudaError_t LaunchFor(const VarlenAttentionParams& p, cudaStream_t stream) {
+  const bool bf16 = p.dtype == DType::kBF16;
+  if (p.head_dim == 128)
+    return bf16 ? Launch<__nv_bfloat16, 128, kBwd>(p, stream) : Launch<__half, 128, kBwd>(p, stream);
+  return bf16 ? Launch<__nv_bfloat16, 64, kBwd>(p, stream) : Launch<__half, 64, kBwd>(p, stream);
+}
+
 }  // namespace
 
 cudaError_t LaunchVarlenAttention(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return p.dtype == DType::kBF16 ? Launch<__nv_bfloat16, false>(p, stream) : Launch<__half, false>(p, stream);
+  return LaunchFor<false>(p, stream);
 }
 
 cudaError_t LaunchVarlenAttentionBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return p.dtype == DType::kBF16 ? Launch<__nv_bfloat16, true>(p, stream) : Launch<__half, true>(p, stream);
+  return LaunchFor<true>(p, stream);
 }
 
 }  // namespace pit

@@ -8,12 +8,15 @@ Sequence b's valid tokens are its first lengths[b] (`padding="right"`, the defau
 last lengths[b] (`padding="left"`, as batched decoder prompts are laid out), the lengths
 clamped to [0, S]. Each valid query attends over the valid keys (bidirectional), or over
 those at or before its own position (`causal=True`). The padding rows of `out` are zeros
-and get zero gradients. Where the kernels apply (bfloat16 / float16, head_dim 64, S <=
-128: batches of short sequences, BERT's fine-tuning shapes, OPT-1.3B's heads) one CTA per
-(head, sequence) holds the whole sequence in shared memory: padding costs nothing (causal
-attention skips the masked half too), the softmax needs no running rescale and the
-backward no atomics. Elsewhere (other dtypes, head dims or longer sequences) the same function runs
-as a masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
+and get zero gradients.
+
+Where the kernels apply (bfloat16 / float16, head_dim 64 or 128, S <= 128: batches of
+short sequences, BERT's fine-tuning shapes, OPT's heads; head_dim 128 on GPUs of compute
+capability 9.x / 10.x only, for its shared memory) one CTA per (head, sequence) holds the
+whole sequence in shared memory: padding costs nothing (causal attention skips the
+masked half too), the softmax needs no running rescale and the backward no atomics.
+Elsewhere (other dtypes, head dims or longer sequences) the same function runs as a
+masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
 
 Differentiable in both modes (the primitive's JVP is a linear primitive whose transpose is
 the backward kernel, which recomputes the probabilities from the forward's log-sum-exp;

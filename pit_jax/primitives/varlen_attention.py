@@ -3,7 +3,7 @@
     out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i)
     out[b, i] = 0                                             for padding i
 
-q, k, v, out [B, S, H, D] (16-bit, D = 64, S <= 128: one CTA holds a sequence's keys),
+q, k, v, out [B, S, H, D] (16-bit, D = 64 or 128, S <= 128: one CTA holds a sequence's keys),
 lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
 its last with `left_padded`. Params: scale, causal, left_padded. Two primitives, each one
 FFI target:
@@ -40,14 +40,14 @@ varlen_attention_bwd_p.multiple_results = True
 varlen_attention_tangent_p = Primitive("pit_varlen_attention_tangent")
 varlen_attention_tangent_p.multiple_results = True
 
-HEAD_DIM = 64  # cuda/common/varlen_attention_params.h
+HEAD_DIMS = (64, 128)  # cuda/common/varlen_attention_params.h
 MAX_SEQ = 128
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def kernel_applies(shape, dtype) -> bool:
     """Whether q of this [B, S, H, D] shape and dtype runs the kernels (else the op's jnp path)."""
-    return len(shape) == 4 and shape[3] == HEAD_DIM and shape[1] <= MAX_SEQ and jnp.dtype(dtype) in DTYPES
+    return len(shape) == 4 and shape[3] in HEAD_DIMS and shape[1] <= MAX_SEQ and jnp.dtype(dtype) in DTYPES
 
 
 def check_qkv(q, k, v, where="varlen_attention", **like_q):
@@ -66,7 +66,7 @@ def check(q, k, v, lengths, where="varlen_attention", **like_q):
     dtypes, int32 lengths); errors name the argument."""
     check_qkv(q, k, v, where, **like_q)
     if not kernel_applies(q.shape, q.dtype):
-        raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim {HEAD_DIM} and seq <= {MAX_SEQ}; "
+        raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim 64 or 128 and seq <= {MAX_SEQ}; "
                          f"got {q.dtype} {tuple(q.shape)}")
     if tuple(lengths.shape) != (q.shape[0],) or lengths.dtype != jnp.int32:
         raise ValueError(f"{where}: lengths must be int32 [batch] = [{q.shape[0]}], got {lengths.dtype} "
@@ -88,6 +88,29 @@ def _native(q, k, v, lengths, **params):
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(q.shape, q.dtype),
                                                      jax.ShapeDtypeStruct((b, h, s), jnp.float32)))(
         q, k, v, lengths, **_attrs(**params))
+
+
+# head_dim 128 stages q, k, v (and dO, o, dS in the backward) of a whole sequence in one
+# CTA: 104 KB of shared memory forward, 175 KB backward, which Hopper and data-center
+# Blackwell GPUs give a block (A100: 163 KB, Ada / Ampere workstation parts: 99 KB).
+WIDE_HEAD_MAJORS = (9, 10)
+
+
+def _checked_on_cuda(fn):
+    """The CUDA lowering of `fn`: head_dim 128 on a GPU without the shared memory for it is
+    an error at lowering time that says so (not a failed launch)."""
+    def lower(q, *args, **params):
+        device = _lowering._first_cuda_device()
+        cc = None if device is None else _lowering._capability(device)
+        if q.shape[-1] == 128 and cc is not None and cc[0] not in WIDE_HEAD_MAJORS:
+            raise NotImplementedError(
+                f"varlen_attention: head_dim 128 needs up to 175 KB of shared memory per block, which "
+                f"{getattr(device, 'device_kind', 'this GPU')} (compute capability {cc[0]}.{cc[1]}) does not "
+                f"have; its kernels take head_dim 64 there. Set PIT_JAX_REFERENCE=varlen_attention to run "
+                f"the XLA path.")
+        return fn(q, *args, **params)
+
+    return lower
 
 
 def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, **params):
@@ -190,14 +213,14 @@ varlen_attention_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[varlen_attention_p] = _jvp
 batching.primitive_batchers[varlen_attention_p] = _batch
 _lowering.register_traced_lowering(varlen_attention_p, _native, ("pit_varlen_attention",),
-                                   core=((3, 3, 3, 0), (3, 2)))
+                                   _checked_on_cuda(_native), core=((3, 3, 3, 0), (3, 2)))
 
 varlen_attention_bwd_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_bwd_p, *args, **params))
 varlen_attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[varlen_attention_bwd_p] = _bwd_jvp
 batching.primitive_batchers[varlen_attention_bwd_p] = _bwd_batch
 _lowering.register_traced_lowering(varlen_attention_bwd_p, _bwd_native, ("pit_varlen_attention_bwd",),
-                                   core=((3, 3, 3, 3, 2, 3, 0), (3, 3, 3)))
+                                   _checked_on_cuda(_bwd_native), core=((3, 3, 3, 3, 2, 3, 0), (3, 3, 3)))
 
 varlen_attention_tangent_p.def_impl(
     lambda *args, **params: xla.apply_primitive(varlen_attention_tangent_p, *args, **params))
