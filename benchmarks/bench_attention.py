@@ -3,7 +3,8 @@ has (issue 7's BERT and OPT shapes).
 
 Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like lengths
 (~27 % valid tokens), and the same batch at full length; OPT-1.3B's decoder heads (32 x
-64) on the same lengths left-padded, causal ("decoder"). Per case, forward alone and
+64) on the same lengths left-padded, causal ("decoder"), and OPT-6.7B's (32 x 128,
+"decoder_hd128"). Per case, forward alone and
 forward + backward (a vjp with a fixed cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   cudnn       jax.nn.dot_product_attention(implementation="cudnn") with sequence lengths
@@ -73,12 +74,13 @@ def main(argv=None):
     h_dec = 4 if args.small else 32  # OPT-1.3B: 32 heads of 64
     rng = np.random.default_rng(0)
     glue = mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s})
-    # case -> (lengths, heads, decoder)
-    cases = {"glue": (glue, h, False), "full": (np.full((b,), s, np.int32), h, False), "decoder": (glue, h_dec, True)}
-    n_sets = common.rotations(5 * b * s * max(h, h_dec) * d * 2)
+    # case -> (lengths, heads, head_dim, decoder)
+    cases = {"glue": (glue, h, d, False), "full": (np.full((b,), s, np.int32), h, d, False),
+             "decoder": (glue, h_dec, d, True), "decoder_hd128": (glue, h_dec, 128, True)}
+    n_sets = common.rotations(5 * b * s * max(h, h_dec) * 128 * 2)
     key = jax.random.PRNGKey(0)
     rows = []
-    for case, (lengths, h, decoder) in cases.items():
+    for case, (lengths, h, d, decoder) in cases.items():
         ln = jnp.asarray(lengths, jnp.int32)
         mask = np.asarray(mcommon.left_padding_mask(lengths, s) if decoder else np.arange(s)[None, :] < lengths[:, None])
         sets = []
