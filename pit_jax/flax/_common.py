@@ -117,8 +117,9 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
                           index=None, dead_rows="zeros", causal=False, padding="right"):
     """Multi-head self-attention of x [B, S, D] over each sequence's valid tokens (its
     first lengths[b], or its last with padding "left"; causal: each query over the keys
-    at or before it), from Flax's attention parameters: qkv_kernels three [D, H, hd] (query, key,
-    value), qkv_biases three [H, hd] or None, out_kernel [H, hd, O], out_bias [O] or None.
+    at or before it), from Flax's attention parameters: qkv_kernels three [D, H, hd]
+    (query, key, value), qkv_biases three [H, hd] or None, out_kernel [H, hd, O], out_bias
+    [O] or None.
     The three projections are one M-axis product (out_parts=3) over the valid rows, the
     attention `pit_jax.varlen_attention` (scale 1/sqrt(hd), as Flax's), the output
     projection an M-axis product; `index` is the row index of the valid tokens of x as
