@@ -157,25 +157,34 @@ def test_cuda_module_carries_ptx_for_newer_gpus():
     assert (2, 90) in entries, entries
 
 
-def test_wide_attention_heads_need_the_shared_memory(fake_gpu):
-    """varlen_attention at head_dim 128 stages up to 175 KB a block: on a GPU without it
-    (A100, Ada) the CUDA lowering says so; on Hopper, and at head_dim 64 anywhere, it lowers."""
+def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
+    """varlen_attention stages a whole sequence in a block's shared memory (up to 175 KB:
+    head_dim 128, seq 128, backward): where the GPU gives a block less, the CUDA lowering
+    says so, naming the sizes and the device; where it fits, it lowers."""
     import jax
     import jax.numpy as jnp
 
     if not _native.has_cuda():
         pytest.skip("built without the CUDA module: its lowering says that instead")
 
-    def lower(d, grad=False):
-        q = jnp.ones((2, 16, 1, d), jnp.bfloat16)
-        ln = jnp.array([3, 16], jnp.int32)
+    def lower(s, d, grad=False):
+        q = jnp.ones((2, s, 1, d), jnp.bfloat16)
+        ln = jnp.array([3, s], jnp.int32)
         f = lambda q: jnp.sum(pit_jax.varlen_attention(q, q, q, ln).astype(jnp.float32))  # noqa: E731
         return jax.jit(jax.grad(f) if grad else f).trace(q).lower(lowering_platforms=("cuda",))
 
-    fake_gpu("8.0", "NVIDIA A100")
-    for grad in (False, True):
-        with pytest.raises(NotImplementedError, match=r"head_dim 128 needs .* NVIDIA A100 \(compute capability 8\.0\)"):
-            lower(128, grad)
-    lower(64, True)
+    fake_gpu("8.0", "NVIDIA A100")  # 163 KB: head_dim 128's backward at seq 128 (171 KB) does not fit
+    lower(128, 128)
+    with pytest.raises(NotImplementedError, match=r"backward of seq 128 at head_dim 128 stages 171 KB .* 163 KB of "
+                                                  r"NVIDIA A100 \(compute capability 8\.0\)"):
+        lower(128, 128, grad=True)
+    lower(128, 96, grad=True)
+    lower(64, 128, grad=True)
+    fake_gpu("8.9", "NVIDIA GeForce RTX 4090")  # 99 KB: head_dim 64's backward at seq 128 (107 KB) does not
+    with pytest.raises(NotImplementedError, match=r"backward of seq 128 at head_dim 64 stages 107 KB .* 99 KB"):
+        lower(128, 64, grad=True)
+    lower(128, 64)
+    lower(64, 64, grad=True)
     fake_gpu("9.0", "NVIDIA H200")
-    lower(128, True)
+    for d in (64, 80, 96, 128):
+        lower(128, d, grad=True)

@@ -203,7 +203,7 @@ def test_index_sread_swrite_layer_norm(platform, case):
 def test_varlen_attention(platform, case):
     rng, seed = fresh_rng()
     b, s, h = pick(rng, [1, 3]), pick(rng, [1, 7, 64, 128, 130]), pick(rng, [1, 4])
-    d = pick(rng, [64, 64, 128, 32])  # the kernels' head dims, and one that takes XLA's path
+    d = pick(rng, [64, 64, 80, 96, 128, 32])  # the kernels' head dims, and one that takes XLA's path
     dtype = pick(rng, DTYPES)
     lengths = rng.integers(0, s + 1, size=(b,)).astype(np.int32)
     lengths[rng.integers(b)] = pick(rng, [0, s, int(lengths[0])])  # empty and full sequences

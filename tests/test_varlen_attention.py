@@ -21,7 +21,7 @@ from pit_jax.primitives.varlen_attention import varlen_attention_bwd_p, varlen_a
 pytestmark = pytest.mark.usefixtures("poison_outputs")
 
 DTYPES = [jnp.bfloat16, jnp.float16]
-HEAD_DIMS = [64, 128]  # what the kernels take
+HEAD_DIMS = [64, 80, 96, 128]  # what the kernels take
 # (batch, seq, heads): seq a multiple of 16 or not, one to eight warps' rows, BERT b32's head.
 SHAPES = [(3, 128, 2), (4, 37, 3), (2, 16, 1), (5, 100, 2), (2, 1, 1)]
 
@@ -66,6 +66,16 @@ def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right"):
             dk[b, t, h] = scale * ds.T @ qq
             dv[b, t, h] = p.T @ do
     return out, lse, dq, dk, dv
+
+
+def check_lse(got, want, what):
+    """lse against float64: scores are sums of head_dim products of unit-size terms, so the
+    float32 error is relative to max(1, |lse|), not to a small lse (one key of a short
+    sequence) that cancellation left near 0."""
+    got = f64(got)
+    assert not np.isnan(got).any(), f"{what}: NaN (an element was not written)"
+    err, scale = float(np.abs(got - want).max()), max(1.0, float(np.abs(want).max()))
+    assert err <= 1e-5 * scale, f"{what}: max error {err:.3g} > 1e-05 * {scale:.3g}"
 
 
 def inputs(rng, b, s, h, dtype, d=64):
@@ -136,7 +146,7 @@ def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h, d):
         assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
     params = dict(scale=scale, causal=causal, left_padded=padding == "left")
     _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
-    check_close(lse, want[1], jnp.float32, f"{what} lse")
+    check_lse(lse, want[1], f"{what} lse")
     assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
 
 
@@ -151,7 +161,7 @@ def test_log_sum_exp(platform, dtype):
     out, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, scale=0.3))(*put(platform, q, k, v, lengths))
     want = reference64(q, k, v, lengths, dout, 0.3)
     check_close(out, want[0], dtype, f"seed={seed} out")
-    check_close(lse, want[1], jnp.float32, f"seed={seed} lse")
+    check_lse(lse, want[1], f"seed={seed} lse")
     valid = np.arange(77)[None, :] < lengths[:, None]
     assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"seed={seed}: lse's padding rows must be 0"
 

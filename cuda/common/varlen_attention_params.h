@@ -36,9 +36,11 @@ struct VarlenAttentionParams {
   void* dv = nullptr;
 };
 
-// What the kernels take: 16-bit dtypes, head_dim 64 or 128, at most this many tokens a
-// sequence (one CTA holds a whole sequence's keys).
-constexpr bool VarlenAttentionHeadDimOk(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+// What the kernels take: 16-bit dtypes, head_dim 64, 80, 96 or 128, at most this many
+// tokens a sequence (one CTA holds a whole sequence's keys).
+constexpr bool VarlenAttentionHeadDimOk(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+}
 constexpr int64_t kVarlenAttentionMaxSeq = 128;
 
 }  // namespace pit

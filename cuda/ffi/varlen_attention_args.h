@@ -12,7 +12,7 @@
 
 namespace pit {
 
-// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64 or 128, seq <= 128); k and v: q's
+// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, 80, 96 or 128, seq <= 128); k and v: q's
 // shape and dtype; lengths [batch] int32.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -23,7 +23,7 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   if (q.element_type() != ffi::DataType::BF16 && q.element_type() != ffi::DataType::F16)
     return InvalidArg(target + ": q must be bfloat16 or float16");
   if (!VarlenAttentionHeadDimOk(d[3]))
-    return InvalidArg(target + ": head_dim (q's last dim) must be 64 or 128, got " + std::to_string(d[3]));
+    return InvalidArg(target + ": head_dim (q's last dim) must be 64, 80, 96 or 128, got " + std::to_string(d[3]));
   if (d[1] > kVarlenAttentionMaxSeq)
     return InvalidArg(target + ": seq (q's dim 1) must be at most " + std::to_string(kVarlenAttentionMaxSeq) +
                       ", got " + std::to_string(d[1]));

@@ -1,5 +1,5 @@
-// Attention over padded short sequences (seq <= 128, head_dim 64 or 128; right or left
-// padding, bidirectional or causal), valid tokens only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
+// Attention over padded short sequences (seq <= 128, head_dim 64, 80, 96 or 128; right or
+// left padding, bidirectional or causal), valid tokens only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
 // Hopper, where these problems are latency-bound, not tensor-bound).
 //
 // One CTA of 8 warps per (head, sequence) stages the sequence's valid rows in shared
@@ -37,10 +37,12 @@ namespace {
 
 constexpr int kWarps = 8;       // 16 rows each: 128 tokens
 constexpr int kThreads = 32 * kWarps;
-// Row-major tiles of head_dim kD: rows of kD + 8 elements (144 or 272 bytes), so the 8
-// rows an ldmatrix phase reads start 4 banks apart: conflict-free.
+// Row-major tiles of head_dim kD (a multiple of 16): rows of kD + 8 elements (144-272
+// bytes, an odd number of 16-byte units), so the 8 rows an ldmatrix phase reads start in
+// 8 distinct 16-byte bank groups: conflict-free.
 template <int kD>
 constexpr int RowPitch() {
+  static_assert(kD % 16 == 0 && kD >= 64 && kD <= 128, "head_dim: a multiple of 16 in [64, 128]");
   return kD + 8;
 }
 constexpr float kLog2e = 1.4426950408889634f;
@@ -287,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal: phase 1
 // starts at the warp's own query block (earlier queries see none of its keys), phase 2
 // stops after it; every dS entry phase 2 reads was written in phase 1.
-// Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one at 128 (175 KB).
+// Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one above (123-175 KB).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
   constexpr int kRowPitch = RowPitch<kD>();
@@ -419,12 +421,19 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <int kD, bool kBwd>
+cudaError_t LaunchDtype(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return p.dtype == DType::kBF16 ? Launch<__nv_bfloat16, kD, kBwd>(p, stream) : Launch<__half, kD, kBwd>(p, stream);
+}
+
 template <bool kBwd>
 cudaError_t LaunchFor(const VarlenAttentionParams& p, cudaStream_t stream) {
-  const bool bf16 = p.dtype == DType::kBF16;
-  if (p.head_dim == 128)
-    return bf16 ? Launch<__nv_bfloat16, 128, kBwd>(p, stream) : Launch<__half, 128, kBwd>(p, stream);
-  return bf16 ? Launch<__nv_bfloat16, 64, kBwd>(p, stream) : Launch<__half, 64, kBwd>(p, stream);
+  switch (p.head_dim) {
+    case 80: return LaunchDtype<80, kBwd>(p, stream);
+    case 96: return LaunchDtype<96, kBwd>(p, stream);
+    case 128: return LaunchDtype<128, kBwd>(p, stream);
+    default: return LaunchDtype<64, kBwd>(p, stream);
+  }
 }
 
 }  // namespace

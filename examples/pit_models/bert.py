@@ -216,7 +216,7 @@ class BertClassifier(nn.Module):
     # leaves them and the live-row layer norms' padding rows unwritten (gradients as "zeros").
     dead_rows: str = "zeros"
     # pit mode with skip_padding: attention by `pit_jax.varlen_attention` (valid tokens only)
-    # where its kernels take the shapes (16-bit, head_dim 64 or 128, seq <= 128), else `attention`.
+    # where its kernels take the shapes (16-bit, head_dim 64, 80, 96 or 128, seq <= 128), else `attention`.
     varlen_attention: bool = True
     # The layers on flax's path (nn.LayerNorm, the dense and W-axis products' bias adds) by
     # `tied`'s, whose parameter-gradient column sums are tied to the cotangent they read:

@@ -7,8 +7,8 @@ Modes (the same parameters run all three):
            fc2 reads the ReLU output through a K-axis index of 32x1 micro-tiles built
            from it in the same jit: per block of 32 tokens, only the neurons that fired;
            causal attention over the valid tokens (`pit_jax.varlen_attention`, left
-           padding) where its kernels take the heads (16-bit, head_dim 64 or 128: d = 2048,
-           4096, 5120).
+           padding) where its kernels take the heads (16-bit, head_dim 64, 80, 96 or 128:
+           every OPT width here).
   "pit_m": like "pit" but fc2 also on the M axis (isolates what the K axis adds).
 The ReLU output is zero on padding tokens (pit: fc1 writes zeros there, dead_rows="zeros";
 dense: multiplied by the padding mask), so blocks of padding tokens are dead micro-tiles
@@ -69,7 +69,7 @@ class OPTDecoderLayer(nn.Module):
     mode: str = "pit"
     attention: str = "xla"
     # pit modes: attention by `pit_jax.varlen_attention` where its kernels take the shapes
-    # (16-bit, head_dim 64 or 128, seq <= 128), else `attention`.
+    # (16-bit, head_dim 64, 80, 96 or 128, seq <= 128), else `attention`.
     varlen_attention: bool = True
 
     @nn.compact

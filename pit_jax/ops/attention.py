@@ -10,10 +10,10 @@ clamped to [0, S]. Each valid query attends over the valid keys (bidirectional),
 those at or before its own position (`causal=True`). The padding rows of `out` are zeros
 and get zero gradients.
 
-Where the kernels apply (bfloat16 / float16, head_dim 64 or 128, S <= 128: batches of
-short sequences, BERT's fine-tuning shapes, OPT's heads; head_dim 128 on GPUs of compute
-capability 9.x / 10.x only, for its shared memory) one CTA per (head, sequence) holds the
-whole sequence in shared memory: padding costs nothing (causal attention skips the
+Where the kernels apply (bfloat16 / float16, head_dim 64, 80, 96 or 128, S <= 128:
+batches of short sequences, BERT's fine-tuning shapes, OPT's heads) one CTA per (head,
+sequence) holds the whole sequence in shared memory (up to 175 KB: the CUDA lowering
+refuses a sequence that does not fit the GPU's, e.g. head_dim 128's backward on an A100): padding costs nothing (causal attention skips the
 masked half too), the softmax needs no running rescale and the backward no atomics.
 Elsewhere (other dtypes, head dims or longer sequences) the same function runs as a
 masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.

@@ -3,7 +3,7 @@
     out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i)
     out[b, i] = 0                                             for padding i
 
-q, k, v, out [B, S, H, D] (16-bit, D = 64 or 128, S <= 128: one CTA holds a sequence's keys),
+q, k, v, out [B, S, H, D] (16-bit, D = 64, 80, 96 or 128, S <= 128: one CTA holds a sequence's keys),
 lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
 its last with `left_padded`. Params: scale, causal, left_padded. Two primitives, each one
 FFI target:
@@ -40,7 +40,7 @@ varlen_attention_bwd_p.multiple_results = True
 varlen_attention_tangent_p = Primitive("pit_varlen_attention_tangent")
 varlen_attention_tangent_p.multiple_results = True
 
-HEAD_DIMS = (64, 128)  # cuda/common/varlen_attention_params.h
+HEAD_DIMS = (64, 80, 96, 128)  # cuda/common/varlen_attention_params.h
 MAX_SEQ = 128
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -66,7 +66,7 @@ def check(q, k, v, lengths, where="varlen_attention", **like_q):
     dtypes, int32 lengths); errors name the argument."""
     check_qkv(q, k, v, where, **like_q)
     if not kernel_applies(q.shape, q.dtype):
-        raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim 64 or 128 and seq <= {MAX_SEQ}; "
+        raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim 64, 80, 96 or 128 and seq <= {MAX_SEQ}; "
                          f"got {q.dtype} {tuple(q.shape)}")
     if tuple(lengths.shape) != (q.shape[0],) or lengths.dtype != jnp.int32:
         raise ValueError(f"{where}: lengths must be int32 [batch] = [{q.shape[0]}], got {lengths.dtype} "
@@ -90,24 +90,39 @@ def _native(q, k, v, lengths, **params):
         q, k, v, lengths, **_attrs(**params))
 
 
-# head_dim 128 stages q, k, v (and dO, o, dS in the backward) of a whole sequence in one
-# CTA: 104 KB of shared memory forward, 175 KB backward, which Hopper and data-center
-# Blackwell GPUs give a block (A100: 163 KB, Ada / Ampere workstation parts: 99 KB).
-WIDE_HEAD_MAJORS = (9, 10)
+def shared_memory_bytes(seq: int, head_dim: int, backward: bool) -> int:
+    """A CTA's shared memory (cuda/kernels/varlen_attention.cu's FwdSmem / BwdSmem): q, k,
+    v (and dO, and dS over o, backward) of a whole sequence in rows of head_dim + 8."""
+    s16, pitch = -(-seq // 16) * 16, head_dim + 8
+    if not backward:
+        return 3 * s16 * pitch * 2
+    return (4 * s16 * pitch + s16 * max(s16 + 8, pitch)) * 2 + 2 * s16 * 4
 
 
-def _checked_on_cuda(fn):
-    """The CUDA lowering of `fn`: head_dim 128 on a GPU without the shared memory for it is
-    an error at lowering time that says so (not a failed launch)."""
+# The shared memory a block may opt in to, by compute capability (CUDA C++ Programming
+# Guide, "Features and Technical Specifications"); other GPUs: 99 KB.
+SMEM_OPTIN = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024,
+              (10, 3): 227 * 1024}
+SMEM_OPTIN_OTHER = 99 * 1024
+
+
+def _checked_on_cuda(fn, backward):
+    """The CUDA lowering of `fn`: a sequence whose staging needs more shared memory than
+    the GPU gives a block (e.g. head_dim 128 on an A100, seq 128 backward on Ada) is an
+    error at lowering time that says so, not a failed launch."""
     def lower(q, *args, **params):
         device = _lowering._first_cuda_device()
         cc = None if device is None else _lowering._capability(device)
-        if q.shape[-1] == 128 and cc is not None and cc[0] not in WIDE_HEAD_MAJORS:
+        need = shared_memory_bytes(q.shape[1], q.shape[-1], backward)
+        have = None if cc is None else SMEM_OPTIN.get(cc, SMEM_OPTIN_OTHER)
+        if have is not None and need > have:
+            what = "backward" if backward else "forward"
             raise NotImplementedError(
-                f"varlen_attention: head_dim 128 needs up to 175 KB of shared memory per block, which "
-                f"{getattr(device, 'device_kind', 'this GPU')} (compute capability {cc[0]}.{cc[1]}) does not "
-                f"have; its kernels take head_dim 64 there. Set PIT_JAX_REFERENCE=varlen_attention to run "
-                f"the XLA path.")
+                f"varlen_attention: the {what} of seq {q.shape[1]} at head_dim {q.shape[-1]} stages "
+                f"{need // 1024} KB of shared memory per block, more than the {have // 1024} KB of "
+                f"{getattr(device, 'device_kind', 'this GPU')} (compute capability {cc[0]}.{cc[1]}). "
+                f"Use shorter sequences or a narrower head, or set PIT_JAX_REFERENCE=varlen_attention "
+                f"to run the XLA path.")
         return fn(q, *args, **params)
 
     return lower
@@ -213,14 +228,14 @@ varlen_attention_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[varlen_attention_p] = _jvp
 batching.primitive_batchers[varlen_attention_p] = _batch
 _lowering.register_traced_lowering(varlen_attention_p, _native, ("pit_varlen_attention",),
-                                   _checked_on_cuda(_native), core=((3, 3, 3, 0), (3, 2)))
+                                   _checked_on_cuda(_native, False), core=((3, 3, 3, 0), (3, 2)))
 
 varlen_attention_bwd_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_bwd_p, *args, **params))
 varlen_attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[varlen_attention_bwd_p] = _bwd_jvp
 batching.primitive_batchers[varlen_attention_bwd_p] = _bwd_batch
 _lowering.register_traced_lowering(varlen_attention_bwd_p, _bwd_native, ("pit_varlen_attention_bwd",),
-                                   _checked_on_cuda(_bwd_native), core=((3, 3, 3, 3, 2, 3, 0), (3, 3, 3)))
+                                   _checked_on_cuda(_bwd_native, True), core=((3, 3, 3, 3, 2, 3, 0), (3, 3, 3)))
 
 varlen_attention_tangent_p.def_impl(
     lambda *args, **params: xla.apply_primitive(varlen_attention_tangent_p, *args, **params))
