@@ -1,6 +1,6 @@
 """flax.nnx layers: `SparseDense` (`nnx.Linear` whose product skips dead micro-tiles),
 `LayerNorm` (`nnx.LayerNorm` on the live rows of a padded batch) and `VarlenSelfAttention`
-(self-attention of a right-padded batch on its valid tokens)."""
+(self-attention of a padded batch on its valid tokens, bidirectional or causal)."""
 
 from __future__ import annotations
 
