@@ -151,6 +151,40 @@ def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h, d):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
+                                                                                    "causal-left"])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_query_attention(platform, causal, padding, kv_heads):
+    """k, v with fewer heads than q (dividing them): query head n reads kv head n // group,
+    as jax.nn.dot_product_attention groups; the values and the gradients of q and the
+    shared k, v heads (summed over their groups) against float64."""
+    rng, seed = fresh_rng()
+    b, s, h, d = 3, 37, 4, 64
+    q, dout = (randn(rng, (b, s, h, d), jnp.bfloat16) for _ in range(2))
+    k, v = (randn(rng, (b, s, kv_heads, d), jnp.bfloat16) for _ in range(2))
+    lengths = lengths_for(rng, b, s, "random")
+    kw = dict(causal=causal, padding=padding)
+
+    def f(q, k, v, lengths, dout):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
+        return (out, *vjp(dout))
+
+    args = put(platform, q, k, v, lengths, dout)
+    assert "pit_varlen_attention_bwd[" in str(jax.make_jaxpr(f)(*args))
+    out, dq, dk, dv = jax.jit(f)(*args)
+    group = h // kv_heads
+    rep = lambda a: np.repeat(f64(a), group, axis=2)  # noqa: E731
+    want = reference64(q, rep(k), rep(v), lengths, dout, 1 / math.sqrt(d), **kw)
+    fold = lambda a: a.reshape(b, s, kv_heads, group, d).sum(3)  # noqa: E731
+    what = f"seed={seed} kv_heads={kv_heads} lengths={lengths.tolist()}"
+    for name, g, w in (("out", out, want[0]), ("dq", dq, want[2]), ("dk", dk, fold(want[3])),
+                       ("dv", dv, fold(want[4]))):
+        check_close(g, w, jnp.bfloat16, f"{what} {name}")
+    with pytest.raises(ValueError, match="k and v must have q's shape .* kv_heads dividing its 4 heads"):
+        pit_jax.varlen_attention(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2), lengths)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_log_sum_exp(platform, dtype):
     """The forward's second result, which the backward reads: each valid query's
