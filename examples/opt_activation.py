@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pit_jax.primitives.varlen_attention import kernel_applies
 from pit_models import common, opt
 
 
@@ -82,8 +83,10 @@ def main(argv=None):
     valid = np.asarray(common.left_padding_mask(lengths, seq)).reshape(-1)
     err = common.max_rel_err(outs["pit"][0], outs["dense"][0], valid)
     h = np.asarray(outs["dense"][1], np.float32)
+    # the pit modes' attention: the kernels where they take the heads (opt.OPTDecoderLayer)
+    pit_attn = "pit_jax.varlen_attention" if kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype) else attn
     result = dict(
-        err=err, ok=err <= common.tolerance(cfg.dtype), attention=attn,
+        err=err, ok=err <= common.tolerance(cfg.dtype), attention=attn, pit_attention=pit_attn,
         valid_tokens=float(valid.mean()), tile_density=opt.tile_density(h), element_density=float((h != 0).mean()),
     )
     bar.step(f"outputs: err {err:.2e} on valid tokens")
@@ -98,8 +101,8 @@ def main(argv=None):
                 print(f"  {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
             bar.step(f"inference {name}")
     result["ms"] = times
-    print(f"valid tokens {result['valid_tokens']:.1%}; attention: {attn}; fc2 input: {result['tile_density']:.1%} "
-          f"live 32x1 tiles ({result['element_density']:.2%} non-zeros)")
+    print(f"valid tokens {result['valid_tokens']:.1%}; attention: {attn} (dense), {pit_attn} (pit); fc2 input: "
+          f"{result['tile_density']:.1%} live 32x1 tiles ({result['element_density']:.2%} non-zeros)")
     print(f"PIT vs dense on valid tokens: err {err:.2e} -> {'OK' if result['ok'] else 'MISMATCH'}")
     if times:
         common.print_speeds("inference of one decoder layer:", times, "dense", "pit_m")
