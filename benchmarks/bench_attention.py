@@ -82,7 +82,8 @@ def main(argv=None):
     rows = []
     for case, (lengths, h, d, decoder) in cases.items():
         ln = jnp.asarray(lengths, jnp.int32)
-        mask = np.asarray(mcommon.left_padding_mask(lengths, s) if decoder else np.arange(s)[None, :] < lengths[:, None])
+        mask = np.asarray(mcommon.left_padding_mask(lengths, s) if decoder
+                          else np.arange(s)[None, :] < lengths[:, None])
         sets = []
         for i in range(n_sets):
             ks = jax.random.split(jax.random.fold_in(key, i), 4)

@@ -148,6 +148,7 @@ def test_bad_configuration_is_a_clear_error(make, match):
 
 # VarlenSelfAttention: Flax's attention parameters, the result of Flax's self-attention with
 # the padding mask on the valid rows, zeros on the padding rows.
+ATTENTION_IDS = ["f32-xla", "bf16-kernels", "bf16-kernels-hd128"]
 ATTENTION_CASES = [
     # (dtype, D, heads, qkv_features, out_features): float32 runs the attention's XLA path,
     # bf16 with head_dim 64 or 128 its kernels (the CPU targets here, the CUDA ones on a GPU).
@@ -183,7 +184,7 @@ def _check_attention(y, y_flax, valid, dtype, what):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=["f32-xla", "bf16-kernels", "bf16-kernels-hd128"])
+@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=ATTENTION_IDS)
 @pytest.mark.parametrize("causal,padding", ATTENTION_MODES, ids=["bidirectional-right", "causal-left"])
 def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
     from pit_jax.flax import VarlenSelfAttention
@@ -218,7 +219,7 @@ def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, fea
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=["f32-xla", "bf16-kernels", "bf16-kernels-hd128"])
+@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=ATTENTION_IDS)
 @pytest.mark.parametrize("causal,padding", ATTENTION_MODES, ids=["bidirectional-right", "causal-left"])
 def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
     rng, seed = fresh_rng()

@@ -158,7 +158,7 @@ def test_cuda_module_carries_ptx_for_newer_gpus():
 
 
 def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
-    """varlen_attention stages a whole sequence in a block's shared memory (up to 175 KB:
+    """varlen_attention stages a whole sequence in a block's shared memory (up to 171 KB:
     head_dim 128, seq 128, backward): where the GPU gives a block less, the CUDA lowering
     says so, naming the sizes and the device; where it fits, it lowers."""
     import jax

@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal: phase 1
 // starts at the warp's own query block (earlier queries see none of its keys), phase 2
 // stops after it; every dS entry phase 2 reads was written in phase 1.
-// Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one above (123-175 KB).
+// Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one above (123-171 KB).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
   constexpr int kRowPitch = RowPitch<kD>();

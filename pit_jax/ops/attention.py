@@ -12,9 +12,10 @@ and get zero gradients.
 
 Where the kernels apply (bfloat16 / float16, head_dim 64, 80, 96 or 128, S <= 128:
 batches of short sequences, BERT's fine-tuning shapes, OPT's heads) one CTA per (head,
-sequence) holds the whole sequence in shared memory (up to 175 KB: the CUDA lowering
-refuses a sequence that does not fit the GPU's, e.g. head_dim 128's backward on an A100): padding costs nothing (causal attention skips the
-masked half too), the softmax needs no running rescale and the backward no atomics.
+sequence) holds the whole sequence in shared memory (up to 171 KB: the CUDA lowering
+refuses a sequence that does not fit the GPU's, e.g. head_dim 128's backward on an
+A100): padding costs nothing (causal attention skips the masked half too), the softmax
+needs no running rescale and the backward no atomics.
 Elsewhere (other dtypes, head dims or longer sequences) the same function runs as a
 masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
 

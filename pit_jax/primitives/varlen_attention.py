@@ -66,8 +66,8 @@ def check(q, k, v, lengths, where="varlen_attention", **like_q):
     dtypes, int32 lengths); errors name the argument."""
     check_qkv(q, k, v, where, **like_q)
     if not kernel_applies(q.shape, q.dtype):
-        raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim 64, 80, 96 or 128 and seq <= {MAX_SEQ}; "
-                         f"got {q.dtype} {tuple(q.shape)}")
+        raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim in {HEAD_DIMS} and seq <= "
+                         f"{MAX_SEQ}; got {q.dtype} {tuple(q.shape)}")
     if tuple(lengths.shape) != (q.shape[0],) or lengths.dtype != jnp.int32:
         raise ValueError(f"{where}: lengths must be int32 [batch] = [{q.shape[0]}], got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")
