@@ -40,8 +40,8 @@ def impls(decoder=False):
     if decoder:  # causal over left padding, as examples/pit_models/opt.py attends
         def dpa(implementation):
             def f(q, k, v, ln):
-                valid = mcommon.left_padding_mask(ln, q.shape[1])
-                return mcommon.attention(q, k, v, key_mask=valid, causal=True, implementation=implementation)
+                return mcommon.attention(q, k, v, lengths=ln, causal=True, padding="left",
+                                         implementation=implementation)
             return f
 
         pit = functools.partial(pit_jax.varlen_attention, causal=True, padding="left")

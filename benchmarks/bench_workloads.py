@@ -73,7 +73,6 @@ import numpy as np
 import optax
 
 from benchmarks import common
-from pit_jax.primitives.varlen_attention import kernel_applies
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
@@ -399,8 +398,7 @@ def opt_case(suite, small, widths=None):
             del h
             label = f"d{cfg.d} tiles {tiles:.1%}"
             # the pit modes' attention (examples/pit_models/opt.py): the kernels where they apply
-            pit_attn = ("pit_jax.varlen_attention" if kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype)
-                        else attn)
+            pit_attn = "pit_jax.varlen_attention" if mcommon.varlen_kernels_apply(batch, seq, cfg) else attn
             base = dict(workload="opt", label=label, d=cfg.d, batch=batch, max_len=seq, mode="infer",
                         target_tile_density=target, tile_density=tiles, element_density=elems,
                         valid_fraction=float(valid.mean()), attention=attn, pit_attention=pit_attn, alternative="pit_m",

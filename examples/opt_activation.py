@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pit_jax.primitives.varlen_attention import kernel_applies
 from pit_models import common, opt
 
 
@@ -84,7 +83,7 @@ def main(argv=None):
     err = common.max_rel_err(outs["pit"][0], outs["dense"][0], valid)
     h = np.asarray(outs["dense"][1], np.float32)
     # the pit modes' attention: the kernels where they take the heads (opt.OPTDecoderLayer)
-    pit_attn = "pit_jax.varlen_attention" if kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype) else attn
+    pit_attn = "pit_jax.varlen_attention" if common.varlen_kernels_apply(batch, seq, cfg) else attn
     result = dict(
         err=err, ok=err <= common.tolerance(cfg.dtype), attention=attn, pit_attention=pit_attn,
         valid_tokens=float(valid.mean()), tile_density=opt.tile_density(h), element_density=float((h != 0).mean()),

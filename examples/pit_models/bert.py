@@ -59,13 +59,6 @@ class BertConfig:
         return self.hidden // self.heads
 
 
-def varlen_kernels_apply(batch, seq, cfg: BertConfig) -> bool:
-    """Whether `pit_jax.varlen_attention` runs its kernels for this batch (else XLA)."""
-    from pit_jax.primitives.varlen_attention import kernel_applies
-
-    return kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype)
-
-
 def row_index(mask):
     """The valid-token row index of a [B, S] padding mask, for the [B*S, H] hidden states."""
     return pit_jax.index(jnp.reshape(mask, (-1, 1)), "row")
@@ -236,7 +229,7 @@ class BertClassifier(nn.Module):
         norm_rows = rows  # the residual adds' and layer norms' rows
         if rows is None and self.row_norms and self.mode == "pit":
             norm_rows = row_index(mask)
-        if rows is not None and self.varlen_attention and varlen_kernels_apply(batch, seq, cfg):
+        if rows is not None and self.varlen_attention and common.varlen_kernels_apply(batch, seq, cfg):
             impl = "pit"
         else:
             impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)

@@ -26,12 +26,12 @@ ATTENTION_IMPLS = ("auto", "cudnn", "xla", "pit")
 def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="right", implementation="xla"):
     """Multi-head attention over a padded batch. q, k, v: [B, S, heads, head_dim].
 
-    `lengths` [B] int32: right padding (the first lengths[b] tokens are valid); cuDNN
-    then skips the padded work, and "pit" (`pit_jax.varlen_attention`) computes the valid
-    tokens only (with `padding="left"`: the last lengths[b]). `key_mask` [B, S] bool: any
-    padding (left padding in the OPT layer's other implementations), applied as a mask.
-    Rows of padded queries are garbage-free (no NaN) but meaningless: callers read valid
-    tokens only.
+    `lengths` [B] int32: the first lengths[b] tokens are valid (`padding="right"`: cuDNN
+    then skips the padded work) or the last (`padding="left"`: the other implementations
+    take it as a key mask); "pit" (`pit_jax.varlen_attention`) computes the valid tokens
+    only. `key_mask` [B, S] bool: any padding, applied as a mask (not with "pit"). Rows of
+    padded queries are garbage-free (no NaN) but meaningless: callers read valid tokens
+    only.
     """
     if implementation == "pit":
         # pit_jax.varlen_attention: padding by lengths, on the valid tokens.
@@ -39,8 +39,10 @@ def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="ri
             raise ValueError("attention: implementation='pit' takes padding by `lengths` (and `padding`), "
                              "not key_mask")
         return pit_jax.varlen_attention(q, k, v, lengths, causal=causal, padding=padding)
-    if padding != "right":
-        raise ValueError("attention: padding='left' is for implementation='pit'; pass key_mask to the others")
+    if padding == "left":
+        if lengths is None or key_mask is not None:
+            raise ValueError("attention: padding='left' takes `lengths`, not key_mask")
+        key_mask, lengths = left_padding_mask(lengths, q.shape[1]), None
     mask = None
     if key_mask is not None:
         mask = key_mask[:, None, None, :]
@@ -60,6 +62,14 @@ def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="ri
         implementation=implementation,
     )
     return out.astype(dtype)
+
+
+def varlen_kernels_apply(batch, seq, cfg) -> bool:
+    """Whether `pit_jax.varlen_attention` runs its kernels for a batch of this model config
+    (its heads, head_dim and dtype), else XLA."""
+    from pit_jax.primitives.varlen_attention import kernel_applies
+
+    return kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,6 @@ from flax import linen as nn
 
 import pit_jax
 from pit_jax.flax import SparseDense
-from pit_jax.primitives.varlen_attention import kernel_applies
 from pit_models import common
 from pit_models.bert import row_index
 
@@ -81,8 +80,7 @@ class OPTDecoderLayer(nn.Module):
         if d != cfg.d:
             raise ValueError(f"OPTDecoderLayer: x has d={d}, the config says d={cfg.d}")
         valid = common.left_padding_mask(lengths, s)
-        if self.mode != "dense" and self.varlen_attention and kernel_applies((b, s, cfg.heads, cfg.head_dim),
-                                                                             cfg.dtype):
+        if self.mode != "dense" and self.varlen_attention and common.varlen_kernels_apply(b, s, cfg):
             impl = "pit"
         else:
             impl = common.resolve_attention(self.attention, b, s, cfg.heads, cfg.head_dim, cfg.dtype,
@@ -103,12 +101,8 @@ class OPTDecoderLayer(nn.Module):
         x = x.reshape(b * s, d)
         h = nn.LayerNorm(dtype=cfg.dtype, name="ln_attn")(x)
         qkv = lin(3 * d, "qkv", h).reshape(b, s, 3, cfg.heads, cfg.head_dim)
-        if impl == "pit":
-            att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths, causal=True,
-                                   padding="left", implementation=impl)
-        else:
-            att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], key_mask=valid, causal=True,
-                                   implementation=impl)
+        att = common.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths=lengths, causal=True,
+                               padding="left", implementation=impl)
         x = x + lin(d, "out_proj", att.reshape(b * s, d))
         h = nn.LayerNorm(dtype=cfg.dtype, name="ln_ffn")(x)
         if self.mode == "dense":
