@@ -158,8 +158,13 @@ ATTENTION_CASES = [
 ]
 
 
-# (causal, padding): an encoder's, and a decoder's batch of left-padded prompts.
-ATTENTION_MODES = [(False, "right"), (True, "left")]
+def attention_cases(test):
+    """The Flax attention tests' cases: platforms x ATTENTION_CASES x (causal, padding) of an
+    encoder and of a decoder's batch of left-padded prompts."""
+    test = pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")],
+                                   ids=["bidirectional-right", "causal-left"])(test)
+    test = pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=ATTENTION_IDS)(test)
+    return pytest.mark.parametrize("platform", PLATFORMS)(test)
 
 
 def _attention_inputs(rng, d, dtype, padding="right"):
@@ -183,9 +188,7 @@ def _check_attention(y, y_flax, valid, dtype, what):
     assert not y[~valid].any(), f"{what}: the padding rows must be zeros"
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=ATTENTION_IDS)
-@pytest.mark.parametrize("causal,padding", ATTENTION_MODES, ids=["bidirectional-right", "causal-left"])
+@attention_cases
 def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
     from pit_jax.flax import VarlenSelfAttention
 
@@ -218,9 +221,7 @@ def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, fea
                                    err_msg=f"seed={seed} {jax.tree_util.keystr(path)}")
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=ATTENTION_IDS)
-@pytest.mark.parametrize("causal,padding", ATTENTION_MODES, ids=["bidirectional-right", "causal-left"])
+@attention_cases
 def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
     rng, seed = fresh_rng()
     x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding))

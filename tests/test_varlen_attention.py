@@ -111,6 +111,9 @@ def test_value_and_gradients(platform, dtype, kind, b, s, h, d):
 # (causal, padding) besides the default (False, "right"): a decoder's modes.
 MODES = [(True, "right"), (False, "left"), (True, "left")]
 MODE_IDS = ["causal-right", "bidirectional-left", "causal-left"]
+# an encoder's mode and a decoder's (left-padded prompts), for tests of other features
+ENCODER_AND_DECODER = pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")],
+                                              ids=["bidirectional-right", "causal-left"])
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -151,8 +154,7 @@ def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h, d):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
-                                                                                    "causal-left"])
+@ENCODER_AND_DECODER
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_grouped_query_attention(platform, causal, padding, kv_heads):
     """k, v with fewer heads than q (dividing them): query head n reads kv head n // group,
@@ -264,8 +266,7 @@ def test_vmap_and_vmap_of_grad(platform, lengths_mapped, causal, padding):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype,s,d", [(jnp.float32, 40, 64), (jnp.bfloat16, 40, 32), (jnp.bfloat16, 200, 64)])
-@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
-                                                                                    "causal-left"])
+@ENCODER_AND_DECODER
 def test_shapes_the_kernels_do_not_take_run_in_xla(platform, dtype, s, d, causal, padding):
     """float32, other head dims, longer sequences: the masked softmax in XLA, same contract."""
     rng, seed = fresh_rng()
@@ -364,8 +365,7 @@ def _f32(*arrays):
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("b,s,h", [(3, 37, 2), (2, 128, 1)])
-@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
-                                                                                    "causal-left"])
+@ENCODER_AND_DECODER
 def test_forward_mode(platform, dtype, b, s, h, causal, padding):
     """jax.jvp: the kernels' forward and the tangent of the jnp expression; padding rows'
     tangents are zero. jacfwd equals jacrev."""
