@@ -82,8 +82,7 @@ def main(argv=None):
     rows = []
     for case, (lengths, h, d, decoder) in cases.items():
         ln = jnp.asarray(lengths, jnp.int32)
-        mask = np.asarray(mcommon.left_padding_mask(lengths, s) if decoder
-                          else np.arange(s)[None, :] < lengths[:, None])
+        mask = np.asarray((mcommon.left_padding_mask if decoder else mcommon.right_padding_mask)(lengths, s))
         sets = []
         for i in range(n_sets):
             ks = jax.random.split(jax.random.fold_in(key, i), 4)
