@@ -158,8 +158,9 @@ def test_cuda_module_carries_ptx_for_newer_gpus():
 
 
 def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
-    """varlen_attention stages a whole sequence in a block's shared memory (up to 171 KB:
-    head_dim 128, seq 128, backward): where the GPU gives a block less, the CUDA lowering
+    """varlen_attention stages a whole short sequence in a block's shared memory (up to 171
+    KB: head_dim 128, seq 128, backward), a longer one's chunks (103 KB at head_dim 128,
+    backward): where the GPU gives a block less, the CUDA lowering
     says so, naming the sizes and the device; where it fits, it lowers."""
     import jax
     import jax.numpy as jnp
@@ -185,6 +186,14 @@ def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
         lower(128, 64, grad=True)
     lower(128, 64)
     lower(64, 64, grad=True)
+    # Longer sequences stage 64-token chunks: 103 KB at head_dim 128 backward, any length.
+    with pytest.raises(NotImplementedError, match=r"backward of seq 1000 at head_dim 128 stages 103 KB .* 99 KB"):
+        lower(1000, 128, grad=True)
+    lower(1000, 128)
+    lower(4096, 64, grad=True)
+    fake_gpu("8.0", "NVIDIA A100")
+    lower(1000, 128, grad=True)
     fake_gpu("9.0", "NVIDIA H200")
     for d in (64, 80, 96, 128):
         lower(128, d, grad=True)
+        lower(2048, d, grad=True)

@@ -153,6 +153,46 @@ def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h, d):
     assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
 
 
+# Longer than one CTA's 128 tokens: blocks of 128 walking 64-token chunks. Lengths on and
+# around the block and chunk boundaries, empty and full, left to the draw past the fixed.
+LONG_LENGTHS = {(5, 300, 2): [300, 0, 129, 128, 257], (3, 129, 1): [129, 128, 1], (2, 520, 1): [520, 447]}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("causal,padding", [(False, "right"), *MODES], ids=["bidirectional-right", *MODE_IDS])
+@pytest.mark.parametrize("b,s,h", list(LONG_LENGTHS))
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_long_sequences(platform, dtype, causal, padding, b, s, h, d):
+    """Sequences past 128 tokens (the long kernels: an online softmax forward, dQ and dK /
+    dV kernels): value, lse and gradients against float64, padding rows zeros."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, b, s, h, dtype, d)
+    lengths = np.array(LONG_LENGTHS[(b, s, h)], np.int32)
+    lengths[-1] = rng.integers(1, s + 1) if b > 2 else lengths[-1]
+    scale = 1 / math.sqrt(d)
+    kw = dict(causal=causal, padding=padding)
+
+    def f(q, k, v, lengths, dout):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
+        return (out, *vjp(dout))
+
+    args = put(platform, q, k, v, lengths, dout)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
+    got = jax.jit(f)(*args)
+    want = reference64(q, k, v, lengths, dout, scale, **kw)
+    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
+    what = f"seed={seed} lengths={lengths.tolist()}"
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
+        check_close(g, w, dtype, f"{what} {name}")
+        assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
+    params = dict(scale=scale, causal=causal, left_padded=padding == "left")
+    _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
+    check_lse(lse, want[1], f"{what} lse")
+    assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @ENCODER_AND_DECODER
 @pytest.mark.parametrize("kv_heads", [1, 2])
@@ -265,10 +305,10 @@ def test_vmap_and_vmap_of_grad(platform, lengths_mapped, causal, padding):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype,s,d", [(jnp.float32, 40, 64), (jnp.bfloat16, 40, 32), (jnp.bfloat16, 200, 64)])
+@pytest.mark.parametrize("dtype,s,d", [(jnp.float32, 40, 64), (jnp.bfloat16, 40, 32), (jnp.float16, 200, 48)])
 @ENCODER_AND_DECODER
 def test_shapes_the_kernels_do_not_take_run_in_xla(platform, dtype, s, d, causal, padding):
-    """float32, other head dims, longer sequences: the masked softmax in XLA, same contract."""
+    """float32, other head dims: the masked softmax in XLA, same contract."""
     rng, seed = fresh_rng()
     q, k, v, dout = inputs(rng, 3, s, 2, dtype, d)
     lengths = lengths_for(rng, 3, s, "random")
@@ -281,6 +321,17 @@ def test_shapes_the_kernels_do_not_take_run_in_xla(platform, dtype, s, d, causal
     check_close(out, want[0], dtype, f"seed={seed} out")
     for name, g, w in zip(("dq", "dk", "dv"), vjp(args[4]), want[2:]):
         check_close(g, w, dtype, f"seed={seed} {name}")
+
+
+def test_sequences_past_the_kernels_limit_run_in_xla():
+    """Past MAX_SEQ (65536 tokens) the op traces the XLA path (abstract shapes: nothing
+    allocated); at it, the kernels."""
+    from pit_jax.primitives.varlen_attention import MAX_SEQ
+
+    for s, kernels in ((MAX_SEQ, True), (MAX_SEQ + 1, False)):
+        q = jax.ShapeDtypeStruct((1, s, 1, 64), jnp.bfloat16)
+        ln = jax.ShapeDtypeStruct((1,), jnp.int32)
+        assert ("pit_varlen_attention[" in str(jax.make_jaxpr(pit_jax.varlen_attention)(q, q, q, ln))) == kernels
 
 
 def test_reference_switch():
@@ -470,9 +521,8 @@ def _raw_bwd(lse):
 RAW_BAD = {
     ("pit_varlen_attention", "head_dim .* must be 64"): lambda: _raw_fwd(_B(2, 8, 1, 32), _B(2, 8, 1, 32),
                                                                          _B(2, 8, 1, 32), _L, (2, 8, 1, 32)),
-    ("pit_varlen_attention", "seq .* must be at most 128"): lambda: _raw_fwd(_B(2, 130, 1, 64), _B(2, 130, 1, 64),
-                                                                             _B(2, 130, 1, 64), _L, (2, 130, 1, 64),
-                                                                             (2, 1, 130)),
+    ("pit_varlen_attention", "seq .* must be at most 65536"): lambda: _raw_fwd(
+        *(_B(2, 65537, 1, 64),) * 3, _L, (2, 65537, 1, 64), (2, 1, 65537)),
     ("pit_varlen_attention", "q must be bfloat16 or float16"): lambda: _raw_fwd(*(jnp.ones((2, 8, 1, 64)),) * 3, _L),
     ("pit_varlen_attention", "k must have q's shape"): lambda: _raw_fwd(_B(2, 8, 1, 64), _B(2, 7, 1, 64),
                                                                         _B(2, 8, 1, 64), _L),

@@ -36,11 +36,14 @@ struct VarlenAttentionParams {
   void* dv = nullptr;
 };
 
-// What the kernels take: 16-bit dtypes, head_dim 64, 80, 96 or 128, at most this many
-// tokens a sequence (one CTA holds a whole sequence's keys).
+// What the kernels take: 16-bit dtypes, head_dim 64, 80, 96 or 128, sequences of at most
+// kVarlenAttentionMaxSeq tokens. Up to kVarlenAttentionShortSeq one CTA holds a whole
+// sequence's keys (varlen_attention.cu); longer ones run in blocks of 128 tokens with an
+// online softmax (varlen_attention_long.cu).
 constexpr bool VarlenAttentionHeadDimOk(int64_t head_dim) {
   return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
 }
-constexpr int64_t kVarlenAttentionMaxSeq = 128;
+constexpr int64_t kVarlenAttentionShortSeq = 128;
+constexpr int64_t kVarlenAttentionMaxSeq = 65536;
 
 }  // namespace pit

@@ -12,7 +12,7 @@
 
 namespace pit {
 
-// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, 80, 96 or 128, seq <= 128); k and v: q's
+// q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, 80, 96 or 128, seq <= 65536); k and v: q's
 // shape and dtype; lengths [batch] int32.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,

@@ -51,5 +51,17 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "memory");
 }
 
+// 16-byte async copy global -> shared (sm_80 and up), cached in L2 only; src_bytes 0
+// writes 16 zero bytes. Completion: CpAsyncCommit groups this thread's copies issued so
+// far; CpAsyncWait<N> waits until at most N of its groups are pending.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace gemm
 }  // namespace pit

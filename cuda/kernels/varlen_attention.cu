@@ -10,78 +10,26 @@
 // padding moves the rows' base to the first valid token; causal attention skips the key
 // tiles past a warp's last query (forward, dQ) and the query tiles before a warp's first
 // key (dK, dV), so it does about half the work.
-//
-// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16/.f16): lane = 4 g + t;
-//   A (16 x 16, row): {a0,a1} row g, cols 2t..2t+1; {a2,a3} row g+8; {a4,a5} row g,
-//     cols 2t+8..; {a6,a7} row g+8, cols 2t+8.. (registers a[0..3] hold the pairs);
-//   B (16 x 8, col): {b0,b1} rows 2t..2t+1 of col g; {b2,b3} rows 2t+8..;
-//   C (16 x 8, f32): c0,c1 row g, cols 2t..2t+1; c2,c3 row g+8.
-// So a C fragment pair of two adjacent 8-column tiles is an A fragment of the next
-// product (the probabilities feed P V straight from registers). Every tile is staged
-// row-major ([token][d], dS [query][key]); ldmatrix.x4 reads four 8 x 8 blocks of it as
-// an A fragment or two B fragments, transposed (.trans) where the product reduces over
-// tokens (P V, P^T dO, dS^T Q, dS K), so no transposed copy is kept.
+// Fragment layouts and the shared pieces: varlen_attention_tiles.cuh. Longer sequences:
+// varlen_attention_long.cu.
 #include "cuda/kernels/varlen_attention.h"
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cuda/kernels/device_utils.cuh"
-#include "cuda/kernels/elem_types.cuh"
-#include "cuda/kernels/mma_sync.cuh"
+#include "cuda/kernels/varlen_attention_long.h"
+#include "cuda/kernels/varlen_attention_tiles.cuh"
 
 namespace pit {
 namespace {
 
-constexpr int kWarps = 8;       // 16 rows each: 128 tokens
-constexpr int kThreads = 32 * kWarps;
-// Row-major tiles of head_dim kD (a multiple of 16): rows of kD + 8 elements (144-272
-// bytes, an odd number of 16-byte units), so the 8 rows an ldmatrix phase reads start in
-// 8 distinct 16-byte bank groups: conflict-free.
-template <int kD>
-constexpr int RowPitch() {
-  static_assert(kD % 16 == 0 && kD >= 64 && kD <= 128, "head_dim: a multiple of 16 in [64, 128]");
-  return kD + 8;
-}
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using namespace attn;  // NOLINT: the shared tiles and fragments
 
-__device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
-
-// The CTA's problem: sequence b, head h, its valid tokens and row pointers. Rows are
-// counted from the first valid token (token `start`).
-template <int kD>
-struct Seq {
-  int len;           // valid tokens, clamped to [0, seq]
-  int rows;          // len rounded up to 16: the rows staged (zeros past len)
-  int start;         // the first valid token: 0, or seq - len with left padding
-  bool causal;
-  int64_t stride;    // elements between consecutive tokens (heads * kD)
-  int64_t base;      // element offset of (b, token start, h, 0)
-  int64_t lse_base;  // offset of lse[b, h, start]
-
-  __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
-    const int n = p.lengths[b];
-    len = n < 0 ? 0 : (n > p.seq ? static_cast<int>(p.seq) : n);
-    rows = (len + 15) & ~15;
-    start = p.left_padded ? static_cast<int>(p.seq) - len : 0;
-    causal = p.causal;
-    stride = p.heads * kD;
-    base = (static_cast<int64_t>(b) * p.seq + start) * stride + static_cast<int64_t>(h) * kD;
-    lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
-  }
-  __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
-  // Padding token i of seq - len, as a row (negative before the valid ones).
-  __device__ int PadRow(int i) const { return i < start ? i - start : i - start + len; }
-  // The end of the keys (rows) that queries [r0, r0 + 16) attend to, and of the tiles
-  // staged for them (a multiple of 16).
-  __device__ int KeyEnd(int r0) const { return causal ? min(len, r0 + 16) : len; }
-  __device__ int KeyRows(int r0) const { return causal ? min(rows, r0 + 16) : rows; }
-};
-
-constexpr int kMaxRows = static_cast<int>(kVarlenAttentionMaxSeq);
+constexpr int kMaxRows = static_cast<int>(kVarlenAttentionShortSeq);
 
 // Copies rows [0, s.rows) x kD of each `src` into its row-major tile `dst` (pitch
 // kRowPitch), zeros past s.len. Every thread issues all its loads before its first
@@ -114,87 +62,6 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
   }
 }
 
-// Zeros on the padding rows of `dst`.
-template <int kD>
-__device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq<kD>& s, int seq) {
-  uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
-  for (int i = threadIdx.x; i < (seq - s.len) * (kD / 8); i += kThreads) {
-    const int r = s.PadRow(i / (kD / 8)), c = (i % (kD / 8)) * 8;
-    *reinterpret_cast<uint4*>(dst + s.At(r, c)) = make_uint4(0, 0, 0, 0);
-  }
-}
-
-// The A fragment of rows [r0, r0 + 16) x cols [k0, k0 + 16) of a row-major tile: lanes
-// 0-15 address the rows at k0, lanes 16-31 at k0 + 8 (blocks a0..a3 in order).
-__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* tile, int pitch, int r0, int k0, int lane) {
-  gemm::LdMatrixX4(a, gemm::SmemAddr(tile + (r0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8));
-}
-
-// B fragments of two 8-column tiles (n0.., n0 + 8..) over k [k0, k0 + 16) of a tile
-// stored [n][k] (K for q k^T): {b[0], b[1]} the first, {b[2], b[3]} the second.
-template <int kD>
-__device__ __forceinline__ void LoadBNK(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0, int lane) {
-  const uint16_t* p = tile + (n0 + (lane & 7) + (lane >> 4) * 8) * RowPitch<kD>() + k0 + ((lane >> 3) & 1) * 8;
-  gemm::LdMatrixX4(b, gemm::SmemAddr(p));
-}
-
-// The same for a tile stored [k][n] (V for P V: k the token), transposed by ldmatrix.
-template <int kD>
-__device__ __forceinline__ void LoadBKN(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int lane) {
-  gemm::LdMatrixX4Trans(b, gemm::SmemAddr(tile + (k0 + (lane & 15)) * RowPitch<kD>() + n0 + (lane >> 4) * 8));
-}
-
-// acc[0..kD/8) += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a
-// row-major [token][kD] tile, for the kD / 8 column tiles (P V, P^T dO, dS^T Q, dS K).
-template <typename T, int kD>
-__device__ __forceinline__ void MmaTokensB(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const uint16_t* tile,
-                                           int k0, int lane) {
-#pragma unroll
-  for (int jd = 0; jd < kD / 8; jd += 2) {
-    uint32_t b[4];
-    LoadBKN<kD>(b, tile, k0, 8 * jd, lane);
-    gemm::Mma16816<T>(acc[jd], a, b[0], b[1]);
-    gemm::Mma16816<T>(acc[jd + 1], a, b[2], b[3]);
-  }
-}
-
-// c[0], c[1] += A (16 rows x kD; a[kk] the kD / 16 k-steps) times the 16 tokens [n0,
-// n0 + 16) of a row-major tile as B (the product reduces over kD: q k^T, k q^T, v dO^T).
-template <typename T, int kD>
-__device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[kD / 16][4],
-                                        const uint16_t* tile, int n0, int lane) {
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t b[4];
-    LoadBNK<kD>(b, tile, n0, 16 * kk, lane);
-    gemm::Mma16816<T>(c0, a[kk], b[0], b[1]);
-    gemm::Mma16816<T>(c1, a[kk], b[2], b[3]);
-  }
-}
-
-// The A fragment of a 16 x 16 block from the C fragments of its two 8-column halves.
-template <typename T>
-__device__ __forceinline__ void PackA(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
-  a[0] = gemm::Elem<T>::Pack2(lo[0], lo[1]);
-  a[1] = gemm::Elem<T>::Pack2(lo[2], lo[3]);
-  a[2] = gemm::Elem<T>::Pack2(hi[0], hi[1]);
-  a[3] = gemm::Elem<T>::Pack2(hi[2], hi[3]);
-}
-
-// Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len.
-template <typename T, int kD>
-__device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float mul, void* dst_v, const Seq<kD>& s,
-                                          int r0, int g, int t) {
-  uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
-  const int ra = r0 + g, rb = ra + 8;
-#pragma unroll
-  for (int jd = 0; jd < kD / 8; ++jd) {
-    const int c = 8 * jd + 2 * t;
-    if (ra < s.len) St32(dst + s.At(ra, c), gemm::Elem<T>::Pack2(acc[jd][0] * mul, acc[jd][1] * mul));
-    if (rb < s.len) St32(dst + s.At(rb, c), gemm::Elem<T>::Pack2(acc[jd][2] * mul, acc[jd][3] * mul));
-  }
-}
-
 // Forward: warp w computes query rows [16 w, 16 w + 16) against all keys at once.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
@@ -206,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   uint16_t* vs = ks + s16 * kRowPitch;
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
   Stage<kD, 3>({p.q, p.k, p.v}, {qs, ks, vs}, s);
-  ZeroPadding(p.out, s, seq);
+  ZeroPadding(p.out, s, 0, seq - s.len);
   for (int i = threadIdx.x; i < seq - s.len; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
   __syncthreads();
 
@@ -305,9 +172,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
   uint16_t* os = dss;  // read before phase 1 writes dS
   Stage<kD, 5>({p.q, p.k, p.v, p.dout, p.o}, {qs, ks, vs, dos, os}, s);
-  ZeroPadding(p.dq, s, seq);
-  ZeroPadding(p.dk, s, seq);
-  ZeroPadding(p.dv, s, seq);
+  ZeroPadding(p.dq, s, 0, seq - s.len);
+  ZeroPadding(p.dk, s, 0, seq - s.len);
+  ZeroPadding(p.dv, s, 0, seq - s.len);
   __syncthreads();
   for (int r = threadIdx.x; r < s.rows; r += kThreads) {
     float dl = 0.f;
@@ -408,12 +275,7 @@ size_t BwdSmem(int64_t seq) {
 template <typename T, int kD, bool kBwd>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
-  // Rows are read 16 bytes at a time: a misaligned buffer (XLA's never are) is an error
-  // for the handler to report, not a fault in the kernel.
-  const void* const buffers[] = {p.q, p.k, p.v, p.o, p.dout, p.out, p.dq, p.dk, p.dv};
-  for (const void* ptr : buffers) {
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorMisalignedAddress;
-  }
+  if (!VarlenBuffersAligned(p)) return cudaErrorMisalignedAddress;
   constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD> : VarlenAttentionKernel<T, kD>;
   const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
@@ -421,29 +283,20 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kD, bool kBwd>
-cudaError_t LaunchDtype(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return p.dtype == DType::kBF16 ? Launch<__nv_bfloat16, kD, kBwd>(p, stream) : Launch<__half, kD, kBwd>(p, stream);
-}
-
-template <bool kBwd>
-cudaError_t LaunchFor(const VarlenAttentionParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 80: return LaunchDtype<80, kBwd>(p, stream);
-    case 96: return LaunchDtype<96, kBwd>(p, stream);
-    case 128: return LaunchDtype<128, kBwd>(p, stream);
-    default: return LaunchDtype<64, kBwd>(p, stream);
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchVarlenAttention(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return LaunchFor<false>(p, stream);
+  if (p.seq > kVarlenAttentionShortSeq) return LaunchVarlenAttentionLong(p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false>(p, stream);
+  });
 }
 
 cudaError_t LaunchVarlenAttentionBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return LaunchFor<true>(p, stream);
+  if (p.seq > kVarlenAttentionShortSeq) return LaunchVarlenAttentionLongBwd(p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true>(p, stream);
+  });
 }
 
 }  // namespace pit

@@ -1,8 +1,9 @@
-// Attention over right-padded short sequences, on the valid tokens only (docs/kernels.md,
-// pit_varlen_attention). One CTA per (head, sequence) holds the whole sequence in shared
-// memory: no online softmax, no atomics, a fixed summation order. No host sync, no
-// allocation; safe to capture in a CUDA graph. The handlers validated the parameters
-// (cuda/ffi/varlen_attention_args.h).
+// Attention over padded sequences, on the valid tokens only (docs/kernels.md,
+// pit_varlen_attention). Up to kVarlenAttentionShortSeq tokens one CTA per (head,
+// sequence) holds the whole sequence in shared memory (varlen_attention.cu); longer
+// sequences run in blocks of 128 tokens with an online softmax (varlen_attention_long.cu).
+// No atomics, a fixed summation order, no host sync, no allocation; safe to capture in a
+// CUDA graph. The handlers validated the parameters (cuda/ffi/varlen_attention_args.h).
 #pragma once
 
 #include <cuda_runtime.h>

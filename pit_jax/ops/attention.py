@@ -10,14 +10,16 @@ clamped to [0, S]. Each valid query attends over the valid keys (bidirectional),
 those at or before its own position (`causal=True`). The padding rows of `out` are zeros
 and get zero gradients.
 
-Where the kernels apply (bfloat16 / float16, head_dim 64, 80, 96 or 128, S <= 128:
-batches of short sequences, BERT's fine-tuning shapes, OPT's heads) one CTA per (head,
+Where the kernels apply (bfloat16 / float16, head_dim 64, 80, 96 or 128, S <= 65536)
+padding costs nothing (causal attention skips the masked half too). Up to S = 128
+(batches of short sequences, BERT's fine-tuning shapes, OPT's heads) one CTA per (head,
 sequence) holds the whole sequence in shared memory (up to 171 KB: the CUDA lowering
 refuses a sequence that does not fit the GPU's, e.g. head_dim 128's backward on an
-A100): padding costs nothing (causal attention skips the masked half too), the softmax
-needs no running rescale and the backward no atomics.
-Elsewhere (other dtypes, head dims or longer sequences) the same function runs as a
-masked softmax in XLA (`reference`), as it does under `PIT_JAX_REFERENCE`.
+A100): the softmax needs no running rescale and the backward no atomics. Longer
+sequences (documents) run in blocks of 128 tokens that walk the valid keys (forward, dQ)
+or queries (dK, dV) in chunks with a running softmax, in O(S) memory and still without
+atomics. Elsewhere (other dtypes or head dims) the same function runs as a masked
+softmax in XLA (`reference`, O(S^2) memory), as it does under `PIT_JAX_REFERENCE`.
 
 Differentiable in both modes (the primitive's JVP is a linear primitive whose transpose is
 the backward kernel, which recomputes the probabilities from the forward's log-sum-exp;

@@ -3,7 +3,8 @@
     out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i)
     out[b, i] = 0                                             for padding i
 
-q, k, v, out [B, S, H, D] (16-bit, D = 64, 80, 96 or 128, S <= 128: one CTA holds a sequence's keys),
+q, k, v, out [B, S, H, D] (16-bit, D = 64, 80, 96 or 128, S <= 65536: up to 128 one CTA holds
+a sequence's keys, longer sequences run in blocks of 128 tokens with an online softmax),
 lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
 its last with `left_padded`. Params: scale, causal, left_padded. Two primitives, each one
 FFI target:
@@ -41,7 +42,8 @@ varlen_attention_tangent_p = Primitive("pit_varlen_attention_tangent")
 varlen_attention_tangent_p.multiple_results = True
 
 HEAD_DIMS = (64, 80, 96, 128)  # cuda/common/varlen_attention_params.h
-MAX_SEQ = 128
+SHORT_SEQ = 128  # up to here one CTA holds a whole sequence (cuda/kernels/varlen_attention.cu)
+MAX_SEQ = 65536  # beyond SHORT_SEQ: blocks of 128 tokens (cuda/kernels/varlen_attention_long.cu)
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -91,9 +93,15 @@ def _native(q, k, v, lengths, **params):
 
 
 def shared_memory_bytes(seq: int, head_dim: int, backward: bool) -> int:
-    """A CTA's shared memory (cuda/kernels/varlen_attention.cu's FwdSmem / BwdSmem): q, k,
-    v (and dO, and dS over o, backward) of a whole sequence in rows of head_dim + 8."""
-    s16, pitch = -(-seq // 16) * 16, head_dim + 8
+    """A CTA's shared memory, in rows of head_dim + 8 elements (the kernels' FwdSmem /
+    BwdSmem / DqSmem / DkvSmem). Up to SHORT_SEQ: q, k, v (and dO, and dS over o, backward)
+    of a whole sequence. Longer: two stages of 64-token chunks of k, v (forward, dQ) or q,
+    dO, o (dK, dV), or the 128-token block first staged (dQ: q, dO, o), and a few floats a
+    row; the backward's two kernels need the same."""
+    pitch = head_dim + 8
+    if seq > SHORT_SEQ:
+        return 4 * 64 * pitch * 2 if not backward else 6 * 64 * pitch * 2 + 4 * 64 * 4
+    s16 = -(-seq // 16) * 16
     if not backward:
         return 3 * s16 * pitch * 2
     return (4 * s16 * pitch + s16 * max(s16 + 8, pitch)) * 2 + 2 * s16 * 4

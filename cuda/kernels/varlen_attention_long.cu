@@ -1,0 +1,453 @@
+// Attention over padded sequences longer than 128 tokens (up to kVarlenAttentionMaxSeq),
+// valid tokens only: the flash-attention scheme on mma.sync m16n8k16 tiles (sm_80 and up),
+// with the fragments, rows and padding of the short kernels (varlen_attention_tiles.cuh).
+//
+// A CTA of 8 warps takes a block of 128 tokens of one (head, sequence); its warps hold
+// their 16 rows' fragments in registers and walk the other operand in chunks of 64
+// tokens, double-buffered by cp.async (zeros past the valid tokens).
+// - Forward: a block of queries walks the key chunks with a running max and sum.
+// - Backward, one launch of two independent kinds of blocks, no atomics, every sum in a
+//   fixed order: dK, dV (a block of keys walks the query chunks) and dQ (a block of
+//   queries walks the key chunks, recomputing P and dS). delta = rowsum(dO o) is
+//   computed where it is read: for the block's queries (dQ) and for each staged query
+//   chunk (dK, dV).
+// The grid covers every block of the padded sequence: a block past the valid tokens only
+// writes its share of the padding rows' zeros. Causal attention skips the chunks past a
+// block's last query (forward, dQ) and before its first key (dK, dV), and within them a
+// warp's tiles on the far side of its diagonal.
+#include "cuda/kernels/varlen_attention_long.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/kernels/device_utils.cuh"
+#include "cuda/kernels/varlen_attention_tiles.cuh"
+
+namespace pit {
+namespace {
+
+using namespace attn;  // NOLINT: the shared tiles and fragments
+
+constexpr int kBlock = 16 * kWarps;  // a CTA's rows: 128 tokens
+constexpr int kChunk = 64;           // the walked operand's tokens per stage
+
+// Issues cp.async copies of rows [r_begin, r_begin + kRows) x kD of `src` (rows counted
+// from the sequence's first valid token; zeros past s.len) into the row-major tile `dst`.
+// Consecutive threads copy consecutive 16 bytes of a row.
+template <int kD, int kRows>
+__device__ __forceinline__ void StageAsync(const void* src, uint16_t* dst, const Seq<kD>& s, int r_begin) {
+  constexpr int kUnits = kD / 8;  // 16-byte units a row
+#pragma unroll
+  for (int i = threadIdx.x; i < kRows * kUnits; i += kThreads) {
+    const int r = i / kUnits, c = (i % kUnits) * 8;
+    const bool valid = r_begin + r < s.len;
+    const uint16_t* row = static_cast<const uint16_t*>(src) + s.At(valid ? r_begin + r : 0, c);
+    gemm::CpAsync16(gemm::SmemAddr(dst + r * RowPitch<kD>() + c), row, valid ? 16u : 0u);
+  }
+}
+
+// delta = rowsum(dO o) of kRows staged rows, 4 threads a row (kThreads / 4 rows a pass).
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void RowDots(const uint16_t* os, const uint16_t* dos, float* delta) {
+  constexpr int kPitch = RowPitch<kD>(), kUnits = kD / 8;
+#pragma unroll
+  for (int r0 = 0; r0 < kRows; r0 += kThreads / 4) {
+    const int r = r0 + threadIdx.x / 4;
+    float dl = 0.f;
+    for (int u = threadIdx.x % 4; u < kUnits; u += 4) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(os + r * kPitch + 8 * u);
+      const uint4 dv = *reinterpret_cast<const uint4*>(dos + r * kPitch + 8 * u);
+      const uint32_t* ow = reinterpret_cast<const uint32_t*>(&ov);
+      const uint32_t* dw = reinterpret_cast<const uint32_t*>(&dv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 a = gemm::Elem<T>::Unpack2(ow[j]), b = gemm::Elem<T>::Unpack2(dw[j]);
+        dl = fmaf(a.x, b.x, dl);
+        dl = fmaf(a.y, b.y, dl);
+      }
+    }
+    dl += __shfl_xor_sync(0xffffffffu, dl, 1);
+    dl += __shfl_xor_sync(0xffffffffu, dl, 2);
+    if (threadIdx.x % 4 == 0) delta[r] = dl;
+  }
+}
+
+// The CTA's block and its share of the padding tokens, [first, first + kBlock) of the
+// sequence's seq - len. Blocks are numbered from the grid's last: the blocks far into the
+// sequence exist only for long sequences, the ones with the most work, so they start
+// first and the short sequences' blocks fill the tail.
+template <int kD>
+struct Block {
+  int first;      // the block's first row (from the first valid token)
+  int pad_first;  // its share of the padding tokens
+  int pad_last;
+  __device__ Block(const Seq<kD>& s, int seq, int index, int count) {
+    first = kBlock * (count - 1 - index);
+    pad_first = min(first, seq - s.len);
+    pad_last = min(first + kBlock, seq - s.len);
+  }
+};
+
+// Forward: warp w's queries are rows [first + 16 w, + 16). Two CTAs an SM at head_dim 64.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongKernel(VarlenAttentionParams p) {
+  constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
+  extern __shared__ __align__(16) uint16_t smem[];  // stages [2][k, v][kChunk][kPitch]; first q [kBlock][kPitch]
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Block<kD> blk(s, static_cast<int>(p.seq), blockIdx.z, gridDim.z);
+  ZeroPadding(p.out, s, blk.pad_first, blk.pad_last);
+  for (int i = blk.pad_first + threadIdx.x; i < blk.pad_last; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
+  if (blk.first >= s.len) return;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  StageAsync<kD, kBlock>(p.q, smem, s, blk.first);
+  gemm::CpAsyncCommit();
+  gemm::CpAsyncWait<0>();
+  __syncthreads();
+  uint32_t qa[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[kk], smem, kPitch, 16 * warp, 16 * kk, lane);
+  __syncthreads();  // q's tile is the stages' space
+
+  const int key_end = s.causal ? min(s.len, blk.first + kBlock) : s.len;
+  const int chunks = (key_end + kChunk - 1) / kChunk;
+  auto stage = [&](int c) {
+    uint16_t* buf = smem + (c & 1) * 2 * kTile;
+    StageAsync<kD, kChunk>(p.k, buf, s, c * kChunk);
+    StageAsync<kD, kChunk>(p.v, buf + kTile, s, c * kChunk);
+    gemm::CpAsyncCommit();
+  };
+  stage(0);
+  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.KeyEnd(r0) : 0;
+  const float sl = p.scale * kLog2e;
+  float o[kD / 8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per lane: rows g, g + 8
+#pragma unroll 1
+  for (int c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) {
+      stage(c + 1);
+      gemm::CpAsyncWait<1>();
+    } else {
+      gemm::CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int key0 = c * kChunk;
+    if (key0 < warp_key_end) {
+      const uint16_t* ks = smem + (c & 1) * 2 * kTile;
+      const uint16_t* vs = ks + kTile;
+      // Scores in log2 units, in 16-key blocks up to the warp's last key.
+      float sc[kChunk / 8][4] = {};
+      float c0 = -INFINITY, c1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kChunk / 8; j += 2) {
+        if (key0 + 8 * j >= warp_key_end) break;
+        MmaDimB<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + 8 * (j + h) + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
+            const bool live = key < s.len && (!s.causal || key <= query);
+            sc[j + h][e] = live ? sc[j + h][e] * sl : -INFINITY;
+          }
+          c0 = fmaxf(c0, fmaxf(sc[j + h][0], sc[j + h][1]));
+          c1 = fmaxf(c1, fmaxf(sc[j + h][2], sc[j + h][3]));
+        }
+      }
+      c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, 1));
+      c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, 2));
+      c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, 1));
+      c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, 2));
+      // Every row sees key 0 in the first chunk, so the running max is finite from there
+      // on; a row's fully masked later chunk leaves it (rescale 1, probabilities 0).
+      const float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1);
+      const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);  // 0 at the first chunk
+      m0 = n0;
+      m1 = n1;
+      l0 *= a0;
+      l1 *= a1;
+#pragma unroll
+      for (int jd = 0; jd < kD / 8; ++jd) {
+        o[jd][0] *= a0;
+        o[jd][1] *= a0;
+        o[jd][2] *= a1;
+        o[jd][3] *= a1;
+      }
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        if (key0 + 16 * kb >= warp_key_end) break;
+#pragma unroll
+        for (int j = 2 * kb; j < 2 * kb + 2; ++j) {
+          sc[j][0] = exp2f(sc[j][0] - m0);
+          sc[j][1] = exp2f(sc[j][1] - m0);
+          sc[j][2] = exp2f(sc[j][2] - m1);
+          sc[j][3] = exp2f(sc[j][3] - m1);
+          l0 += sc[j][0] + sc[j][1];
+          l1 += sc[j][2] + sc[j][3];
+        }
+        uint32_t pa[4];
+        PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
+        MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
+      }
+    }
+    __syncthreads();  // this stage's buffer is refilled for chunk c + 2
+  }
+  if (warp_key_end == 0) return;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+  for (int jd = 0; jd < kD / 8; ++jd) {
+    o[jd][0] *= i0;
+    o[jd][1] *= i0;
+    o[jd][2] *= i1;
+    o[jd][3] *= i1;
+  }
+  StoreRows<T, kD>(o, 1.f, p.out, s, r0, g, t);
+  if (t == 0) {
+    if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
+    if (r0 + g + 8 < s.len) p.lse[s.lse_base + r0 + g + 8] = (m1 + log2f(l1)) * kLn2;
+  }
+}
+
+// dQ: warp w's queries are rows [first + 16 w, + 16); per 16 keys P = exp(s - lse),
+// dS = P (dP - delta), dQ += dS K.
+template <typename T, int kD>
+__device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t* smem, int index, int count) {
+  constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
+  // smem: stages [2][k, v][kChunk][kPitch]; first q, dO, o [kBlock][kPitch]
+  float* lse2 = reinterpret_cast<float*>(smem + 3 * kBlock * kPitch);  // [kBlock], log2 units
+  float* delta = lse2 + kBlock;                                        // [kBlock]
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Block<kD> blk(s, static_cast<int>(p.seq), index, count);
+  ZeroPadding(p.dq, s, blk.pad_first, blk.pad_last);
+  if (blk.first >= s.len) return;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint16_t* qs = smem;
+  uint16_t* dos = qs + kBlock * kPitch;
+  uint16_t* os = dos + kBlock * kPitch;
+  StageAsync<kD, kBlock>(p.q, qs, s, blk.first);
+  StageAsync<kD, kBlock>(p.dout, dos, s, blk.first);
+  StageAsync<kD, kBlock>(p.o, os, s, blk.first);
+  gemm::CpAsyncCommit();
+  for (int r = threadIdx.x; r < kBlock; r += kThreads)
+    lse2[r] = blk.first + r < s.len ? p.lse_in[s.lse_base + blk.first + r] * kLog2e : 0.f;
+  gemm::CpAsyncWait<0>();
+  __syncthreads();
+  RowDots<T, kD, kBlock>(os, dos, delta);
+  uint32_t qa[kD / 16][4], da[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    LoadA(qa[kk], qs, kPitch, 16 * warp, 16 * kk, lane);
+    LoadA(da[kk], dos, kPitch, 16 * warp, 16 * kk, lane);
+  }
+  __syncthreads();
+  const float lse_a = lse2[16 * warp + g], lse_b = lse2[16 * warp + g + 8];
+  const float delta_a = delta[16 * warp + g], delta_b = delta[16 * warp + g + 8];
+  __syncthreads();  // q, dO, o's tiles are the stages' space
+
+  const int key_end = s.causal ? min(s.len, blk.first + kBlock) : s.len;
+  const int chunks = (key_end + kChunk - 1) / kChunk;
+  auto stage = [&](int c) {
+    uint16_t* buf = smem + (c & 1) * 2 * kTile;
+    StageAsync<kD, kChunk>(p.k, buf, s, c * kChunk);
+    StageAsync<kD, kChunk>(p.v, buf + kTile, s, c * kChunk);
+    gemm::CpAsyncCommit();
+  };
+  stage(0);
+  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.KeyEnd(r0) : 0;
+  const float sl = p.scale * kLog2e;
+  float dq[kD / 8][4] = {};
+#pragma unroll 1
+  for (int c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) {
+      stage(c + 1);
+      gemm::CpAsyncWait<1>();
+    } else {
+      gemm::CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int key0 = c * kChunk;
+    const uint16_t* ks = smem + (c & 1) * 2 * kTile;
+    const uint16_t* vs = ks + kTile;
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) {
+      if (key0 + 16 * kb >= warp_key_end) break;
+      float st[2][4] = {}, dp[2][4] = {};
+      MmaDimB<T, kD>(st[0], st[1], qa, ks, 16 * kb, lane);
+      MmaDimB<T, kD>(dp[0], dp[1], da, vs, 16 * kb, lane);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 16 * kb + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
+          const bool live = query < s.len && key < s.len && (!s.causal || key <= query);
+          const float pr = live ? exp2f(st[h][e] * sl - (e < 2 ? lse_a : lse_b)) : 0.f;
+          dp[h][e] = pr * (dp[h][e] - (e < 2 ? delta_a : delta_b));  // dS
+        }
+      }
+      uint32_t dsa[4];
+      PackA<T>(dp[0], dp[1], dsa);
+      MmaTokensB<T, kD>(dq, dsa, ks, 16 * kb, lane);
+    }
+    __syncthreads();
+  }
+  if (warp_key_end > 0) StoreRows<T, kD>(dq, p.scale, p.dq, s, r0, g, t);
+}
+
+// dK, dV: warp w's keys are rows [first + 16 w, + 16); per 16 queries P^T, dS^T,
+// dV += P^T dO, dK += dS^T Q.
+template <typename T, int kD>
+__device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int index, int count) {
+  constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
+  // smem: stages [2][q, dO, o][kChunk][kPitch]; first k, v [kBlock][kPitch]
+  float* lse2 = reinterpret_cast<float*>(smem + 6 * kTile);  // [2][kChunk], log2 units
+  float* delta = lse2 + 2 * kChunk;                          // [2][kChunk]
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Block<kD> blk(s, static_cast<int>(p.seq), index, count);
+  ZeroPadding(p.dk, s, blk.pad_first, blk.pad_last);
+  ZeroPadding(p.dv, s, blk.pad_first, blk.pad_last);
+  if (blk.first >= s.len) return;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  StageAsync<kD, kBlock>(p.k, smem, s, blk.first);
+  StageAsync<kD, kBlock>(p.v, smem + kBlock * kPitch, s, blk.first);
+  gemm::CpAsyncCommit();
+  gemm::CpAsyncWait<0>();
+  __syncthreads();
+  uint32_t ka[kD / 16][4], va[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    LoadA(ka[kk], smem, kPitch, 16 * warp, 16 * kk, lane);
+    LoadA(va[kk], smem + kBlock * kPitch, kPitch, 16 * warp, 16 * kk, lane);
+  }
+  __syncthreads();  // k, v's tiles are the stages' space
+
+  // Queries before the block see none of its keys when causal.
+  const int c_begin = s.causal ? blk.first / kChunk : 0, chunks = (s.len + kChunk - 1) / kChunk;
+  auto stage = [&](int c) {
+    uint16_t* buf = smem + (c & 1) * 3 * kTile;
+    StageAsync<kD, kChunk>(p.q, buf, s, c * kChunk);
+    StageAsync<kD, kChunk>(p.dout, buf + kTile, s, c * kChunk);
+    StageAsync<kD, kChunk>(p.o, buf + 2 * kTile, s, c * kChunk);
+    gemm::CpAsyncCommit();
+  };
+  stage(c_begin);
+  const int k0 = blk.first + 16 * warp, key_a = k0 + g, key_b = key_a + 8;
+  const float sl = p.scale * kLog2e;
+  float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
+#pragma unroll 1
+  for (int c = c_begin; c < chunks; ++c) {
+    if (c + 1 < chunks) {
+      stage(c + 1);
+      gemm::CpAsyncWait<1>();
+    } else {
+      gemm::CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const uint16_t* qs = smem + (c & 1) * 3 * kTile;
+    const uint16_t* dos = qs + kTile;
+    float* lse2_c = lse2 + (c & 1) * kChunk;
+    float* delta_c = delta + (c & 1) * kChunk;
+    RowDots<T, kD, kChunk>(qs + 2 * kTile, dos, delta_c);
+    for (int r = threadIdx.x; r < kChunk; r += kThreads) {
+      const int q = c * kChunk + r;
+      lse2_c[r] = q < s.len ? p.lse_in[s.lse_base + q] * kLog2e : 0.f;
+    }
+    __syncthreads();
+    const int query0 = c * kChunk;
+#pragma unroll 1
+    for (int qb = 0; qb < kChunk / 16; ++qb) {
+      const int qb0 = query0 + 16 * qb;
+      if (k0 >= s.len || qb0 >= s.len) break;
+      if (s.causal && qb0 + 15 < k0) continue;  // every query before the warp's first key
+      float st[2][4] = {}, dpt[2][4] = {};
+      MmaDimB<T, kD>(st[0], st[1], ka, qs, 16 * qb, lane);
+      MmaDimB<T, kD>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 16 * qb + 8 * h + 2 * t + (e & 1), q = query0 + r, key = e < 2 ? key_a : key_b;
+          const bool live = q < s.len && key < s.len && (!s.causal || key <= q);
+          const float pr = live ? exp2f(st[h][e] * sl - lse2_c[r]) : 0.f;
+          st[h][e] = pr;                             // P^T
+          dpt[h][e] = pr * (dpt[h][e] - delta_c[r]);  // dS^T
+        }
+      }
+      uint32_t pa[4], dsa[4];
+      PackA<T>(st[0], st[1], pa);
+      PackA<T>(dpt[0], dpt[1], dsa);
+      MmaTokensB<T, kD>(dv, pa, dos, 16 * qb, lane);
+      MmaTokensB<T, kD>(dk, dsa, qs, 16 * qb, lane);
+    }
+    __syncthreads();
+  }
+  if (k0 < s.len) {
+    StoreRows<T, kD>(dv, 1.f, p.dv, s, k0, g, t);
+    StoreRows<T, kD>(dk, p.scale, p.dk, s, k0, g, t);
+  }
+}
+
+// The backward, one launch: the grid's first half of blocks dK / dV, the second dQ (the
+// two are independent), so the two fill each other's tails. Two CTAs an SM at head_dim 64.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongBwdKernel(VarlenAttentionParams p) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  const int count = gridDim.z / 2, z = blockIdx.z;
+  if (z < count) {
+    LongDkv<T, kD>(p, smem, z, count);
+  } else {
+    LongDq<T, kD>(p, smem, z - count, count);
+  }
+}
+
+// Shared memory a CTA (mirrored by pit_jax/primitives/varlen_attention.py).
+template <int kD>
+constexpr size_t FwdSmem() {
+  return static_cast<size_t>(4 * kChunk * RowPitch<kD>()) * 2;  // >= q's block
+}
+template <int kD>
+constexpr size_t DqSmem() {
+  return static_cast<size_t>(3 * kBlock * RowPitch<kD>()) * 2 + 2 * kBlock * sizeof(float);
+}
+template <int kD>
+constexpr size_t DkvSmem() {
+  return static_cast<size_t>(6 * kChunk * RowPitch<kD>()) * 2 + 4 * kChunk * sizeof(float);
+}
+static_assert(4 * kChunk >= kBlock && 6 * kChunk >= 2 * kBlock && 3 * kBlock >= 4 * kChunk,
+              "the first tiles fit the stages' space");
+
+template <typename T, int kD, bool kBwd>
+cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
+  if (!VarlenBuffersAligned(p)) return cudaErrorMisalignedAddress;
+  constexpr auto kernel = kBwd ? VarlenAttentionLongBwdKernel<T, kD> : VarlenAttentionLongKernel<T, kD>;
+  constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
+  if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
+  const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
+  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), blocks), kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchVarlenAttentionLong(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false>(p, stream);
+  });
+}
+
+cudaError_t LaunchVarlenAttentionLongBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true>(p, stream);
+  });
+}
+
+}  // namespace pit

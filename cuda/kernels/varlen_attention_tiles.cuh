@@ -1,0 +1,184 @@
+// Pieces shared by the varlen attention kernels (varlen_attention.cu: a whole short
+// sequence a CTA; varlen_attention_long.cu: longer ones in 128-token blocks): the CTA's
+// sequence, mma.sync m16n8k16 fragment loads from row-major shared tiles, and the stores.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16/.f16): lane = 4 g + t;
+//   A (16 x 16, row): {a0,a1} row g, cols 2t..2t+1; {a2,a3} row g+8; {a4,a5} row g,
+//     cols 2t+8..; {a6,a7} row g+8, cols 2t+8.. (registers a[0..3] hold the pairs);
+//   B (16 x 8, col): {b0,b1} rows 2t..2t+1 of col g; {b2,b3} rows 2t+8..;
+//   C (16 x 8, f32): c0,c1 row g, cols 2t..2t+1; c2,c3 row g+8.
+// So a C fragment pair of two adjacent 8-column tiles is an A fragment of the next
+// product (the probabilities feed P V straight from registers). Every tile is staged
+// row-major ([token][d], dS [query][key]); ldmatrix.x4 reads four 8 x 8 blocks of it as
+// an A fragment or two B fragments, transposed (.trans) where the product reduces over
+// tokens (P V, P^T dO, dS^T Q, dS K), so no transposed copy is kept.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/common/varlen_attention_params.h"
+#include "cuda/kernels/elem_types.cuh"
+#include "cuda/kernels/mma_sync.cuh"
+
+namespace pit {
+namespace attn {
+
+constexpr int kWarps = 8;       // 16 rows each: 128 tokens
+constexpr int kThreads = 32 * kWarps;
+// Row-major tiles of head_dim kD (a multiple of 16): rows of kD + 8 elements (144-272
+// bytes, an odd number of 16-byte units), so the 8 rows an ldmatrix phase reads start in
+// 8 distinct 16-byte bank groups: conflict-free.
+template <int kD>
+constexpr int RowPitch() {
+  static_assert(kD % 16 == 0 && kD >= 64 && kD <= 128, "head_dim: a multiple of 16 in [64, 128]");
+  return kD + 8;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+// The CTA's problem: sequence b, head h, its valid tokens and row pointers. Rows are
+// counted from the first valid token (token `start`).
+template <int kD>
+struct Seq {
+  int len;           // valid tokens, clamped to [0, seq]
+  int rows;          // len rounded up to 16: the rows staged (zeros past len)
+  int start;         // the first valid token: 0, or seq - len with left padding
+  bool causal;
+  int64_t stride;    // elements between consecutive tokens (heads * kD)
+  int64_t base;      // element offset of (b, token start, h, 0)
+  int64_t lse_base;  // offset of lse[b, h, start]
+
+  __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
+    const int n = p.lengths[b];
+    len = n < 0 ? 0 : (n > p.seq ? static_cast<int>(p.seq) : n);
+    rows = (len + 15) & ~15;
+    start = p.left_padded ? static_cast<int>(p.seq) - len : 0;
+    causal = p.causal;
+    stride = p.heads * kD;
+    base = (static_cast<int64_t>(b) * p.seq + start) * stride + static_cast<int64_t>(h) * kD;
+    lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
+  }
+  __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
+  // Padding token i of seq - len, as a row (negative before the valid ones).
+  __device__ int PadRow(int i) const { return i < start ? i - start : i - start + len; }
+  // The end of the keys (rows) that queries [r0, r0 + 16) attend to, and of the tiles
+  // staged for them (a multiple of 16).
+  __device__ int KeyEnd(int r0) const { return causal ? min(len, r0 + 16) : len; }
+  __device__ int KeyRows(int r0) const { return causal ? min(rows, r0 + 16) : rows; }
+};
+
+// Zeros on the padding tokens [first, last) (of the sequence's seq - len) of `dst`.
+template <int kD>
+__device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq<kD>& s, int first, int last) {
+  uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
+  for (int i = first * (kD / 8) + threadIdx.x; i < last * (kD / 8); i += kThreads) {
+    const int r = s.PadRow(i / (kD / 8)), c = (i % (kD / 8)) * 8;
+    *reinterpret_cast<uint4*>(dst + s.At(r, c)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The A fragment of rows [r0, r0 + 16) x cols [k0, k0 + 16) of a row-major tile: lanes
+// 0-15 address the rows at k0, lanes 16-31 at k0 + 8 (blocks a0..a3 in order).
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* tile, int pitch, int r0, int k0, int lane) {
+  gemm::LdMatrixX4(a, gemm::SmemAddr(tile + (r0 + (lane & 15)) * pitch + k0 + (lane >> 4) * 8));
+}
+
+// B fragments of two 8-column tiles (n0.., n0 + 8..) over k [k0, k0 + 16) of a tile
+// stored [n][k] (K for q k^T): {b[0], b[1]} the first, {b[2], b[3]} the second.
+template <int kD>
+__device__ __forceinline__ void LoadBNK(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0, int lane) {
+  const uint16_t* p = tile + (n0 + (lane & 7) + (lane >> 4) * 8) * RowPitch<kD>() + k0 + ((lane >> 3) & 1) * 8;
+  gemm::LdMatrixX4(b, gemm::SmemAddr(p));
+}
+
+// The same for a tile stored [k][n] (V for P V: k the token), transposed by ldmatrix.
+template <int kD>
+__device__ __forceinline__ void LoadBKN(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int lane) {
+  gemm::LdMatrixX4Trans(b, gemm::SmemAddr(tile + (k0 + (lane & 15)) * RowPitch<kD>() + n0 + (lane >> 4) * 8));
+}
+
+// acc[0..kD/8) += A (16 x 16 tokens [k0, k0 + 16)) times those tokens' rows of a
+// row-major [token][kD] tile, for the kD / 8 column tiles (P V, P^T dO, dS^T Q, dS K).
+template <typename T, int kD>
+__device__ __forceinline__ void MmaTokensB(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const uint16_t* tile,
+                                           int k0, int lane) {
+#pragma unroll
+  for (int jd = 0; jd < kD / 8; jd += 2) {
+    uint32_t b[4];
+    LoadBKN<kD>(b, tile, k0, 8 * jd, lane);
+    gemm::Mma16816<T>(acc[jd], a, b[0], b[1]);
+    gemm::Mma16816<T>(acc[jd + 1], a, b[2], b[3]);
+  }
+}
+
+// c[0], c[1] += A (16 rows x kD; a[kk] the kD / 16 k-steps) times the 16 tokens [n0,
+// n0 + 16) of a row-major tile as B (the product reduces over kD: q k^T, k q^T, v dO^T).
+template <typename T, int kD>
+__device__ __forceinline__ void MmaDimB(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[kD / 16][4],
+                                        const uint16_t* tile, int n0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t b[4];
+    LoadBNK<kD>(b, tile, n0, 16 * kk, lane);
+    gemm::Mma16816<T>(c0, a[kk], b[0], b[1]);
+    gemm::Mma16816<T>(c1, a[kk], b[2], b[3]);
+  }
+}
+
+// The A fragment of a 16 x 16 block from the C fragments of its two 8-column halves.
+template <typename T>
+__device__ __forceinline__ void PackA(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
+  a[0] = gemm::Elem<T>::Pack2(lo[0], lo[1]);
+  a[1] = gemm::Elem<T>::Pack2(lo[2], lo[3]);
+  a[2] = gemm::Elem<T>::Pack2(hi[0], hi[1]);
+  a[3] = gemm::Elem<T>::Pack2(hi[2], hi[3]);
+}
+
+// Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len.
+template <typename T, int kD>
+__device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float mul, void* dst_v, const Seq<kD>& s,
+                                          int r0, int g, int t) {
+  uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
+  const int ra = r0 + g, rb = ra + 8;
+#pragma unroll
+  for (int jd = 0; jd < kD / 8; ++jd) {
+    const int c = 8 * jd + 2 * t;
+    if (ra < s.len) St32(dst + s.At(ra, c), gemm::Elem<T>::Pack2(acc[jd][0] * mul, acc[jd][1] * mul));
+    if (rb < s.len) St32(dst + s.At(rb, c), gemm::Elem<T>::Pack2(acc[jd][2] * mul, acc[jd][3] * mul));
+  }
+}
+
+
+// Rows are read 16 bytes at a time: a misaligned buffer (XLA's never are) is an error for
+// the handler to report, not a fault in a kernel.
+inline bool VarlenBuffersAligned(const VarlenAttentionParams& p) {
+  const void* const buffers[] = {p.q, p.k, p.v, p.o, p.dout, p.out, p.dq, p.dk, p.dv};
+  for (const void* ptr : buffers) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// launch(T*, std::integral_constant<int, kD>) for the call's dtype T and head dim kD.
+template <typename F>
+cudaError_t ForDtypeAndHeadDim(const VarlenAttentionParams& p, F&& launch) {
+  auto by_dim = [&](auto type) -> cudaError_t {
+    switch (p.head_dim) {
+      case 80: return launch(type, std::integral_constant<int, 80>{});
+      case 96: return launch(type, std::integral_constant<int, 96>{});
+      case 128: return launch(type, std::integral_constant<int, 128>{});
+      default: return launch(type, std::integral_constant<int, 64>{});
+    }
+  };
+  return p.dtype == DType::kBF16 ? by_dim(static_cast<__nv_bfloat16*>(nullptr)) : by_dim(static_cast<__half*>(nullptr));
+}
+
+}  // namespace attn
+}  // namespace pit
