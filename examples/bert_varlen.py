@@ -88,7 +88,7 @@ def main(argv=None):
     tokens, lengths, labels = sample()
     density = float(np.asarray(lengths).sum()) / (batch * seq)
     attn = common.resolve_attention(args.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
-    pit_attn = "pit_jax.varlen_attention" if common.varlen_kernels_apply(batch, seq, cfg) else attn
+    pit_attn = "pit_jax.varlen_attention" if common.varlen_kernels_apply(batch, seq, cfg, attn) else attn
     print(f"valid tokens {density:.1%} (mean length {float(np.mean(lengths)):.1f}); attention: pit {pit_attn}, "
           f"dense_cudnn {attn}")
     models = {

@@ -209,7 +209,8 @@ class BertClassifier(nn.Module):
     # leaves them and the live-row layer norms' padding rows unwritten (gradients as "zeros").
     dead_rows: str = "zeros"
     # pit mode with skip_padding: attention by `pit_jax.varlen_attention` (valid tokens only)
-    # where its kernels take the shapes (16-bit, head_dim 64, 80, 96 or 128, seq <= 128), else `attention`.
+    # where its kernels take the shapes (16-bit, head_dim 64, 80, 96 or 128) and are the
+    # faster (`common.varlen_kernels_apply`: cuDNN past 128 tokens where it runs), else `attention`.
     varlen_attention: bool = True
     # The layers on flax's path (nn.LayerNorm, the dense and W-axis products' bias adds) by
     # `tied`'s, whose parameter-gradient column sums are tied to the cotangent they read:
@@ -229,10 +230,9 @@ class BertClassifier(nn.Module):
         norm_rows = rows  # the residual adds' and layer norms' rows
         if rows is None and self.row_norms and self.mode == "pit":
             norm_rows = row_index(mask)
-        if rows is not None and self.varlen_attention and common.varlen_kernels_apply(batch, seq, cfg):
+        impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
+        if rows is not None and self.varlen_attention and common.varlen_kernels_apply(batch, seq, cfg, impl):
             impl = "pit"
-        else:
-            impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
         emb = nn.Embed(cfg.vocab, cfg.hidden, name="word_emb")(tokens)
         emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
         emb = emb.reshape(batch * seq, cfg.hidden)
