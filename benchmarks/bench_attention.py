@@ -1,10 +1,12 @@
-"""Attention over padded short sequences: pit_jax.varlen_attention against what a JAX user
+"""Attention over padded sequences: pit_jax.varlen_attention against what a JAX user
 has (issue 7's BERT and OPT shapes).
 
 Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like lengths
 (~27 % valid tokens), and the same batch at full length; OPT-1.3B's decoder heads (32 x
 64) on the same lengths left-padded, causal ("decoder"), and OPT-6.7B's (32 x 128,
-"decoder_hd128"). Per case, forward alone and
+"decoder_hd128"); and BERT-base heads on 8 long documents (max 2048, ~31 % valid:
+"document"; "document_causal" the same causal over left padding), the kernels' 128-token
+blocks with an online softmax. Per case, forward alone and
 forward + backward (a vjp with a fixed cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   cudnn       jax.nn.dot_product_attention(implementation="cudnn") with sequence lengths
@@ -15,7 +17,7 @@ forward + backward (a vjp with a fixed cotangent), each through:
 Inputs rotated so nothing sits in L2; wall time of jitted calls (median of repeats) and
 the device time of their kernels from a profiler trace.
 
-    python -m benchmarks.bench_attention [--out DIR] [--small]
+    python -m benchmarks.bench_attention [--out DIR] [--small] [--cases glue document ...]
 """
 
 from __future__ import annotations
@@ -68,19 +70,25 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     common.add_out_argument(ap)
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
+    ap.add_argument("--cases", nargs="+", help="only these cases (default: all)")
     args = ap.parse_args(argv)
     meta = common.device_info()
     b, s, h, d = (4, 32, 2, 64) if args.small else (32, 128, 12, 64)
     h_dec = 4 if args.small else 32  # OPT-1.3B: 32 heads of 64
+    b_doc, s_doc = (2, 160) if args.small else (8, 2048)
     rng = np.random.default_rng(0)
     glue = mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s})
-    # case -> (lengths, heads, head_dim, decoder)
-    cases = {"glue": (glue, h, d, False), "full": (np.full((b,), s, np.int32), h, d, False),
-             "decoder": (glue, h_dec, d, True), "decoder_hd128": (glue, h_dec, 128, True)}
-    n_sets = common.rotations(5 * b * s * max(h, h_dec) * 128 * 2)
+    docs = mcommon.sample_lengths(rng, b_doc, **{**mcommon.LONG_DOC, "max_len": s_doc})
+    # case -> (lengths, seq, heads, head_dim, decoder)
+    cases = {"glue": (glue, s, h, d, False), "full": (np.full((b,), s, np.int32), s, h, d, False),
+             "decoder": (glue, s, h_dec, d, True), "decoder_hd128": (glue, s, h_dec, 128, True),
+             "document": (docs, s_doc, h, d, False), "document_causal": (docs, s_doc, h, d, True)}
+    n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h * d) * 2)
     key = jax.random.PRNGKey(0)
     rows = []
-    for case, (lengths, h, d, decoder) in cases.items():
+    cases = {c: v for c, v in cases.items() if not args.cases or c in args.cases}
+    for case, (lengths, s, h, d, decoder) in cases.items():
+        b = len(lengths)
         ln = jnp.asarray(lengths, jnp.int32)
         mask = np.asarray((mcommon.left_padding_mask if decoder else mcommon.right_padding_mask)(lengths, s))
         sets = []
