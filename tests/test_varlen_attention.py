@@ -78,6 +78,33 @@ def check_lse(got, want, what):
     assert err <= 1e-5 * scale, f"{what}: max error {err:.3g} > 1e-05 * {scale:.3g}"
 
 
+def check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, seed):
+    """The kernels' value, lse and gradients (one jitted vjp) against float64; every
+    result's padding rows zeros."""
+    s, d = q.shape[1], q.shape[3]
+    scale = 1 / math.sqrt(d)
+    kw = dict(causal=causal, padding=padding)
+
+    def f(q, k, v, lengths, dout):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
+        return (out, *vjp(dout))
+
+    args = put(platform, q, k, v, lengths, dout)
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
+    got = jax.jit(f)(*args)
+    want = reference64(q, k, v, lengths, dout, scale, **kw)
+    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
+    what = f"seed={seed} lengths={lengths.tolist()}"
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
+        check_close(g, w, dtype, f"{what} {name}")
+        assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
+    params = dict(scale=scale, causal=causal, left_padded=padding == "left")
+    _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
+    check_lse(lse, want[1], f"{what} lse")
+    assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
+
+
 def inputs(rng, b, s, h, dtype, d=64):
     return [randn(rng, (b, s, h, d), dtype) for _ in range(4)]  # q, k, v, dout
 
@@ -130,27 +157,7 @@ def test_causal_and_left_padding(platform, dtype, causal, padding, b, s, h, d):
     lengths = lengths_for(rng, b, s, "random")
     if b == 6:
         lengths = np.array([128, 127, 113, 64, 17, 16], np.int32)
-    scale = 1 / math.sqrt(d)
-    kw = dict(causal=causal, padding=padding)
-
-    def f(q, k, v, lengths, dout):
-        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
-        return (out, *vjp(dout))
-
-    args = put(platform, q, k, v, lengths, dout)
-    jaxpr = str(jax.make_jaxpr(f)(*args))
-    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
-    got = jax.jit(f)(*args)
-    want = reference64(q, k, v, lengths, dout, scale, **kw)
-    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
-    what = f"seed={seed} lengths={lengths.tolist()}"
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
-        check_close(g, w, dtype, f"{what} {name}")
-        assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
-    params = dict(scale=scale, causal=causal, left_padded=padding == "left")
-    _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
-    check_lse(lse, want[1], f"{what} lse")
-    assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
+    check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, seed)
 
 
 # Longer than one CTA's 128 tokens: blocks of 128 walking 64-token chunks. Lengths on and
@@ -164,33 +171,15 @@ LONG_LENGTHS = {(5, 300, 2): [300, 0, 129, 128, 257], (3, 129, 1): [129, 128, 1]
 @pytest.mark.parametrize("b,s,h", list(LONG_LENGTHS))
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_long_sequences(platform, dtype, causal, padding, b, s, h, d):
-    """Sequences past 128 tokens (the long kernels: an online softmax forward, dQ and dK /
-    dV kernels): value, lse and gradients against float64, padding rows zeros."""
+    """Sequences past 128 tokens (the long kernels: an online-softmax forward, the
+    backward's dK / dV and dQ blocks): value, lse and gradients against float64, padding
+    rows zeros."""
     rng, seed = fresh_rng()
     q, k, v, dout = inputs(rng, b, s, h, dtype, d)
     lengths = np.array(LONG_LENGTHS[(b, s, h)], np.int32)
-    lengths[-1] = rng.integers(1, s + 1) if b > 2 else lengths[-1]
-    scale = 1 / math.sqrt(d)
-    kw = dict(causal=causal, padding=padding)
-
-    def f(q, k, v, lengths, dout):
-        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
-        return (out, *vjp(dout))
-
-    args = put(platform, q, k, v, lengths, dout)
-    jaxpr = str(jax.make_jaxpr(f)(*args))
-    assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
-    got = jax.jit(f)(*args)
-    want = reference64(q, k, v, lengths, dout, scale, **kw)
-    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
-    what = f"seed={seed} lengths={lengths.tolist()}"
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
-        check_close(g, w, dtype, f"{what} {name}")
-        assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
-    params = dict(scale=scale, causal=causal, left_padded=padding == "left")
-    _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
-    check_lse(lse, want[1], f"{what} lse")
-    assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
+    if b > 2:
+        lengths[-1] = rng.integers(1, s + 1)  # one drawn
+    check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, seed)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -105,11 +105,8 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
       m1 = fmaxf(m1, fmaxf(sc[j + h][2], sc[j + h][3]));
     }
   }
-  // A row's 4 lanes hold its keys: reduce across them.
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+  m0 = RowMax4(m0);
+  m1 = RowMax4(m1);
   float l0 = 0.f, l1 = 0.f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -121,10 +118,8 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
     l0 += sc[j][0] + sc[j][1];
     l1 += sc[j][2] + sc[j][3];
   }
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  l0 = RowSum4(l0);
+  l1 = RowSum4(l1);
 
   float o[kD / 8][4] = {};
 #pragma unroll
@@ -134,20 +129,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
     PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
     MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
   }
-  // Normalize per row: lanes hold rows g (c0, c1) and g + 8 (c2, c3).
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
-#pragma unroll
-  for (int jd = 0; jd < kD / 8; ++jd) {
-    o[jd][0] *= i0;
-    o[jd][1] *= i0;
-    o[jd][2] *= i1;
-    o[jd][3] *= i1;
-  }
-  StoreRows<T, kD>(o, 1.f, p.out, s, r0, g, t);
-  if (t == 0) {
-    if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
-    if (r0 + g + 8 < s.len) p.lse[s.lse_base + r0 + g + 8] = (m1 + log2f(l1)) * kLn2;
-  }
+  StoreNormalized<T, kD>(o, m0, m1, l0, l1, p, s, r0, g, t);
 }
 
 // Backward. Phase 1: warp w owns keys [16 w, 16 w + 16) and walks the query blocks:
@@ -210,26 +192,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
     const int key_a = k0 + g, key_b = key_a + 8;
 #pragma unroll 1
     for (int qb = s.causal ? warp : 0; 16 * qb < s.len; ++qb) {
-      float st[2][4] = {}, dpt[2][4] = {};
-      MmaDimB<T, kD>(st[0], st[1], ka, qs, 16 * qb, lane);
-      MmaDimB<T, kD>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
-          const bool live = q < s.len && key < s.len && (!s.causal || key <= q);
-          const float pr = live ? exp2f(st[h][e] * sl - lse2[q]) : 0.f;
-          st[h][e] = pr;                           // P^T
-          dpt[h][e] = pr * (dpt[h][e] - delta[q]);  // dS^T
-        }
-      }
-      uint32_t pa[4], dsa[4];
-      PackA<T>(st[0], st[1], pa);
-      PackA<T>(dpt[0], dpt[1], dsa);
-      MmaTokensB<T, kD>(dv, pa, dos, 16 * qb, lane);
-      MmaTokensB<T, kD>(dk, dsa, qs, 16 * qb, lane);
-      // dS[query][key], rounded as in dsa, for phase 2.
+      float dpt[2][4];
+      DkvStep<T, kD>(dv, dk, dpt, ka, va, qs, dos, lse2, delta, 16 * qb, 0, key_a, sl, s, lane);
+      // dS[query][key], rounded as in DkvStep's product, for phase 2.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll

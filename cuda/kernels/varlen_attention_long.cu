@@ -49,6 +49,19 @@ __device__ __forceinline__ void StageAsync(const void* src, uint16_t* dst, const
   }
 }
 
+// Double buffering: issues chunk c + 1's copies (stage(c + 1), if there is one) and waits
+// for chunk c's, then the CTA barrier.
+template <typename F>
+__device__ __forceinline__ void NextChunk(int c, int chunks, F&& stage) {
+  if (c + 1 < chunks) {
+    stage(c + 1);
+    gemm::CpAsyncWait<1>();
+  } else {
+    gemm::CpAsyncWait<0>();
+  }
+  __syncthreads();
+}
+
 // delta = rowsum(dO o) of kRows staged rows, 4 threads a row (kThreads / 4 rows a pass).
 template <typename T, int kD, int kRows>
 __device__ __forceinline__ void RowDots(const uint16_t* os, const uint16_t* dos, float* delta) {
@@ -69,8 +82,7 @@ __device__ __forceinline__ void RowDots(const uint16_t* os, const uint16_t* dos,
         dl = fmaf(a.y, b.y, dl);
       }
     }
-    dl += __shfl_xor_sync(0xffffffffu, dl, 1);
-    dl += __shfl_xor_sync(0xffffffffu, dl, 2);
+    dl = RowSum4(dl);  // a row's 4 threads are 4 adjacent lanes
     if (threadIdx.x % 4 == 0) delta[r] = dl;
   }
 }
@@ -90,6 +102,23 @@ struct Block {
     pad_last = min(first + kBlock, seq - s.len);
   }
 };
+
+// The key chunks a block of queries walks (to its last query's when causal), and the
+// copies of chunk c's k and v rows into stage c % 2 ([2][k, v][kChunk][kPitch]).
+template <int kD>
+__device__ __forceinline__ int KeyChunks(const Seq<kD>& s, const Block<kD>& blk) {
+  const int key_end = s.causal ? min(s.len, blk.first + kBlock) : s.len;
+  return (key_end + kChunk - 1) / kChunk;
+}
+template <int kD>
+__device__ __forceinline__ void StageKeyChunk(const VarlenAttentionParams& p, uint16_t* smem, const Seq<kD>& s,
+                                              int c) {
+  constexpr int kTile = kChunk * RowPitch<kD>();
+  uint16_t* buf = smem + (c & 1) * 2 * kTile;
+  StageAsync<kD, kChunk>(p.k, buf, s, c * kChunk);
+  StageAsync<kD, kChunk>(p.v, buf + kTile, s, c * kChunk);
+  gemm::CpAsyncCommit();
+}
 
 // Forward: warp w's queries are rows [first + 16 w, + 16). Two CTAs an SM at head_dim 64.
 template <typename T, int kD>
@@ -112,14 +141,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
   for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[kk], smem, kPitch, 16 * warp, 16 * kk, lane);
   __syncthreads();  // q's tile is the stages' space
 
-  const int key_end = s.causal ? min(s.len, blk.first + kBlock) : s.len;
-  const int chunks = (key_end + kChunk - 1) / kChunk;
-  auto stage = [&](int c) {
-    uint16_t* buf = smem + (c & 1) * 2 * kTile;
-    StageAsync<kD, kChunk>(p.k, buf, s, c * kChunk);
-    StageAsync<kD, kChunk>(p.v, buf + kTile, s, c * kChunk);
-    gemm::CpAsyncCommit();
-  };
+  const int chunks = KeyChunks(s, blk);
+  auto stage = [&](int c) { StageKeyChunk(p, smem, s, c); };
   stage(0);
   const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.KeyEnd(r0) : 0;
   const float sl = p.scale * kLog2e;
@@ -127,13 +150,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per lane: rows g, g + 8
 #pragma unroll 1
   for (int c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) {
-      stage(c + 1);
-      gemm::CpAsyncWait<1>();
-    } else {
-      gemm::CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextChunk(c, chunks, stage);
     const int key0 = c * kChunk;
     if (key0 < warp_key_end) {
       const uint16_t* ks = smem + (c & 1) * 2 * kTile;
@@ -157,10 +174,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
           c1 = fmaxf(c1, fmaxf(sc[j + h][2], sc[j + h][3]));
         }
       }
-      c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, 1));
-      c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, 2));
-      c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, 1));
-      c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, 2));
+      c0 = RowMax4(c0);
+      c1 = RowMax4(c1);
       // Every row sees key 0 in the first chunk, so the running max is finite from there
       // on; a row's fully masked later chunk leaves it (rescale 1, probabilities 0).
       const float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1);
@@ -195,24 +210,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
     }
     __syncthreads();  // this stage's buffer is refilled for chunk c + 2
   }
-  if (warp_key_end == 0) return;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
-#pragma unroll
-  for (int jd = 0; jd < kD / 8; ++jd) {
-    o[jd][0] *= i0;
-    o[jd][1] *= i0;
-    o[jd][2] *= i1;
-    o[jd][3] *= i1;
-  }
-  StoreRows<T, kD>(o, 1.f, p.out, s, r0, g, t);
-  if (t == 0) {
-    if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
-    if (r0 + g + 8 < s.len) p.lse[s.lse_base + r0 + g + 8] = (m1 + log2f(l1)) * kLn2;
-  }
+  if (warp_key_end > 0) StoreNormalized<T, kD>(o, m0, m1, RowSum4(l0), RowSum4(l1), p, s, r0, g, t);
 }
 
 // dQ: warp w's queries are rows [first + 16 w, + 16); per 16 keys P = exp(s - lse),
@@ -252,27 +250,15 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
   const float delta_a = delta[16 * warp + g], delta_b = delta[16 * warp + g + 8];
   __syncthreads();  // q, dO, o's tiles are the stages' space
 
-  const int key_end = s.causal ? min(s.len, blk.first + kBlock) : s.len;
-  const int chunks = (key_end + kChunk - 1) / kChunk;
-  auto stage = [&](int c) {
-    uint16_t* buf = smem + (c & 1) * 2 * kTile;
-    StageAsync<kD, kChunk>(p.k, buf, s, c * kChunk);
-    StageAsync<kD, kChunk>(p.v, buf + kTile, s, c * kChunk);
-    gemm::CpAsyncCommit();
-  };
+  const int chunks = KeyChunks(s, blk);
+  auto stage = [&](int c) { StageKeyChunk(p, smem, s, c); };
   stage(0);
   const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.KeyEnd(r0) : 0;
   const float sl = p.scale * kLog2e;
   float dq[kD / 8][4] = {};
 #pragma unroll 1
   for (int c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) {
-      stage(c + 1);
-      gemm::CpAsyncWait<1>();
-    } else {
-      gemm::CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextChunk(c, chunks, stage);
     const int key0 = c * kChunk;
     const uint16_t* ks = smem + (c & 1) * 2 * kTile;
     const uint16_t* vs = ks + kTile;
@@ -339,18 +325,12 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
     gemm::CpAsyncCommit();
   };
   stage(c_begin);
-  const int k0 = blk.first + 16 * warp, key_a = k0 + g, key_b = key_a + 8;
+  const int k0 = blk.first + 16 * warp, key_a = k0 + g;
   const float sl = p.scale * kLog2e;
   float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
 #pragma unroll 1
   for (int c = c_begin; c < chunks; ++c) {
-    if (c + 1 < chunks) {
-      stage(c + 1);
-      gemm::CpAsyncWait<1>();
-    } else {
-      gemm::CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextChunk(c, chunks, stage);
     const uint16_t* qs = smem + (c & 1) * 3 * kTile;
     const uint16_t* dos = qs + kTile;
     float* lse2_c = lse2 + (c & 1) * kChunk;
@@ -367,25 +347,8 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
       const int qb0 = query0 + 16 * qb;
       if (k0 >= s.len || qb0 >= s.len) break;
       if (s.causal && qb0 + 15 < k0) continue;  // every query before the warp's first key
-      float st[2][4] = {}, dpt[2][4] = {};
-      MmaDimB<T, kD>(st[0], st[1], ka, qs, 16 * qb, lane);
-      MmaDimB<T, kD>(dpt[0], dpt[1], va, dos, 16 * qb, lane);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 16 * qb + 8 * h + 2 * t + (e & 1), q = query0 + r, key = e < 2 ? key_a : key_b;
-          const bool live = q < s.len && key < s.len && (!s.causal || key <= q);
-          const float pr = live ? exp2f(st[h][e] * sl - lse2_c[r]) : 0.f;
-          st[h][e] = pr;                             // P^T
-          dpt[h][e] = pr * (dpt[h][e] - delta_c[r]);  // dS^T
-        }
-      }
-      uint32_t pa[4], dsa[4];
-      PackA<T>(st[0], st[1], pa);
-      PackA<T>(dpt[0], dpt[1], dsa);
-      MmaTokensB<T, kD>(dv, pa, dos, 16 * qb, lane);
-      MmaTokensB<T, kD>(dk, dsa, qs, 16 * qb, lane);
+      float dst[2][4];
+      DkvStep<T, kD>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s, lane);
     }
     __syncthreads();
   }

@@ -156,6 +156,76 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float m
 }
 
 
+// A row's max / sum over the 4 lanes that hold its columns (C fragments: lanes 4g..4g+3).
+__device__ __forceinline__ float RowMax4(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float RowSum4(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// The forward's end for a warp's rows [r0, r0 + 16): o / l stored for the rows < len, and
+// their lse from the max m and the sum l (log2 units, reduced over the row's lanes); the
+// lane holds rows g (m0, l0; c0, c1) and g + 8 (m1, l1; c2, c3).
+template <typename T, int kD>
+__device__ __forceinline__ void StoreNormalized(float (&o)[kD / 8][4], float m0, float m1, float l0, float l1,
+                                                const VarlenAttentionParams& p, const Seq<kD>& s, int r0, int g,
+                                                int t) {
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+  for (int jd = 0; jd < kD / 8; ++jd) {
+    o[jd][0] *= i0;
+    o[jd][1] *= i0;
+    o[jd][2] *= i1;
+    o[jd][3] *= i1;
+  }
+  StoreRows<T, kD>(o, 1.f, p.out, s, r0, g, t);
+  if (t == 0) {
+    if (r0 + g < s.len) p.lse[s.lse_base + r0 + g] = (m0 + log2f(l0)) * kLn2;
+    if (r0 + g + 8 < s.len) p.lse[s.lse_base + r0 + g + 8] = (m1 + log2f(l1)) * kLn2;
+  }
+}
+
+// One 16-query step of a warp's dK / dV walk over its 16 keys (this lane's key_a and
+// key_a + 8): P^T and dS^T = P^T (dP^T - delta) from k q^T and v dO^T over the rows
+// [r0, r0 + 16) of the tiles qs, dos (tile row r is query position q_base + r; lse2 and
+// delta are indexed by tile row), then dV += P^T dO and dK += dS^T Q. dS^T is left in
+// dst (C fragments) for a caller that keeps it.
+template <typename T, int kD>
+__device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], float (&dst)[2][4],
+                                        const uint32_t (&ka)[kD / 16][4], const uint32_t (&va)[kD / 16][4],
+                                        const uint16_t* qs, const uint16_t* dos, const float* lse2,
+                                        const float* delta, int r0, int q_base, int key_a, float sl,
+                                        const Seq<kD>& s, int lane) {
+  const int t = lane % 4;
+  float st[2][4] = {};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[h][e] = 0.f;
+  }
+  MmaDimB<T, kD>(st[0], st[1], ka, qs, r0, lane);
+  MmaDimB<T, kD>(dst[0], dst[1], va, dos, r0, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = r0 + 8 * h + 2 * t + (e & 1), q = q_base + r, key = key_a + (e < 2 ? 0 : 8);
+      const bool live = q < s.len && key < s.len && (!s.causal || key <= q);
+      const float pr = live ? exp2f(st[h][e] * sl - lse2[r]) : 0.f;
+      st[h][e] = pr;                          // P^T
+      dst[h][e] = pr * (dst[h][e] - delta[r]);  // dS^T
+    }
+  }
+  uint32_t pa[4], dsa[4];
+  PackA<T>(st[0], st[1], pa);
+  PackA<T>(dst[0], dst[1], dsa);
+  MmaTokensB<T, kD>(dv, pa, dos, r0, lane);
+  MmaTokensB<T, kD>(dk, dsa, qs, r0, lane);
+}
+
 // Rows are read 16 bytes at a time: a misaligned buffer (XLA's never are) is an error for
 // the handler to report, not a fault in a kernel.
 inline bool VarlenBuffersAligned(const VarlenAttentionParams& p) {
