@@ -148,13 +148,15 @@ def test_bad_configuration_is_a_clear_error(make, match):
 
 # VarlenSelfAttention: Flax's attention parameters, the result of Flax's self-attention with
 # the padding mask on the valid rows, zeros on the padding rows.
-ATTENTION_IDS = ["f32-xla", "bf16-kernels", "bf16-kernels-hd128"]
+ATTENTION_IDS = ["f32-xla", "bf16-kernels", "bf16-kernels-hd128", "bf16-kernels-long"]
 ATTENTION_CASES = [
-    # (dtype, D, heads, qkv_features, out_features): float32 runs the attention's XLA path,
-    # bf16 with head_dim 64 or 128 its kernels (the CPU targets here, the CUDA ones on a GPU).
-    (jnp.float32, 24, 4, 32, 16),
-    (jnp.bfloat16, 128, 2, 128, 96),
-    (jnp.bfloat16, 96, 2, 256, 96),  # head_dim 128
+    # (dtype, D, heads, qkv_features, out_features, seq): float32 runs the attention's XLA
+    # path, bf16 with head_dim 64 or 128 its kernels (the CPU targets here, the CUDA ones on
+    # a GPU); past 128 tokens the long kernels.
+    (jnp.float32, 24, 4, 32, 16, 37),
+    (jnp.bfloat16, 128, 2, 128, 96, 37),
+    (jnp.bfloat16, 96, 2, 256, 96, 37),  # head_dim 128
+    (jnp.bfloat16, 64, 2, 128, 64, 200),
 ]
 
 
@@ -163,14 +165,14 @@ def attention_cases(test):
     encoder and of a decoder's batch of left-padded prompts."""
     test = pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")],
                                    ids=["bidirectional-right", "causal-left"])(test)
-    test = pytest.mark.parametrize("dtype,d,heads,feats,out", ATTENTION_CASES, ids=ATTENTION_IDS)(test)
+    test = pytest.mark.parametrize("dtype,d,heads,feats,out,seq", ATTENTION_CASES, ids=ATTENTION_IDS)(test)
     return pytest.mark.parametrize("platform", PLATFORMS)(test)
 
 
-def _attention_inputs(rng, d, dtype, padding="right"):
-    x = rng.standard_normal((3, 37, d)).astype(np.float32)
-    lengths = np.array([37, 0, int(rng.integers(1, 37))], np.int32)
-    valid = np.asarray(ref.valid_tokens(lengths, 37, padding == "left"))
+def _attention_inputs(rng, d, dtype, padding="right", seq=37):
+    x = rng.standard_normal((3, seq, d)).astype(np.float32)
+    lengths = np.array([seq, 0, int(rng.integers(1, seq))], np.int32)
+    valid = np.asarray(ref.valid_tokens(lengths, seq, padding == "left"))
     return jnp.asarray(x, dtype), jnp.asarray(lengths), jnp.asarray(valid)
 
 
@@ -189,11 +191,11 @@ def _check_attention(y, y_flax, valid, dtype, what):
 
 
 @attention_cases
-def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
+def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out, seq, causal, padding):
     from pit_jax.flax import VarlenSelfAttention
 
     rng, seed = fresh_rng()
-    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding))
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding, seq))
     layer = VarlenSelfAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype, causal=causal,
                                 padding=padding)
     flax_layer = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
@@ -222,9 +224,9 @@ def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, fea
 
 
 @attention_cases
-def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out, causal, padding):
+def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats, out, seq, causal, padding):
     rng, seed = fresh_rng()
-    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding))
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding, seq))
     layer = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, padding=padding,
                                         rngs=nnx.Rngs(seed % 1000))
     flax_layer = nnx.MultiHeadAttention(num_heads=heads, in_features=d, qkv_features=feats, out_features=out,

@@ -202,7 +202,7 @@ def test_index_sread_swrite_layer_norm(platform, case):
 @pytest.mark.parametrize("case", range(CASES))
 def test_varlen_attention(platform, case):
     rng, seed = fresh_rng()
-    b, s, h = pick(rng, [1, 3]), pick(rng, [1, 7, 64, 128, 130]), pick(rng, [1, 4])
+    b, s, h = pick(rng, [1, 3]), pick(rng, [1, 7, 64, 128, 130, 300]), pick(rng, [1, 4])
     d = pick(rng, [64, 64, 80, 96, 128, 32])  # the kernels' head dims, and one that takes XLA's path
     dtype = pick(rng, DTYPES)
     lengths = rng.integers(0, s + 1, size=(b,)).astype(np.int32)
