@@ -184,6 +184,17 @@ def test_long_sequences(platform, dtype, causal, padding, b, s, h, d):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @ENCODER_AND_DECODER
+def test_long_sequence_of_many_blocks(platform, causal, padding):
+    """4096 tokens: 32 blocks a sequence, each walking up to 64 chunks (the grid's blocks
+    numbered from its last), one sequence full and one ending mid-chunk."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, 2, 4096, 1, jnp.bfloat16)
+    lengths = np.array([4096, int(rng.integers(2049, 4096))], np.int32)
+    check_all_results(platform, q, k, v, dout, lengths, jnp.bfloat16, causal, padding, seed)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@ENCODER_AND_DECODER
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_grouped_query_attention(platform, causal, padding, kv_heads):
     """k, v with fewer heads than q (dividing them): query head n reads kv head n // group,
