@@ -1,6 +1,7 @@
 // Attention over padded short sequences (seq <= 128, head_dim 64, 80, 96 or 128; right or
-// left padding, bidirectional or causal), valid tokens only, on tensor cores with mma.sync m16n8k16 (sm_80 and up; the same code runs on
-// Hopper, where these problems are latency-bound, not tensor-bound).
+// left padding, bidirectional or causal), valid tokens only, on tensor cores with mma.sync
+// m16n8k16 (sm_80 and up; the same code runs on Hopper, where these problems are
+// latency-bound, not tensor-bound).
 //
 // One CTA of 8 warps per (head, sequence) stages the sequence's valid rows in shared
 // memory (zeros up to the next multiple of 16), so the whole key range is in one tile:

@@ -80,7 +80,7 @@ class OPTDecoderLayer(nn.Module):
         if d != cfg.d:
             raise ValueError(f"OPTDecoderLayer: x has d={d}, the config says d={cfg.d}")
         valid = common.left_padding_mask(lengths, s)
-        if self.mode != "dense" and self.varlen_attention and common.varlen_kernels_apply(b, s, cfg):
+        if self.mode != "dense" and self.varlen_attention and common.varlen_kernels_apply(b, s, cfg, causal=True):
             impl = "pit"
         else:
             impl = common.resolve_attention(self.attention, b, s, cfg.heads, cfg.head_dim, cfg.dtype,

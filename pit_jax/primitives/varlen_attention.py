@@ -97,7 +97,7 @@ def shared_memory_bytes(seq: int, head_dim: int, backward: bool) -> int:
     BwdSmem / DqSmem / DkvSmem). Up to SHORT_SEQ: q, k, v (and dO, and dS over o, backward)
     of a whole sequence. Longer: two stages of 64-token chunks of k, v (forward, dQ) or q,
     dO, o (dK, dV), or the 128-token block first staged (dQ: q, dO, o), and a few floats a
-    row; the backward's two kernels need the same."""
+    row; the backward's dK / dV and dQ blocks need the same."""
     pitch = head_dim + 8
     if seq > SHORT_SEQ:
         return 4 * 64 * pitch * 2 if not backward else 6 * 64 * pitch * 2 + 4 * 64 * 4
