@@ -3,8 +3,8 @@
 Every linear skips the padding rows through the M axis, with ONE row index of the valid
 tokens built per batch from the padding mask; attention runs on the valid tokens only
 (`pit_jax.varlen_attention` where its kernels take the shapes: 16-bit, head_dim 64, 80,
-96 or 128, max length <= 128; else cuDNN with sequence lengths where it works, else XLA
-with the mask).
+96 or 128; past max length 128 cuDNN with sequence lengths where it works, its backward
+being the faster there; else XLA with the mask).
 Compares, in one run, on the same parameters and batch:
   pit         SparseDense (M axis) + attention on the valid tokens; the padding rows
               are left unwritten (dead_rows="unspecified": nothing reads them, and

@@ -68,7 +68,7 @@ class OPTDecoderLayer(nn.Module):
     mode: str = "pit"
     attention: str = "xla"
     # pit modes: attention by `pit_jax.varlen_attention` where its kernels take the shapes
-    # (16-bit, head_dim 64, 80, 96 or 128, seq <= 128), else `attention`.
+    # (16-bit, head_dim 64, 80, 96 or 128, seq <= 65536), else `attention`.
     varlen_attention: bool = True
 
     @nn.compact
