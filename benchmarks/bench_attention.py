@@ -84,6 +84,8 @@ def main(argv=None):
              "decoder": (glue, s, h_dec, d, True), "decoder_hd128": (glue, s, h_dec, 128, True),
              "document": (docs, s_doc, h, d, False), "document_causal": (docs, s_doc, h, d, True)}
     n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h * d) * 2)
+    # the CPU smoke run: few repeats and rotations, no profiler trace
+    n_sets, reps, device_calls = (2, 3, 0) if args.small else (n_sets, 15, 20)
     key = jax.random.PRNGKey(0)
     rows = []
     cases = {c: v for c, v in cases.items() if not args.cases or c in args.cases}
@@ -107,7 +109,7 @@ def main(argv=None):
                 row = {"case": case, "valid": valid, "pass": pass_, "impl": name, "shape": [b, s, h, d],
                        "dtype": "bfloat16"}
                 try:
-                    t = common.time_op(fn, sets, keep_output=True, device_calls=20)
+                    t = common.time_op(fn, sets, keep_output=True, reps=reps, device_calls=device_calls)
                 except Exception as e:  # noqa: BLE001 - an impl that does not run here is a row, not a crash
                     rows.append({**row, "median_ms": None, "error": f"{type(e).__name__}: {str(e)[:200]}"})
                     continue

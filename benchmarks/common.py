@@ -116,7 +116,7 @@ def time_op(
     }
     if keep_output:
         out["output"] = first
-    if device_calls:
+    if device_calls and jax.default_backend() != "cpu":  # a CPU trace holds no GPU kernels
         out.update(_traced_kernels(many, flat, device_calls, k) or {})
     return out
 
