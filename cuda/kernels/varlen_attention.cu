@@ -93,18 +93,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 #pragma unroll
   for (int j = 0; j < 16; j += 2) {
     if (8 * j >= key_rows) break;
-    MmaDimB<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = 8 * (j + h) + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
-        const bool live = key < s.len && (!s.causal || key <= query);
-        sc[j + h][e] = live ? sc[j + h][e] * sl : -INFINITY;
-      }
-      m0 = fmaxf(m0, fmaxf(sc[j + h][0], sc[j + h][1]));
-      m1 = fmaxf(m1, fmaxf(sc[j + h][2], sc[j + h][3]));
-    }
+    MaskedScores<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, 0, r0, sl, s, lane, m0, m1);
   }
   m0 = RowMax4(m0);
   m1 = RowMax4(m1);

@@ -161,18 +161,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
 #pragma unroll
       for (int j = 0; j < kChunk / 8; j += 2) {
         if (key0 + 8 * j >= warp_key_end) break;
-        MmaDimB<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, lane);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + 8 * (j + h) + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
-            const bool live = key < s.len && (!s.causal || key <= query);
-            sc[j + h][e] = live ? sc[j + h][e] * sl : -INFINITY;
-          }
-          c0 = fmaxf(c0, fmaxf(sc[j + h][0], sc[j + h][1]));
-          c1 = fmaxf(c1, fmaxf(sc[j + h][2], sc[j + h][3]));
-        }
+        MaskedScores<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
       }
       c0 = RowMax4(c0);
       c1 = RowMax4(c1);

@@ -166,6 +166,30 @@ __device__ __forceinline__ float RowSum4(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The scaled scores (log2 units) of a warp's 16 queries (this lane's rows r0 + g, + 8)
+// against 16 keys: tiles [n0, n0 + 16) of the key tile ks, key positions key0 + n0 + ...;
+// -inf where a key is padding or (causal) after the query; m0, m1 take the rows' maxima
+// over this lane's columns.
+template <typename T, int kD>
+__device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], const uint32_t (&qa)[kD / 16][4],
+                                             const uint16_t* ks, int n0, int key0, int r0, float sl,
+                                             const Seq<kD>& s, int lane, float& m0, float& m1) {
+  const int g = lane / 4, t = lane % 4;
+  MmaDimB<T, kD>(c0, c1, qa, ks, n0, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float(&c)[4] = h == 0 ? c0 : c1;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + n0 + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
+      const bool live = key < s.len && (!s.causal || key <= query);
+      c[e] = live ? c[e] * sl : -INFINITY;
+    }
+    m0 = fmaxf(m0, fmaxf(c[0], c[1]));
+    m1 = fmaxf(m1, fmaxf(c[2], c[3]));
+  }
+}
+
 // The forward's end for a warp's rows [r0, r0 + 16): o / l stored for the rows < len, and
 // their lse from the max m and the sum l (log2 units, reduced over the row's lanes); the
 // lane holds rows g (m0, l0; c0, c1) and g + 8 (m1, l1; c2, c3).
