@@ -151,18 +151,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   for (int r = threadIdx.x; r < s.rows; r += kThreads) {
     float dl = 0.f;
 #pragma unroll
-    for (int c = 0; c < kD; c += 8) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(os + r * kRowPitch + c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(dos + r * kRowPitch + c);
-      const uint32_t* ow = reinterpret_cast<const uint32_t*>(&ov);
-      const uint32_t* dw = reinterpret_cast<const uint32_t*>(&dv);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 a = gemm::Elem<T>::Unpack2(ow[j]), b = gemm::Elem<T>::Unpack2(dw[j]);
-        dl = fmaf(a.x, b.x, dl);
-        dl = fmaf(a.y, b.y, dl);
-      }
-    }
+    for (int c = 0; c < kD; c += 8) dl = Dot8<T>(os + r * kRowPitch + c, dos + r * kRowPitch + c, dl);
     lse2[r] = r < s.len ? p.lse_in[s.lse_base + r] * kLog2e : 0.f;
     delta[r] = dl;
   }

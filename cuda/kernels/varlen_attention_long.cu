@@ -71,16 +71,7 @@ __device__ __forceinline__ void RowDots(const uint16_t* os, const uint16_t* dos,
     const int r = r0 + threadIdx.x / 4;
     float dl = 0.f;
     for (int u = threadIdx.x % 4; u < kUnits; u += 4) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(os + r * kPitch + 8 * u);
-      const uint4 dv = *reinterpret_cast<const uint4*>(dos + r * kPitch + 8 * u);
-      const uint32_t* ow = reinterpret_cast<const uint32_t*>(&ov);
-      const uint32_t* dw = reinterpret_cast<const uint32_t*>(&dv);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 a = gemm::Elem<T>::Unpack2(ow[j]), b = gemm::Elem<T>::Unpack2(dw[j]);
-        dl = fmaf(a.x, b.x, dl);
-        dl = fmaf(a.y, b.y, dl);
-      }
+      dl = Dot8<T>(os + r * kPitch + 8 * u, dos + r * kPitch + 8 * u, dl);
     }
     dl = RowSum4(dl);  // a row's 4 threads are 4 adjacent lanes
     if (threadIdx.x % 4 == 0) delta[r] = dl;

@@ -156,6 +156,22 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float m
 }
 
 
+// acc + the dot product of 8 elements of a and b (16 bytes each, 16-byte aligned, shared
+// memory): a piece of delta = rowsum(dO o).
+template <typename T>
+__device__ __forceinline__ float Dot8(const uint16_t* a, const uint16_t* b, float acc) {
+  const uint4 av = *reinterpret_cast<const uint4*>(a), bv = *reinterpret_cast<const uint4*>(b);
+  const uint32_t* aw = reinterpret_cast<const uint32_t*>(&av);
+  const uint32_t* bw = reinterpret_cast<const uint32_t*>(&bv);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = gemm::Elem<T>::Unpack2(aw[j]), y = gemm::Elem<T>::Unpack2(bw[j]);
+    acc = fmaf(x.x, y.x, acc);
+    acc = fmaf(x.y, y.y, acc);
+  }
+  return acc;
+}
+
 // A row's max / sum over the 4 lanes that hold its columns (C fragments: lanes 4g..4g+3).
 __device__ __forceinline__ float RowMax4(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
