@@ -398,7 +398,8 @@ def opt_case(suite, small, widths=None):
             del h
             label = f"d{cfg.d} tiles {tiles:.1%}"
             # the pit modes' attention (examples/pit_models/opt.py): the kernels where they apply
-            pit_attn = "pit_jax.varlen_attention" if mcommon.varlen_kernels_apply(batch, seq, cfg) else attn
+            use_kernels = mcommon.varlen_kernels_apply(batch, seq, cfg, causal=True)
+            pit_attn = "pit_jax.varlen_attention" if use_kernels else attn
             base = dict(workload="opt", label=label, d=cfg.d, batch=batch, max_len=seq, mode="infer",
                         target_tile_density=target, tile_density=tiles, element_density=elems,
                         valid_fraction=float(valid.mean()), attention=attn, pit_attention=pit_attn, alternative="pit_m",

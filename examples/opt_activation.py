@@ -83,7 +83,7 @@ def main(argv=None):
     err = common.max_rel_err(outs["pit"][0], outs["dense"][0], valid)
     h = np.asarray(outs["dense"][1], np.float32)
     # the pit modes' attention: the kernels where they take the heads (opt.OPTDecoderLayer)
-    pit_attn = "pit_jax.varlen_attention" if common.varlen_kernels_apply(batch, seq, cfg) else attn
+    pit_attn = "pit_jax.varlen_attention" if common.varlen_kernels_apply(batch, seq, cfg, causal=True) else attn
     result = dict(
         err=err, ok=err <= common.tolerance(cfg.dtype), attention=attn, pit_attention=pit_attn,
         valid_tokens=float(valid.mean()), tile_density=opt.tile_density(h), element_density=float((h != 0).mean()),

@@ -230,9 +230,11 @@ class BertClassifier(nn.Module):
         norm_rows = rows  # the residual adds' and layer norms' rows
         if rows is None and self.row_norms and self.mode == "pit":
             norm_rows = row_index(mask)
-        impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
-        if rows is not None and self.varlen_attention and common.varlen_kernels_apply(batch, seq, cfg, impl):
+        if rows is not None and self.varlen_attention and common.varlen_kernels_apply(batch, seq, cfg,
+                                                                                       self.attention):
             impl = "pit"
+        else:
+            impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
         emb = nn.Embed(cfg.vocab, cfg.hidden, name="word_emb")(tokens)
         emb = emb + nn.Embed(cfg.max_len, cfg.hidden, name="pos_emb")(jnp.arange(seq))[None]
         emb = emb.reshape(batch * seq, cfg.hidden)
