@@ -142,10 +142,11 @@ class VarlenSelfAttention(nn.Module):
 
     `__call__(x [B, S, D], lengths [B], index=None)`: sequence b's valid tokens are its
     first lengths[b] (`padding="right"`) or its last (`padding="left"`); `index` is the
-    row index of the valid tokens of x as [B * S, D] (e.g. one `pit_jax.index(mask.reshape(
-    -1, 1), "row")` shared by a model's layers), built from lengths when None. The padding rows of the result are zeros
-    (`dead_rows="zeros"`) or left unwritten (`"unspecified"`), where Flax's would hold an
-    average over the whole sequence. No dropout, decoding cache or qk normalization.
+    row index of the valid tokens of x as [B * S, D] (e.g. one
+    `pit_jax.index(mask.reshape(-1, 1), "row")` shared by a model's layers), built from
+    lengths when None. The padding rows of the result are zeros (`dead_rows="zeros"`) or
+    left unwritten (`"unspecified"`), where Flax's would hold an average over the whole
+    sequence. No dropout, decoding cache or qk normalization.
     """
 
     num_heads: int
