@@ -387,20 +387,23 @@ def valid_tokens(lengths, seq, left_padded=False):
 
 def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False):
     """(out, lse) of softmax attention over each sequence's valid tokens (the first
-    lengths[b], or the last with `left_padded`; causal: keys at or before the query) (q, k,
-    v [B, S, H, D]; float32 math over every row, masked): out in q's dtype, zeros on padding
+    lengths[b], or the last with `left_padded`; causal: keys at or before the query) (q [B,
+    S, H, D], k, v [B, S, H_kv, D] with H_kv dividing H: query head h reads kv head h // (H
+    // H_kv); float32 math over every row, masked): out in q's dtype, zeros on padding
     rows; lse [B, H, S] float32, each valid query's log-sum-exp of its scaled scores, 0 on
     padding rows (the forward target's second result)."""
-    seq = q.shape[1]
+    b, seq, h, d = q.shape
+    kv = k.shape[2]
     valid = valid_tokens(lengths, seq, left_padded)  # [B, S]
     f = lambda a: a.astype(jnp.float32)  # noqa: E731
-    s = jnp.einsum("bqhd,bkhd->bhqk", f(q), f(k)) * scale
+    qg = f(q).reshape(b, seq, kv, h // kv, d)  # a kv head's group of query heads, no copy of k, v
+    s = jnp.einsum("bqngd,bknd->bngqk", qg, f(k)).reshape(b, h, seq, seq) * scale
     keys = valid[:, None, None, :]
     if causal:
         keys = keys & (jnp.arange(seq)[None, :] <= jnp.arange(seq)[:, None])[None, None]
     s = jnp.where(keys, s, -1e30)  # masked keys: no weight (a constant: no gradient)
     p = jax.nn.softmax(s, axis=-1)
-    out = jnp.einsum("bhqk,bkhd->bqhd", p, f(v))
+    out = jnp.einsum("bngqk,bknd->bqngd", p.reshape(b, kv, h // kv, seq, seq), f(v)).reshape(b, seq, h, d)
     out = jnp.where(valid[:, :, None, None], out, 0.0).astype(q.dtype)
     lse = jnp.where(valid[:, None, :], jax.nn.logsumexp(s, axis=-1), 0.0)
     return out, lse

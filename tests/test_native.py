@@ -160,18 +160,20 @@ def test_cuda_module_carries_ptx_for_newer_gpus():
 def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
     """varlen_attention stages a whole short sequence in a block's shared memory (up to 171
     KB: head_dim 128, seq 128, backward), a longer one's chunks (103 KB at head_dim 128,
-    backward): where the GPU gives a block less, the CUDA lowering
-    says so, naming the sizes and the device; where it fits, it lowers."""
+    backward; the backward of grouped kv heads at any length): where the GPU gives a block
+    less, the CUDA lowering says so, naming the sizes and the device; where it fits, it
+    lowers."""
     import jax
     import jax.numpy as jnp
 
     if not _native.has_cuda():
         pytest.skip("built without the CUDA module: its lowering says that instead")
 
-    def lower(s, d, grad=False):
-        q = jnp.ones((2, s, 1, d), jnp.bfloat16)
+    def lower(s, d, grad=False, grouped=False):
+        q = jnp.ones((2, s, 2 if grouped else 1, d), jnp.bfloat16)
         ln = jnp.array([3, s], jnp.int32)
-        f = lambda q: jnp.sum(pit_jax.varlen_attention(q, q, q, ln).astype(jnp.float32))  # noqa: E731
+        def f(q):  # k, v: q's single head, or the first of q's two (grouped)
+            return jnp.sum(pit_jax.varlen_attention(q, q[:, :, :1], q[:, :, :1], ln).astype(jnp.float32))
         return jax.jit(jax.grad(f) if grad else f).trace(q).lower(lowering_platforms=("cuda",))
 
     fake_gpu("8.0", "NVIDIA A100")  # 163 KB: head_dim 128's backward at seq 128 (171 KB) does not fit
@@ -181,6 +183,7 @@ def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
         lower(128, 128, grad=True)
     lower(128, 96, grad=True)
     lower(64, 128, grad=True)
+    lower(128, 128, grad=True, grouped=True)  # grouped kv heads: the long kernels' 103 KB
     fake_gpu("8.9", "NVIDIA GeForce RTX 4090")  # 99 KB: head_dim 64's backward at seq 128 (107 KB) does not
     with pytest.raises(NotImplementedError, match=r"backward of seq 128 at head_dim 64 stages 107 KB .* 99 KB"):
         lower(128, 64, grad=True)
@@ -191,6 +194,9 @@ def test_attention_shared_memory_is_checked_at_lowering(fake_gpu):
         lower(1000, 128, grad=True)
     lower(1000, 128)
     lower(4096, 64, grad=True)
+    with pytest.raises(NotImplementedError, match=r"backward of seq 16 at head_dim 128 stages 103 KB .* 99 KB"):
+        lower(16, 128, grad=True, grouped=True)
+    lower(16, 128, grouped=True)
     fake_gpu("8.0", "NVIDIA A100")
     lower(1000, 128, grad=True)
     fake_gpu("9.0", "NVIDIA H200")

@@ -8,6 +8,7 @@ import functools
 import math
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -193,17 +194,60 @@ def test_long_sequence_of_many_blocks(platform, causal, padding):
     check_all_results(platform, q, k, v, dout, lengths, jnp.bfloat16, causal, padding, seed)
 
 
+def _operand_heads(jaxpr, name):
+    """The heads of k (operand 1) of every `name` equation in a closed jaxpr, nested ones too."""
+    found = []
+
+    def walk(jx):
+        for eqn in jx.eqns:
+            if eqn.primitive.name == name:
+                found.append(eqn.invars[1].aval.shape[2])
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+def check_vmap_matches_slices(platform, attend, q, k, v, lengths, dout, lengths_mapped, seed):
+    """vmap of `attend` and of its gradients over the leading axis of q, k, v, dout (and of
+    lengths if `lengths_mapped`): bitwise the per-slice calls."""
+    in_ln = 0 if lengths_mapped else None
+
+    def loss(q, k, v, ln, do):
+        return jnp.sum(attend(q, k, v, ln).astype(jnp.float32) * do.astype(jnp.float32))
+
+    args = put(platform, q, k, v, lengths, dout)
+    out = jax.jit(jax.vmap(attend, in_axes=(0, 0, 0, in_ln)))(*args[:4])
+    grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(0, 0, 0, in_ln, 0)))(*args)
+    for i in range(q.shape[0]):
+        ln = lengths[i] if lengths_mapped else lengths
+        sl = put(platform, q[i], k[i], v[i], ln, dout[i])
+        np.testing.assert_array_equal(np.asarray(out[i], np.float32),
+                                      np.asarray(jax.jit(attend)(*sl[:4]), np.float32),
+                                      err_msg=f"seed={seed} slice {i}")
+        want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*sl)
+        for g, w in zip(grads, want):
+            assert g.shape[1:] == w.shape
+            np.testing.assert_array_equal(np.asarray(g[i], np.float32), np.asarray(w, np.float32),
+                                          err_msg=f"seed={seed} slice {i}")
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @ENCODER_AND_DECODER
 @pytest.mark.parametrize("kv_heads", [1, 2])
-def test_grouped_query_attention(platform, causal, padding, kv_heads):
+@pytest.mark.parametrize("s,d,dtype", [(37, 64, jnp.bfloat16), (130, 80, jnp.float16), (300, 128, jnp.bfloat16)],
+                         ids=["short", "long-f16", "long"])
+def test_grouped_query_attention(platform, causal, padding, kv_heads, s, d, dtype):
     """k, v with fewer heads than q (dividing them): query head n reads kv head n // group,
-    as jax.nn.dot_product_attention groups; the values and the gradients of q and the
-    shared k, v heads (summed over their groups) against float64."""
+    as jax.nn.dot_product_attention groups, the kernels reading the shared heads in place
+    (no repeated copy reaches them); the values and the gradients of q and the shared k, v
+    heads (summed over their groups by the kernels) against float64, through the op and
+    the raw targets."""
     rng, seed = fresh_rng()
-    b, s, h, d = 3, 37, 4, 64
-    q, dout = (randn(rng, (b, s, h, d), jnp.bfloat16) for _ in range(2))
-    k, v = (randn(rng, (b, s, kv_heads, d), jnp.bfloat16) for _ in range(2))
+    b, h = 3, 4
+    q, dout = (randn(rng, (b, s, h, d), dtype) for _ in range(2))
+    k, v = (randn(rng, (b, s, kv_heads, d), dtype) for _ in range(2))
     lengths = lengths_for(rng, b, s, "random")
     kw = dict(causal=causal, padding=padding)
 
@@ -212,18 +256,62 @@ def test_grouped_query_attention(platform, causal, padding, kv_heads):
         return (out, *vjp(dout))
 
     args = put(platform, q, k, v, lengths, dout)
-    assert "pit_varlen_attention_bwd[" in str(jax.make_jaxpr(f)(*args))
+    jaxpr = jax.make_jaxpr(f)(*args)
+    assert _operand_heads(jaxpr, "pit_varlen_attention") == [kv_heads], jaxpr
+    assert _operand_heads(jaxpr, "pit_varlen_attention_bwd") == [kv_heads], jaxpr
     out, dq, dk, dv = jax.jit(f)(*args)
     group = h // kv_heads
     rep = lambda a: np.repeat(f64(a), group, axis=2)  # noqa: E731
-    want = reference64(q, rep(k), rep(v), lengths, dout, 1 / math.sqrt(d), **kw)
+    scale = 1 / math.sqrt(d)
+    want = reference64(q, rep(k), rep(v), lengths, dout, scale, **kw)
     fold = lambda a: a.reshape(b, s, kv_heads, group, d).sum(3)  # noqa: E731
+    valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
     what = f"seed={seed} kv_heads={kv_heads} lengths={lengths.tolist()}"
     for name, g, w in (("out", out, want[0]), ("dq", dq, want[2]), ("dk", dk, fold(want[3])),
                        ("dv", dv, fold(want[4]))):
-        check_close(g, w, jnp.bfloat16, f"{what} {name}")
-    with pytest.raises(ValueError, match="k and v must have q's shape .* kv_heads dividing its 4 heads"):
-        pit_jax.varlen_attention(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2), lengths)
+        check_close(g, w, dtype, f"{what} {name}")
+        assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
+
+    params = dict(scale=scale, causal=causal, left_padded=padding == "left")
+
+    def raw(q, k, v, lengths, dout):
+        o, lse = varlen_attention_p.bind(q, k, v, lengths, **params)
+        return varlen_attention_bwd_p.bind(q, k, v, o, lse, dout, lengths, **params)
+
+    got = jax.jit(raw)(*args)
+    assert [tuple(g.shape) for g in got] == [q.shape, k.shape, v.shape]
+    for name, g, w in zip(("dq", "dk", "dv"), got, (want[2], fold(want[3]), fold(want[4]))):
+        check_close(g, w, dtype, f"{what} the backward target's {name}")
+        assert not f64(g)[~valid].any(), f"{what}: the target's {name}'s padding rows must be zeros"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_grouped_query_transformations(platform):
+    """Grouped k, v under vmap (bitwise the per-slice calls, values and gradients), forward
+    mode (the tangents of the shared heads) and a Hessian-vector product, against the jnp
+    reference."""
+    rng, seed = fresh_rng()
+    q, dout = (randn(rng, (2, 3, 40, 4, 64), jnp.bfloat16) for _ in range(2))
+    k, v, dk, dv = (randn(rng, (2, 3, 40, 2, 64), jnp.bfloat16) for _ in range(4))
+    lengths = np.array([40, 0, 17], np.int32)
+    attend = functools.partial(pit_jax.varlen_attention, causal=True)
+    check_vmap_matches_slices(platform, attend, q, k, v, lengths, dout, False, seed)
+
+    q0, k0, v0, dq0, dk0, dv0 = (put(platform, a[0]) for a in (q, k, v, dout, dk, dv))
+    ln = put(platform, lengths)
+    f = lambda q, k, v: attend(q, k, v, ln)  # noqa: E731
+    out_, tan = jax.jit(lambda *a: jax.jvp(f, a[:3], a[3:]))(q0, k0, v0, dq0, dk0, dv0)
+    r = _f32_reference(jnp.asarray(lengths), causal=True)
+    want_out, want_tan = jax.jvp(r, _f32(q[0], k[0], v[0]), _f32(dout[0], dk[0], dv[0]))
+    check_close(out_, f64(want_out), jnp.bfloat16, f"seed={seed} out")
+    check_close(tan, f64(want_tan), jnp.bfloat16, f"seed={seed} tangent")
+
+    sq = lambda q, k, v: jnp.sum(attend(q, k, v, ln).astype(jnp.float32) ** 2)  # noqa: E731
+    hvp = jax.jit(lambda *a: jax.jvp(lambda k: jax.grad(sq, argnums=1)(a[0], k, a[2]), (a[1],), (a[3],))[1])(
+        q0, k0, v0, dk0)
+    rs = lambda k: jax.grad(lambda k: jnp.sum(r(*_f32(q[0]), k, *_f32(v[0])) ** 2))(k)  # noqa: E731
+    want = jax.jvp(rs, _f32(k[0]), _f32(dk[0]))[1]
+    check_close(hvp, f64(want), jnp.bfloat16, f"seed={seed} jvp of grad (k)")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -283,25 +371,8 @@ def test_vmap_and_vmap_of_grad(platform, lengths_mapped, causal, padding):
     rng, seed = fresh_rng()
     q, k, v, dout = (randn(rng, (3, 4, 24, 2, 64), jnp.bfloat16) for _ in range(4))
     lengths = rng.integers(0, 25, size=(3, 4) if lengths_mapped else (4,)).astype(np.int32)
-    in_ln = 0 if lengths_mapped else None
     attend = functools.partial(pit_jax.varlen_attention, causal=causal, padding=padding)
-
-    def loss(q, k, v, ln, do):
-        return jnp.sum(attend(q, k, v, ln).astype(jnp.float32) * do.astype(jnp.float32))
-
-    args = put(platform, q, k, v, lengths, dout)
-    out = jax.jit(jax.vmap(attend, in_axes=(0, 0, 0, in_ln)))(*args[:4])
-    grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(0, 0, 0, in_ln, 0)))(*args)
-    for i in range(3):
-        ln = lengths[i] if lengths_mapped else lengths
-        sl = put(platform, q[i], k[i], v[i], ln, dout[i])
-        np.testing.assert_array_equal(np.asarray(out[i], np.float32),
-                                      np.asarray(jax.jit(attend)(*sl[:4]), np.float32),
-                                      err_msg=f"seed={seed} slice {i}")
-        want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*sl)
-        for g, w in zip(grads, want):
-            np.testing.assert_array_equal(np.asarray(g[i], np.float32), np.asarray(w, np.float32),
-                                          err_msg=f"seed={seed} slice {i}")
+    check_vmap_matches_slices(platform, attend, q, k, v, lengths, dout, lengths_mapped, seed)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -482,10 +553,15 @@ def test_bad_input_is_a_clear_error():
     ln = jnp.array([3, 8], jnp.int32)
     with pytest.raises(ValueError, match="q must be \\[batch, seq, heads, head_dim\\]"):
         pit_jax.varlen_attention(q[0], q[0], q[0], ln)
-    with pytest.raises(ValueError, match="k must have q's shape"):
+    with pytest.raises(ValueError, match="k and v must have q's shape .* got k \\(2, 4, 1, 64\\)"):
         pit_jax.varlen_attention(q, q[:, :4], q, ln)
-    with pytest.raises(ValueError, match="v must have q's shape .* and dtype"):
+    with pytest.raises(ValueError, match="k and v must have q's shape .* and q's dtype bfloat16; got v .* float16"):
         pit_jax.varlen_attention(q, q, q.astype(jnp.float16), ln)
+    q4 = jnp.ones((2, 8, 4, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="kv_heads dividing its 4 heads .* got k \\(2, 8, 3, 64\\)"):
+        pit_jax.varlen_attention(q4, q4[:, :, :3], q4[:, :, :3], ln)
+    with pytest.raises(ValueError, match="one shape for both.* got v \\(2, 8, 1, 64\\)"):
+        pit_jax.varlen_attention(q4, q4[:, :, :2], q4[:, :, :1], ln)
     with pytest.raises(ValueError, match="lengths must be integers \\[batch\\] = \\[2\\]"):
         pit_jax.varlen_attention(q, q, q, jnp.array([3, 8, 1], jnp.int32))
     with pytest.raises(ValueError, match="lengths must be integers"):
@@ -526,6 +602,10 @@ RAW_BAD = {
     ("pit_varlen_attention", "q must be bfloat16 or float16"): lambda: _raw_fwd(*(jnp.ones((2, 8, 1, 64)),) * 3, _L),
     ("pit_varlen_attention", "k must have q's shape"): lambda: _raw_fwd(_B(2, 8, 1, 64), _B(2, 7, 1, 64),
                                                                         _B(2, 8, 1, 64), _L),
+    ("pit_varlen_attention", "k must have q's shape .* kv_heads dividing its heads"): lambda: _raw_fwd(
+        _B(2, 8, 4, 64), _B(2, 8, 3, 64), _B(2, 8, 3, 64), _L, (2, 8, 4, 64), (2, 4, 8)),
+    ("pit_varlen_attention", "v must have q's shape .* v k's shape"): lambda: _raw_fwd(
+        _B(2, 8, 4, 64), _B(2, 8, 2, 64), _B(2, 8, 1, 64), _L, (2, 8, 4, 64), (2, 4, 8)),
     ("pit_varlen_attention", "lengths must be int32 \\[batch\\]"): lambda: _raw_fwd(
         _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), jnp.zeros((3,), jnp.int32)),
     ("pit_varlen_attention", "lse .* must be float32 \\[batch, heads, seq\\]"): lambda: _raw_fwd(

@@ -8,14 +8,18 @@
 
 namespace pit {
 
-// Padded sequences: q, k, v, o and their cotangents are [batch, seq, heads, head_dim] in
-// `dtype`; sequence b's first lengths[b] tokens (clamped to [0, seq]) are valid, or its
-// last lengths[b] with `left_padded`; the rest are padding that no valid token attends to
-// and whose rows of every result are 0. With `causal` a valid query attends to the valid
-// keys at or before its own position.
+// Padded sequences: q, o and every result are [batch, seq, heads, head_dim] in `dtype`;
+// k and v [batch, seq, kv_heads, head_dim], kv_heads dividing heads (grouped-query
+// attention: query head h reads kv head h / (heads / kv_heads); kv_heads = heads is
+// multi-head attention); dk and dv have k's shape, each kv head's gradient summed over its
+// group's query heads. Sequence b's first lengths[b] tokens (clamped to [0, seq]) are valid,
+// or its last lengths[b] with `left_padded`; the rest are padding that no valid token
+// attends to and whose rows of every result are 0. With `causal` a valid query attends to
+// the valid keys at or before its own position.
 struct VarlenAttentionParams {
   DType dtype = DType::kBF16;
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  int64_t kv_heads = 0;
   float scale = 1.f;                // on q k^T, before the softmax
   bool causal = false;
   bool left_padded = false;

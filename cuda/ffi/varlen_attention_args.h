@@ -13,7 +13,7 @@
 namespace pit {
 
 // q [batch, seq, heads, head_dim] (bf16 or f16, head_dim 64, 80, 96 or 128, seq <= 65536); k and v: q's
-// shape and dtype; lengths [batch] int32.
+// dtype and shape, or [batch, seq, kv_heads, head_dim] with kv_heads dividing heads; lengths [batch] int32.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,
                                                                       S32Buffer lengths, float scale, bool causal,
@@ -29,10 +29,16 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
                       ", got " + std::to_string(d[1]));
   if (d[0] > 65535 || d[2] > 65535)
     return InvalidArg(target + ": batch and heads must be at most 65535, got " + DimsString(d));
+  // k, v: q's shape, or q's batch, seq and head_dim with kv_heads dividing its heads.
+  const auto kd = k.dimensions();
+  const bool grouped = kd.size() == 4 && kd[0] == d[0] && kd[1] == d[1] && kd[3] == d[3] && kd[2] > 0 &&
+                       d[2] % kd[2] == 0;
   for (auto [name, buf] : {std::pair<const char*, ffi::AnyBuffer*>{"k", &k}, {"v", &v}}) {
-    if (buf->element_type() != q.element_type() || !SameDims(buf->dimensions(), d))
-      return InvalidArg(target + ": " + name + " must have q's shape " + DimsString(d) + " and dtype, got " +
-                        DimsString(buf->dimensions()));
+    if (buf->element_type() != q.element_type() || !(SameDims(buf->dimensions(), d) || grouped) ||
+        !SameDims(buf->dimensions(), kd))
+      return InvalidArg(target + ": " + name + " must have q's shape " + DimsString(d) +
+                        " (or its batch, seq and head_dim with kv_heads dividing its heads; v k's shape) and "
+                        "dtype, got " + DimsString(buf->dimensions()));
   }
   const auto ld = lengths.dimensions();
   if (ld.size() != 1 || ld[0] != d[0])
@@ -42,6 +48,7 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   p.batch = d[0];
   p.seq = d[1];
   p.heads = d[2];
+  p.kv_heads = kd[2];
   p.head_dim = d[3];
   p.scale = scale;
   p.causal = causal;
@@ -53,12 +60,14 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   return p;
 }
 
-inline ffi::Error CheckLikeQ(const std::string& target, const char* name, ffi::AnyBuffer::Dimensions d,
-                             ffi::DataType t, const VarlenAttentionParams& p, ffi::AnyBuffer::Dimensions qd) {
-  const ffi::DataType want = p.dtype == DType::kBF16 ? ffi::DataType::BF16 : ffi::DataType::F16;
-  if (t != want || !SameDims(d, qd))
-    return ffi::Error::InvalidArgument(target + ": " + name + " must have q's shape " + DimsString(qd) +
-                                       " and dtype, got " + DimsString(d));
+// `name` has the shape `want` of operand `like` (q or k) and q's dtype.
+inline ffi::Error CheckLike(const std::string& target, const char* name, ffi::AnyBuffer::Dimensions d,
+                            ffi::DataType t, const VarlenAttentionParams& p, const char* like,
+                            ffi::AnyBuffer::Dimensions want) {
+  const ffi::DataType dtype = p.dtype == DType::kBF16 ? ffi::DataType::BF16 : ffi::DataType::F16;
+  if (t != dtype || !SameDims(d, want))
+    return ffi::Error::InvalidArgument(target + ": " + name + " must have " + like + "'s shape " +
+                                       DimsString(want) + " and q's dtype, got " + DimsString(d));
   return ffi::Error::Success();
 }
 
@@ -79,7 +88,7 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer 
   const std::string target = "pit_varlen_attention";
   auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded);
   if (p.has_error()) return p;
-  if (auto e = CheckLikeQ(target, "the result", out->dimensions(), out->element_type(), *p, q.dimensions());
+  if (auto e = CheckLike(target, "the result", out->dimensions(), out->element_type(), *p, "q", q.dimensions());
       e.failure())
     return ffi::Unexpected<ffi::Error>(e);
   if (auto e = CheckLse(target, "lse (the second result)", lse->dimensions(), lse->element_type(), *p); e.failure())
@@ -89,7 +98,7 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer 
   return p;
 }
 
-// pit_varlen_attention_bwd: q, k, v, o, lse, dout, lengths -> dq, dk, dv.
+// pit_varlen_attention_bwd: q, k, v, o, lse, dout, lengths -> dq, dk, dv (q's, k's, v's shapes).
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionBwd(
     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
     S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
@@ -97,14 +106,16 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionBwd(
   const std::string target = "pit_varlen_attention_bwd";
   auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded);
   if (p.has_error()) return p;
-  const auto qd = q.dimensions();
-  for (auto [name, dims, type] :
-       {std::tuple<const char*, ffi::AnyBuffer::Dimensions, ffi::DataType>{"o", o.dimensions(), o.element_type()},
-        {"dout", dout.dimensions(), dout.element_type()},
-        {"dq", dq->dimensions(), dq->element_type()},
-        {"dk", dk->dimensions(), dk->element_type()},
-        {"dv", dv->dimensions(), dv->element_type()}}) {
-    if (auto e = CheckLikeQ(target, name, dims, type, *p, qd); e.failure()) return ffi::Unexpected<ffi::Error>(e);
+  const auto qd = q.dimensions(), kd = k.dimensions();
+  for (auto [name, dims, type, like] :
+       {std::tuple<const char*, ffi::AnyBuffer::Dimensions, ffi::DataType, const char*>{
+            "o", o.dimensions(), o.element_type(), "q"},
+        {"dout", dout.dimensions(), dout.element_type(), "q"},
+        {"dq", dq->dimensions(), dq->element_type(), "q"},
+        {"dk", dk->dimensions(), dk->element_type(), "k"},
+        {"dv", dv->dimensions(), dv->element_type(), "k"}}) {
+    if (auto e = CheckLike(target, name, dims, type, *p, like, like[0] == 'q' ? qd : kd); e.failure())
+      return ffi::Unexpected<ffi::Error>(e);
   }
   if (auto e = CheckLse(target, "lse", lse.dimensions(), lse.element_type(), *p); e.failure())
     return ffi::Unexpected<ffi::Error>(e);

@@ -33,11 +33,12 @@ using namespace attn;  // NOLINT: the shared tiles and fragments
 constexpr int kMaxRows = static_cast<int>(kVarlenAttentionShortSeq);
 
 // Copies rows [0, s.rows) x kD of each `src` into its row-major tile `dst` (pitch
-// kRowPitch), zeros past s.len. Every thread issues all its loads before its first
-// store, so the CTA waits on one round trip to memory, not one per chunk. Chunk i is
-// column chunk i / kMaxRows of row i % kMaxRows: a warp's 16-byte stores go to 32
-// consecutive rows, 8 distinct bank quads per phase.
-template <int kD, int kN>
+// kRowPitch), zeros past s.len; the sources from kKvFrom on are in k's and v's layout.
+// Every thread issues all its loads before its first store, so the CTA waits on one round
+// trip to memory, not one per chunk. Chunk i is column chunk i / kMaxRows of row i %
+// kMaxRows: a warp's 16-byte stores go to 32 consecutive rows, 8 distinct bank quads per
+// phase.
+template <int kD, int kN, int kKvFrom>
 __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* const (&dst)[kN], const Seq<kD>& s) {
   constexpr int kStageIters = kMaxRows * (kD / 8) / kThreads;  // 16-byte chunks per thread and tensor
   constexpr int kRowPitch = RowPitch<kD>();
@@ -49,7 +50,7 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
     for (int n = 0; n < kN; ++n) {
       v[n][it] = make_uint4(0, 0, 0, 0);
       if (r < s.len) {
-        const uint16_t* row = static_cast<const uint16_t*>(src[n]) + s.At(r, c);
+        const uint16_t* row = static_cast<const uint16_t*>(src[n]) + (n < kKvFrom ? s.At(r, c) : s.AtKv(r, c));
         v[n][it] = __ldg(reinterpret_cast<const uint4*>(row));
       }
     }
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   uint16_t* ks = qs + s16 * kRowPitch;
   uint16_t* vs = ks + s16 * kRowPitch;
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
-  Stage<kD, 3>({p.q, p.k, p.v}, {qs, ks, vs}, s);
+  Stage<kD, 3, 1>({p.q, p.k, p.v}, {qs, ks, vs}, s);
   ZeroPadding(p.out, s, 0, seq - s.len);
   for (int i = threadIdx.x; i < seq - s.len; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
   __syncthreads();
@@ -101,12 +102,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     if (8 * j >= key_rows) break;
-    sc[j][0] = exp2f(sc[j][0] - m0);
-    sc[j][1] = exp2f(sc[j][1] - m0);
-    sc[j][2] = exp2f(sc[j][2] - m1);
-    sc[j][3] = exp2f(sc[j][3] - m1);
-    l0 += sc[j][0] + sc[j][1];
-    l1 += sc[j][2] + sc[j][3];
+    ExpAndSum(sc[j], m0, m1, l0, l1);
   }
   l0 = RowSum4(l0);
   l1 = RowSum4(l1);
@@ -143,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   float* delta = lse2 + s16;                                                     // [s16]
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
   uint16_t* os = dss;  // read before phase 1 writes dS
-  Stage<kD, 5>({p.q, p.k, p.v, p.dout, p.o}, {qs, ks, vs, dos, os}, s);
+  Stage<kD, 5, 3>({p.q, p.dout, p.o, p.k, p.v}, {qs, dos, os, ks, vs}, s);
   ZeroPadding(p.dq, s, 0, seq - s.len);
   ZeroPadding(p.dk, s, 0, seq - s.len);
   ZeroPadding(p.dv, s, 0, seq - s.len);
@@ -219,7 +215,7 @@ size_t BwdSmem(int64_t seq) {
 template <typename T, int kD, bool kBwd>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
-  if (!VarlenBuffersAligned(p)) return cudaErrorMisalignedAddress;
+  if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
   constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD> : VarlenAttentionKernel<T, kD>;
   const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
@@ -237,7 +233,9 @@ cudaError_t LaunchVarlenAttention(const VarlenAttentionParams& p, cudaStream_t s
 }
 
 cudaError_t LaunchVarlenAttentionBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
-  if (p.seq > kVarlenAttentionShortSeq) return LaunchVarlenAttentionLongBwd(p, stream);
+  // The short backward sums dK / dV over one query head's queries in a CTA; grouped kv
+  // heads take the long one, whose dK / dV blocks walk the group's heads.
+  if (p.seq > kVarlenAttentionShortSeq || p.kv_heads != p.heads) return LaunchVarlenAttentionLongBwd(p, stream);
   return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
     return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true>(p, stream);
   });

@@ -35,16 +35,18 @@ constexpr int kBlock = 16 * kWarps;  // a CTA's rows: 128 tokens
 constexpr int kChunk = 64;           // the walked operand's tokens per stage
 
 // Issues cp.async copies of rows [r_begin, r_begin + kRows) x kD of `src` (rows counted
-// from the sequence's first valid token; zeros past s.len) into the row-major tile `dst`.
-// Consecutive threads copy consecutive 16 bytes of a row.
-template <int kD, int kRows>
+// from the sequence's first valid token; zeros past s.len; in k's and v's layout with
+// kKv) into the row-major tile `dst`. Consecutive threads copy consecutive 16 bytes of a
+// row.
+template <int kD, int kRows, bool kKv = false>
 __device__ __forceinline__ void StageAsync(const void* src, uint16_t* dst, const Seq<kD>& s, int r_begin) {
   constexpr int kUnits = kD / 8;  // 16-byte units a row
 #pragma unroll
   for (int i = threadIdx.x; i < kRows * kUnits; i += kThreads) {
     const int r = i / kUnits, c = (i % kUnits) * 8;
     const bool valid = r_begin + r < s.len;
-    const uint16_t* row = static_cast<const uint16_t*>(src) + s.At(valid ? r_begin + r : 0, c);
+    const int row_at = valid ? r_begin + r : 0;
+    const uint16_t* row = static_cast<const uint16_t*>(src) + s.template AtLayout<kKv>(row_at, c);
     gemm::CpAsync16(gemm::SmemAddr(dst + r * RowPitch<kD>() + c), row, valid ? 16u : 0u);
   }
 }
@@ -106,8 +108,8 @@ __device__ __forceinline__ void StageKeyChunk(const VarlenAttentionParams& p, ui
                                               int c) {
   constexpr int kTile = kChunk * RowPitch<kD>();
   uint16_t* buf = smem + (c & 1) * 2 * kTile;
-  StageAsync<kD, kChunk>(p.k, buf, s, c * kChunk);
-  StageAsync<kD, kChunk>(p.v, buf + kTile, s, c * kChunk);
+  StageAsync<kD, kChunk, true>(p.k, buf, s, c * kChunk);
+  StageAsync<kD, kChunk, true>(p.v, buf + kTile, s, c * kChunk);
   gemm::CpAsyncCommit();
 }
 
@@ -175,14 +177,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         if (key0 + 16 * kb >= warp_key_end) break;
 #pragma unroll
-        for (int j = 2 * kb; j < 2 * kb + 2; ++j) {
-          sc[j][0] = exp2f(sc[j][0] - m0);
-          sc[j][1] = exp2f(sc[j][1] - m0);
-          sc[j][2] = exp2f(sc[j][2] - m1);
-          sc[j][3] = exp2f(sc[j][3] - m1);
-          l0 += sc[j][0] + sc[j][1];
-          l1 += sc[j][2] + sc[j][3];
-        }
+        for (int j = 2 * kb; j < 2 * kb + 2; ++j) ExpAndSum(sc[j], m0, m1, l0, l1);
         uint32_t pa[4];
         PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
         MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
@@ -267,23 +262,26 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
   if (warp_key_end > 0) StoreRows<T, kD>(dq, p.scale, p.dq, s, r0, g, t);
 }
 
-// dK, dV: warp w's keys are rows [first + 16 w, + 16); per 16 queries P^T, dS^T,
-// dV += P^T dO, dK += dS^T Q.
+// dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
+// queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
+// (the group's sum in the float32 accumulators).
 template <typename T, int kD>
-__device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int index, int count) {
+__device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int kv_head, int index,
+                                        int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   // smem: stages [2][q, dO, o][kChunk][kPitch]; first k, v [kBlock][kPitch]
   float* lse2 = reinterpret_cast<float*>(smem + 6 * kTile);  // [2][kChunk], log2 units
   float* delta = lse2 + 2 * kChunk;                          // [2][kChunk]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const int group = static_cast<int>(p.heads / p.kv_heads);
+  const Seq<kD> s(p, blockIdx.y, kv_head * group);  // the group's first query head
   const Block<kD> blk(s, static_cast<int>(p.seq), index, count);
-  ZeroPadding(p.dk, s, blk.pad_first, blk.pad_last);
-  ZeroPadding(p.dv, s, blk.pad_first, blk.pad_last);
+  ZeroPadding<kD, true>(p.dk, s, blk.pad_first, blk.pad_last);
+  ZeroPadding<kD, true>(p.dv, s, blk.pad_first, blk.pad_last);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  StageAsync<kD, kBlock>(p.k, smem, s, blk.first);
-  StageAsync<kD, kBlock>(p.v, smem + kBlock * kPitch, s, blk.first);
+  StageAsync<kD, kBlock, true>(p.k, smem, s, blk.first);
+  StageAsync<kD, kBlock, true>(p.v, smem + kBlock * kPitch, s, blk.first);
   gemm::CpAsyncCommit();
   gemm::CpAsyncWait<0>();
   __syncthreads();
@@ -295,33 +293,38 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   }
   __syncthreads();  // k, v's tiles are the stages' space
 
-  // Queries before the block see none of its keys when causal.
-  const int c_begin = s.causal ? blk.first / kChunk : 0, chunks = (s.len + kChunk - 1) / kChunk;
-  auto stage = [&](int c) {
-    uint16_t* buf = smem + (c & 1) * 3 * kTile;
-    StageAsync<kD, kChunk>(p.q, buf, s, c * kChunk);
-    StageAsync<kD, kChunk>(p.dout, buf + kTile, s, c * kChunk);
-    StageAsync<kD, kChunk>(p.o, buf + 2 * kTile, s, c * kChunk);
+  // Queries before the block see none of its keys when causal. Step i walks chunk
+  // c_begin + i % n of the group's query head i / n.
+  const int c_begin = s.causal ? blk.first / kChunk : 0, n = (s.len + kChunk - 1) / kChunk - c_begin;
+  const int steps = group * n;
+  auto stage = [&](int i) {
+    const Seq<kD> sh = s.Head(i / n, p.seq);
+    const int r = (c_begin + i % n) * kChunk;
+    uint16_t* buf = smem + (i & 1) * 3 * kTile;
+    StageAsync<kD, kChunk>(p.q, buf, sh, r);
+    StageAsync<kD, kChunk>(p.dout, buf + kTile, sh, r);
+    StageAsync<kD, kChunk>(p.o, buf + 2 * kTile, sh, r);
     gemm::CpAsyncCommit();
   };
-  stage(c_begin);
+  stage(0);
   const int k0 = blk.first + 16 * warp, key_a = k0 + g;
   const float sl = p.scale * kLog2e;
   float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
 #pragma unroll 1
-  for (int c = c_begin; c < chunks; ++c) {
-    NextChunk(c, chunks, stage);
-    const uint16_t* qs = smem + (c & 1) * 3 * kTile;
+  for (int i = 0; i < steps; ++i) {
+    NextChunk(i, steps, stage);
+    const int query0 = (c_begin + i % n) * kChunk;
+    const int64_t lse_base = s.Head(i / n, p.seq).lse_base;
+    const uint16_t* qs = smem + (i & 1) * 3 * kTile;
     const uint16_t* dos = qs + kTile;
-    float* lse2_c = lse2 + (c & 1) * kChunk;
-    float* delta_c = delta + (c & 1) * kChunk;
+    float* lse2_c = lse2 + (i & 1) * kChunk;
+    float* delta_c = delta + (i & 1) * kChunk;
     RowDots<T, kD, kChunk>(qs + 2 * kTile, dos, delta_c);
     for (int r = threadIdx.x; r < kChunk; r += kThreads) {
-      const int q = c * kChunk + r;
-      lse2_c[r] = q < s.len ? p.lse_in[s.lse_base + q] * kLog2e : 0.f;
+      const int q = query0 + r;
+      lse2_c[r] = q < s.len ? p.lse_in[lse_base + q] * kLog2e : 0.f;
     }
     __syncthreads();
-    const int query0 = c * kChunk;
 #pragma unroll 1
     for (int qb = 0; qb < kChunk / 16; ++qb) {
       const int qb0 = query0 + 16 * qb;
@@ -333,19 +336,21 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
     __syncthreads();
   }
   if (k0 < s.len) {
-    StoreRows<T, kD>(dv, 1.f, p.dv, s, k0, g, t);
-    StoreRows<T, kD>(dk, p.scale, p.dk, s, k0, g, t);
+    StoreRows<T, kD, true>(dv, 1.f, p.dv, s, k0, g, t);
+    StoreRows<T, kD, true>(dk, p.scale, p.dk, s, k0, g, t);
   }
 }
 
 // The backward, one launch: the grid's first half of blocks dK / dV, the second dQ (the
-// two are independent), so the two fill each other's tails. Two CTAs an SM at head_dim 64.
+// two are independent), so the two fill each other's tails. dK / dV blocks are per kv
+// head: with grouped-query attention the first kv_heads of the grid's heads take them,
+// the rest return. Two CTAs an SM at head_dim 64.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongBwdKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int count = gridDim.z / 2, z = blockIdx.z;
   if (z < count) {
-    LongDkv<T, kD>(p, smem, z, count);
+    if (blockIdx.x < p.kv_heads) LongDkv<T, kD>(p, smem, blockIdx.x, z, count);
   } else {
     LongDq<T, kD>(p, smem, z - count, count);
   }
@@ -370,7 +375,7 @@ static_assert(4 * kChunk >= kBlock && 6 * kChunk >= 2 * kBlock && 3 * kBlock >= 
 template <typename T, int kD, bool kBwd>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
-  if (!VarlenBuffersAligned(p)) return cudaErrorMisalignedAddress;
+  if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
   constexpr auto kernel = kBwd ? VarlenAttentionLongBwdKernel<T, kD> : VarlenAttentionLongKernel<T, kD>;
   constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;

@@ -43,16 +43,18 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
-// The CTA's problem: sequence b, head h, its valid tokens and row pointers. Rows are
-// counted from the first valid token (token `start`).
+// The CTA's problem: sequence b, query head h, its valid tokens and row pointers. Rows
+// are counted from the first valid token (token `start`).
 template <int kD>
 struct Seq {
   int len;           // valid tokens, clamped to [0, seq]
   int rows;          // len rounded up to 16: the rows staged (zeros past len)
   int start;         // the first valid token: 0, or seq - len with left padding
   bool causal;
-  int64_t stride;    // elements between consecutive tokens (heads * kD)
-  int64_t base;      // element offset of (b, token start, h, 0)
+  int64_t stride;    // elements between consecutive tokens of q's layout (heads * kD)
+  int64_t base;      // element offset of (b, token start, h, 0) in q's layout
+  int64_t kv_stride;  // the same in k's and v's layout (kv_heads * kD), at h's kv head
+  int64_t kv_base;
   int64_t lse_base;  // offset of lse[b, h, start]
 
   __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
@@ -63,9 +65,23 @@ struct Seq {
     causal = p.causal;
     stride = p.heads * kD;
     base = (static_cast<int64_t>(b) * p.seq + start) * stride + static_cast<int64_t>(h) * kD;
+    kv_stride = p.kv_heads * kD;
+    kv_base = (static_cast<int64_t>(b) * p.seq + start) * kv_stride + h / (p.heads / p.kv_heads) * kD;
     lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
   }
+  // Element offsets of (row, col): in q's layout (q, o, dO and every result) and in k's
+  // and v's.
   __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
+  __device__ int64_t AtKv(int row, int col) const { return kv_base + row * kv_stride + col; }
+  template <bool kKv>
+  __device__ int64_t AtLayout(int row, int col) const { return kKv ? AtKv(row, col) : At(row, col); }
+  // The same sequence at query head h + dh, of the same kv head (a grouped-query walk).
+  __device__ Seq Head(int dh, int64_t seq) const {
+    Seq o = *this;
+    o.base += static_cast<int64_t>(dh) * kD;
+    o.lse_base += dh * seq;
+    return o;
+  }
   // Padding token i of seq - len, as a row (negative before the valid ones).
   __device__ int PadRow(int i) const { return i < start ? i - start : i - start + len; }
   // The end of the keys (rows) that queries [r0, r0 + 16) attend to, and of the tiles
@@ -74,13 +90,14 @@ struct Seq {
   __device__ int KeyRows(int r0) const { return causal ? min(rows, r0 + 16) : rows; }
 };
 
-// Zeros on the padding tokens [first, last) (of the sequence's seq - len) of `dst`.
-template <int kD>
+// Zeros on the padding tokens [first, last) (of the sequence's seq - len) of `dst` (in q's
+// layout, or in k's and v's with kKv).
+template <int kD, bool kKv = false>
 __device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq<kD>& s, int first, int last) {
   uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
   for (int i = first * (kD / 8) + threadIdx.x; i < last * (kD / 8); i += kThreads) {
     const int r = s.PadRow(i / (kD / 8)), c = (i % (kD / 8)) * 8;
-    *reinterpret_cast<uint4*>(dst + s.At(r, c)) = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(dst + s.template AtLayout<kKv>(r, c)) = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -141,8 +158,9 @@ __device__ __forceinline__ void PackA(const float (&lo)[4], const float (&hi)[4]
   a[3] = gemm::Elem<T>::Pack2(hi[2], hi[3]);
 }
 
-// Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len.
-template <typename T, int kD>
+// Stores a warp's 16 x kD result rows (C fragments, times `mul`) for the rows < len (in
+// q's layout, or in k's and v's with kKv).
+template <typename T, int kD, bool kKv = false>
 __device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float mul, void* dst_v, const Seq<kD>& s,
                                           int r0, int g, int t) {
   uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
@@ -150,8 +168,8 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[kD / 8][4], float m
 #pragma unroll
   for (int jd = 0; jd < kD / 8; ++jd) {
     const int c = 8 * jd + 2 * t;
-    if (ra < s.len) St32(dst + s.At(ra, c), gemm::Elem<T>::Pack2(acc[jd][0] * mul, acc[jd][1] * mul));
-    if (rb < s.len) St32(dst + s.At(rb, c), gemm::Elem<T>::Pack2(acc[jd][2] * mul, acc[jd][3] * mul));
+    if (ra < s.len) St32(dst + s.template AtLayout<kKv>(ra, c), gemm::Elem<T>::Pack2(acc[jd][0] * mul, acc[jd][1] * mul));
+    if (rb < s.len) St32(dst + s.template AtLayout<kKv>(rb, c), gemm::Elem<T>::Pack2(acc[jd][2] * mul, acc[jd][3] * mul));
   }
 }
 
@@ -170,6 +188,17 @@ __device__ __forceinline__ float Dot8(const uint16_t* a, const uint16_t* b, floa
     acc = fmaf(x.y, y.y, acc);
   }
   return acc;
+}
+
+// The probabilities of a C fragment of scores (log2 units; rows g and g + 8 with maxima
+// m0, m1), unnormalized, in place, and their sums added to this lane's l0, l1.
+__device__ __forceinline__ void ExpAndSum(float (&c)[4], float m0, float m1, float& l0, float& l1) {
+  c[0] = exp2f(c[0] - m0);
+  c[1] = exp2f(c[1] - m0);
+  c[2] = exp2f(c[2] - m1);
+  c[3] = exp2f(c[3] - m1);
+  l0 += c[0] + c[1];
+  l1 += c[2] + c[3];
 }
 
 // A row's max / sum over the 4 lanes that hold its columns (C fragments: lanes 4g..4g+3).
@@ -266,14 +295,15 @@ __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD /
   MmaTokensB<T, kD>(dk, dsa, qs, r0, lane);
 }
 
-// Rows are read 16 bytes at a time: a misaligned buffer (XLA's never are) is an error for
-// the handler to report, not a fault in a kernel.
-inline bool VarlenBuffersAligned(const VarlenAttentionParams& p) {
+// What a launch checks before any kernel runs, as errors for the handler to report, not
+// faults in a kernel: rows are read 16 bytes at a time (a misaligned buffer: XLA's never
+// are), and the kv heads divide the query heads (the handlers decoded them so).
+inline cudaError_t VarlenLaunchable(const VarlenAttentionParams& p) {
   const void* const buffers[] = {p.q, p.k, p.v, p.o, p.dout, p.out, p.dq, p.dk, p.dv};
   for (const void* ptr : buffers) {
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorMisalignedAddress;
   }
-  return true;
+  return p.kv_heads > 0 && p.heads % p.kv_heads == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 // launch(T*, std::integral_constant<int, kD>) for the call's dtype T and head dim kD.

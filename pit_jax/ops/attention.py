@@ -2,6 +2,7 @@
 tokens only.
 
     out = pit_jax.varlen_attention(q, k, v, lengths)   # q, k, v [B, S, H, D], lengths [B]
+    out = pit_jax.varlen_attention(q, k, v, lengths)   # k, v [B, S, H_kv, D]: grouped-query
     out = pit_jax.varlen_attention(q, k, v, lengths, causal=True, padding="left")  # decoders
 
 Sequence b's valid tokens are its first lengths[b] (`padding="right"`, the default) or its
@@ -48,34 +49,20 @@ def reference(q, k, v, lengths, *, scale, causal=False, left_padded=False):
     return _ref.varlen_attention(q, k, v, lengths, scale=scale, causal=causal, left_padded=left_padded)[0]
 
 
-def _grouped_kv(q, k, v):
-    """k and v with q's heads: as given, or each kv head repeated for its group of query
-    heads (grouped-query attention). Shapes other than that are left to check_qkv."""
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or k.shape[2] in (0, q.shape[2]):
-        return k, v
-    same = (k.shape[0], k.shape[1], k.shape[3]) == (q.shape[0], q.shape[1], q.shape[3])
-    if not same or q.shape[2] % k.shape[2]:
-        raise ValueError(f"varlen_attention: k and v must have q's shape {tuple(q.shape)}, or its batch, seq and "
-                         f"head_dim with kv_heads dividing its {q.shape[2]} heads; got {tuple(k.shape)}")
-    group = q.shape[2] // k.shape[2]
-    return jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-
-
 def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *,
                      scale: Optional[float] = None, causal: bool = False, padding: str = "right") -> jax.Array:
     """softmax(scale q k^T) v per sequence and head over its valid tokens; zeros on padding rows.
 
     q: [batch, seq, heads, head_dim]; k, v: q's shape, or [batch, seq, kv_heads, head_dim]
     with kv_heads dividing heads (grouped-query attention, as jax.nn.dot_product_attention
-    groups: query head n reads kv head n // (heads // kv_heads); k and v are repeated to
-    q's heads before the kernels, a copy); one float dtype. lengths: [batch] integers,
+    groups: query head n reads kv head n // (heads // kv_heads); the kernels read the
+    shared heads in place, no copy); one float dtype. lengths: [batch] integers,
     sequence b's valid tokens are its first lengths[b] (padding "right") or its last
     lengths[b] (padding "left"); causal: each query attends to the keys at or before its
     position only; scale: default 1 / sqrt(head_dim).
     Returns [batch, seq, heads, head_dim] in q's dtype.
     """
     q, k, v, lengths = (jnp.asarray(a) for a in (q, k, v, lengths))
-    k, v = _grouped_kv(q, k, v)
     _prim.check_qkv(q, k, v)
     if not jnp.issubdtype(q.dtype, jnp.floating):
         raise TypeError(f"varlen_attention: q must be a float array, got {q.dtype}")

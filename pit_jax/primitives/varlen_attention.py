@@ -3,15 +3,18 @@
     out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i)
     out[b, i] = 0                                             for padding i
 
-q, k, v, out [B, S, H, D] (16-bit, D = 64, 80, 96 or 128, S <= 65536: up to 128 one CTA holds
-a sequence's keys, longer sequences run in blocks of 128 tokens with an online softmax),
+q, out [B, S, H, D] (16-bit, D = 64, 80, 96 or 128, S <= 65536: up to 128 one CTA holds a
+sequence's keys, longer sequences run in blocks of 128 tokens with an online softmax), k, v
+[B, S, H_kv, D] with H_kv dividing H (grouped-query attention: query head h reads kv head
+h // (H // H_kv), addressed by the kernels, no copy; H_kv = H is multi-head attention),
 lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
 its last with `left_padded`. Params: scale, causal, left_padded. Two primitives, each one
 FFI target:
 `varlen_attention_p` (q, k, v, lengths) -> (out, lse) with lse [B, H, S] float32, each
 valid query's log-sum-exp (0 on padding rows), and `varlen_attention_bwd_p` (q, k, v,
-out, lse, dout, lengths) -> (dq, dk, dv), zeros on padding rows. vmap folds mapped axes
-into B.
+out, lse, dout, lengths) -> (dq, dk, dv) in q's, k's and v's shapes (with grouped kv heads
+the kernels sum each group's query heads into its dk, dv), zeros on padding rows. vmap
+folds mapped axes into B.
 
 Autodiff: the forward's JVP is a third primitive, `varlen_attention_tangent_p` (q, k, v,
 out, lse, lengths, dq, dk, dv) -> (dout, dlse), linear in (dq, dk, dv): forward mode
@@ -52,21 +55,32 @@ def kernel_applies(shape, dtype) -> bool:
     return len(shape) == 4 and shape[3] in HEAD_DIMS and shape[1] <= MAX_SEQ and jnp.dtype(dtype) in DTYPES
 
 
-def check_qkv(q, k, v, where="varlen_attention", **like_q):
-    """q [batch, seq, heads, head_dim]; k, v and the `like_q` operands q's shape and dtype.
-    Errors name the argument."""
+def check_qkv(q, k, v, where="varlen_attention", like_k=None, **like_q):
+    """q [batch, seq, heads, head_dim]; k, v q's dtype and shape, or [batch, seq, kv_heads,
+    head_dim] with kv_heads dividing heads (v k's shape); the `like_k` operands (a dict)
+    k's shape and the `like_q` ones q's, both in q's dtype. Errors name the argument."""
     if q.ndim != 4:
         raise ValueError(f"{where}: q must be [batch, seq, heads, head_dim], got shape {tuple(q.shape)}")
-    for name, a in (("k", k), ("v", v), *like_q.items()):
-        if tuple(a.shape) != tuple(q.shape) or a.dtype != q.dtype:
-            raise ValueError(f"{where}: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
-                             f"got {tuple(a.shape)} {a.dtype}")
+    b, s, h, d = q.shape
+    grouped = k.ndim == 4 and (k.shape[0], k.shape[1], k.shape[3]) == (b, s, d) and (
+        k.shape[2] == h or (k.shape[2] > 0 and h % k.shape[2] == 0))
+    for name, a in (("k", k), ("v", v)):
+        if not grouped or tuple(a.shape) != tuple(k.shape) or a.dtype != q.dtype:
+            raise ValueError(f"{where}: k and v must have q's shape {tuple(q.shape)}, or its batch, seq and "
+                             f"head_dim with kv_heads dividing its {h} heads (one shape for both), and q's dtype "
+                             f"{q.dtype}; got {name} {tuple(a.shape)} {a.dtype}")
+    for like, operands in (("k", like_k or {}), ("q", like_q)):
+        shape = tuple(k.shape if like == "k" else q.shape)
+        for name, a in operands.items():
+            if tuple(a.shape) != shape or a.dtype != q.dtype:
+                raise ValueError(f"{where}: {name} must have {like}'s shape {shape} and dtype {q.dtype}, "
+                                 f"got {tuple(a.shape)} {a.dtype}")
 
 
-def check(q, k, v, lengths, where="varlen_attention", **like_q):
+def check(q, k, v, lengths, where="varlen_attention", like_k=None, **like_q):
     """Trace-time checks of the kernels' operands (`check_qkv`, the kernels' shapes and
     dtypes, int32 lengths); errors name the argument."""
-    check_qkv(q, k, v, where, **like_q)
+    check_qkv(q, k, v, where, like_k, **like_q)
     if not kernel_applies(q.shape, q.dtype):
         raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim in {HEAD_DIMS} and seq <= "
                          f"{MAX_SEQ}; got {q.dtype} {tuple(q.shape)}")
@@ -92,14 +106,15 @@ def _native(q, k, v, lengths, **params):
         q, k, v, lengths, **_attrs(**params))
 
 
-def shared_memory_bytes(seq: int, head_dim: int, backward: bool) -> int:
+def shared_memory_bytes(seq: int, head_dim: int, backward: bool, grouped: bool = False) -> int:
     """A CTA's shared memory, in rows of head_dim + 8 elements (the kernels' FwdSmem /
     BwdSmem / DqSmem / DkvSmem). Up to SHORT_SEQ: q, k, v (and dO, and dS over o, backward)
-    of a whole sequence. Longer: two stages of 64-token chunks of k, v (forward, dQ) or q,
-    dO, o (dK, dV), or the 128-token block first staged (dQ: q, dO, o), and a few floats a
-    row; the backward's dK / dV and dQ blocks need the same."""
+    of a whole sequence. Longer, and the backward of grouped kv heads (`grouped`) at any
+    length: two stages of 64-token chunks of k, v (forward, dQ) or q, dO, o (dK, dV), or
+    the 128-token block first staged (dQ: q, dO, o), and a few floats a row; the backward's
+    dK / dV and dQ blocks need the same."""
     pitch = head_dim + 8
-    if seq > SHORT_SEQ:
+    if seq > SHORT_SEQ or (backward and grouped):
         return 4 * 64 * pitch * 2 if not backward else 6 * 64 * pitch * 2 + 4 * 64 * 4
     s16 = -(-seq // 16) * 16
     if not backward:
@@ -118,10 +133,10 @@ def _checked_on_cuda(fn, backward):
     """The CUDA lowering of `fn`: a sequence whose staging needs more shared memory than
     the GPU gives a block (e.g. head_dim 128 on an A100, seq 128 backward on Ada) is an
     error at lowering time that says so, not a failed launch."""
-    def lower(q, *args, **params):
+    def lower(q, k, *args, **params):
         device = _lowering._first_cuda_device()
         cc = None if device is None else _lowering._capability(device)
-        need = shared_memory_bytes(q.shape[1], q.shape[-1], backward)
+        need = shared_memory_bytes(q.shape[1], q.shape[-1], backward, grouped=k.shape[2] != q.shape[2])
         have = None if cc is None else SMEM_OPTIN.get(cc, SMEM_OPTIN_OTHER)
         if have is not None and need > have:
             what = "backward" if backward else "forward"
@@ -131,7 +146,7 @@ def _checked_on_cuda(fn, backward):
                 f"{getattr(device, 'device_kind', 'this GPU')} (compute capability {cc[0]}.{cc[1]}). "
                 f"Use shorter sequences or a narrower head, or set PIT_JAX_REFERENCE=varlen_attention "
                 f"to run the XLA path.")
-        return fn(q, *args, **params)
+        return fn(q, k, *args, **params)
 
     return lower
 
@@ -142,12 +157,12 @@ def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, **params):
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
         raise ValueError(f"varlen_attention_bwd: lse must be float32 [batch, heads, seq] = [{b}, {h}, {s}], "
                          f"got {lse.dtype} {tuple(lse.shape)}")
-    return (ShapedArray(q.shape, q.dtype),) * 3
+    return ShapedArray(q.shape, q.dtype), ShapedArray(k.shape, k.dtype), ShapedArray(v.shape, v.dtype)
 
 
 def _bwd_native(q, k, v, o, lse, dout, lengths, **params):
-    out = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(
+    dq, dk = jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)
+    return jax.ffi.ffi_call("pit_varlen_attention_bwd", (dq, dk, dk))(
         q, k, v, o, lse, dout, lengths, **_attrs(**params))
 
 
@@ -178,7 +193,7 @@ def _jvp(primals, tangents, **params):
 
 
 def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, **params):
-    check(q, k, v, lengths, "varlen_attention_tangent", o=o, dq=dq, dk=dk, dv=dv)
+    check(q, k, v, lengths, "varlen_attention_tangent", dict(dk=dk, dv=dv), o=o, dq=dq)
     b, s, h, _ = q.shape
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
         raise ValueError(f"varlen_attention_tangent: lse must be float32 [batch, heads, seq] = [{b}, {h}, {s}], "

@@ -20,21 +20,26 @@ struct Heads {
   }
   // The sequence's first valid token: left padding puts its len valid tokens last.
   int64_t Start(int len) const { return p.left_padded ? p.seq - len : 0; }
-  // Element offset of valid token s (counted from the first valid one) of head h.
-  int64_t Offset(int64_t b, int len, int64_t s, int64_t h) const {
-    return ((b * p.seq + Start(len) + s) * p.heads + h) * p.head_dim;
+  // Element offset of valid token s (counted from the first valid one) of head h, in a
+  // layout of `heads` heads (q's, or k's and v's).
+  int64_t Offset(int64_t b, int len, int64_t s, int64_t h, int64_t heads) const {
+    return ((b * p.seq + Start(len) + s) * heads + h) * p.head_dim;
   }
   int64_t LseOffset(int64_t b, int len, int64_t h, int64_t s) const { return (b * p.heads + h) * p.seq + Start(len) + s; }
   // Keys a valid query attends to: [0, KeyEnd).
   int KeyEnd(int query, int len) const { return p.causal ? query + 1 : len; }
-  // The valid rows of one head as floats [len, head_dim].
-  std::vector<float> Load(const void* src, int64_t b, int64_t h, int len) const {
+  // The valid rows of one head as floats [len, head_dim]: query head h of q's layout, or
+  // (kv) its kv head of k's and v's.
+  std::vector<float> Load(const void* src, int64_t b, int64_t h, int len, bool kv = false) const {
+    const int64_t heads = kv ? p.kv_heads : p.heads, head = kv ? h / (p.heads / p.kv_heads) : h;
     std::vector<float> out(static_cast<size_t>(len) * p.head_dim);
-    for (int s = 0; s < len; ++s) cpu::LoadRow(p.dtype, src, Offset(b, len, s, h), p.head_dim, &out[s * p.head_dim]);
+    for (int s = 0; s < len; ++s)
+      cpu::LoadRow(p.dtype, src, Offset(b, len, s, head, heads), p.head_dim, &out[s * p.head_dim]);
     return out;
   }
-  void Store(const std::vector<float>& rows, void* dst, int64_t b, int64_t h, int len) const {
-    for (int s = 0; s < len; ++s) cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(b, len, s, h));
+  void Store(const std::vector<float>& rows, void* dst, int64_t b, int64_t h, int len, bool kv = false) const {
+    for (int s = 0; s < len; ++s)
+      cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(b, len, s, h, kv ? p.kv_heads : p.heads));
   }
 };
 
@@ -52,7 +57,7 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int len = hd.Length(b);
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
-      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len), v = hd.Load(p.v, b, h, len);
+      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len, true), v = hd.Load(p.v, b, h, len, true);
       std::vector<float> o(static_cast<size_t>(len) * d, 0.f), s(len);
       for (int i = 0; i < len; ++i) {
         const int keys = hd.KeyEnd(i, len);
@@ -70,14 +75,17 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
 
 void VarlenAttentionBwd(const VarlenAttentionParams& p) {
   const Heads hd{p};
-  const int64_t d = p.head_dim, bytes = p.batch * p.seq * p.heads * d * DTypeBytes(p.dtype);
-  for (void* r : {p.dq, p.dk, p.dv}) cpu::Zero(r, bytes);  // padding rows
+  const int64_t d = p.head_dim, row_bytes = p.batch * p.seq * d * DTypeBytes(p.dtype), group = p.heads / p.kv_heads;
+  cpu::Zero(p.dq, row_bytes * p.heads);  // padding rows
+  for (void* r : {p.dk, p.dv}) cpu::Zero(r, row_bytes * p.kv_heads);
   for (int64_t b = 0; b < p.batch; ++b) {
     const int len = hd.Length(b);
+    std::vector<float> dk, dv;  // a kv head's, summed over its group's query heads in order
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
-      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len), v = hd.Load(p.v, b, h, len);
+      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len, true), v = hd.Load(p.v, b, h, len, true);
       const auto o = hd.Load(p.o, b, h, len), dout = hd.Load(p.dout, b, h, len);
-      std::vector<float> dq(static_cast<size_t>(len) * d, 0.f), dk(dq), dv(dq);
+      std::vector<float> dq(static_cast<size_t>(len) * d, 0.f);
+      if (h % group == 0) dk = dv = dq;
       for (int i = 0; i < len; ++i) {
         const float lse = p.lse_in[hd.LseOffset(b, len, h, i)];
         const float delta = Dot(&dout[i * d], &o[i * d], d);
@@ -90,8 +98,10 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
         }
       }
       hd.Store(dq, p.dq, b, h, len);
-      hd.Store(dk, p.dk, b, h, len);
-      hd.Store(dv, p.dv, b, h, len);
+      if (h % group == group - 1) {
+        hd.Store(dk, p.dk, b, h / group, len, true);
+        hd.Store(dv, p.dv, b, h / group, len, true);
+      }
     }
   }
 }
