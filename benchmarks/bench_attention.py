@@ -6,12 +6,16 @@ Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like le
 64) on the same lengths left-padded, causal ("decoder"), and OPT-6.7B's (32 x 128,
 "decoder_hd128"); and BERT-base heads on 8 long documents (max 2048, ~31 % valid:
 "document"; "document_causal" the same causal over left padding), the kernels' 128-token
-blocks with an online softmax. Per case, forward alone and
-forward + backward (a vjp with a fixed cotangent), each through:
+blocks with an online softmax; and grouped-query attention on the same documents, causal
+over right padding, at a Llama-like 32 query heads sharing 8 kv heads of 128
+("document_gqa"). Per case, forward alone and forward + backward (a vjp with a fixed
+cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
+  pit_jax_repeat  (grouped cases) k and v repeated to q's heads, then pit_jax.varlen_attention:
+              the route before the kernels read the shared heads in place
   cudnn       jax.nn.dot_product_attention(implementation="cudnn") with sequence lengths
               (decoder: is_causal and the left padding as an additive bias, since cuDNN
-              takes padding as right-padded lengths only)
+              takes padding as right-padded lengths only; grouped k, v as given)
   xla         jax.nn.dot_product_attention(implementation="xla") with sequence lengths
               (decoder: is_causal and the padding mask)
 Inputs rotated so nothing sits in L2; wall time of jitted calls (median of repeats) and
@@ -38,8 +42,10 @@ sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 from pit_models import common as mcommon  # noqa: E402
 
 
-def impls(decoder=False):
-    if decoder:  # causal over left padding, as examples/pit_models/opt.py attends
+def impls(mode="encoder", grouped=False):
+    """mode: "encoder" (bidirectional, right padding), "decoder" (causal over left padding,
+    as examples/pit_models/opt.py attends) or "causal" (causal over right padding)."""
+    if mode == "decoder":
         def dpa(implementation):
             def f(q, k, v, ln):
                 return mcommon.attention(q, k, v, lengths=ln, causal=True, padding="left",
@@ -47,15 +53,22 @@ def impls(decoder=False):
             return f
 
         pit = functools.partial(pit_jax.varlen_attention, causal=True, padding="left")
-        return {"pit_jax": pit, "cudnn": dpa("cudnn"), "xla": dpa("xla")}
+    else:
+        def dpa(implementation):
+            def f(q, k, v, ln):
+                return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=ln, key_value_seq_lengths=ln,
+                                                    is_causal=mode == "causal", implementation=implementation)
+            return f
 
-    def dpa(implementation):
-        def f(q, k, v, ln):
-            return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=ln, key_value_seq_lengths=ln,
-                                                implementation=implementation)
-        return f
+        pit = functools.partial(pit_jax.varlen_attention, causal=mode == "causal")
+    out = {"pit_jax": pit}
+    if grouped:
+        def pit_repeat(q, k, v, ln):
+            group = q.shape[2] // k.shape[2]
+            return pit(q, jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2), ln)
 
-    return {"pit_jax": pit_jax.varlen_attention, "cudnn": dpa("cudnn"), "xla": dpa("xla")}
+        out["pit_jax_repeat"] = pit_repeat
+    return {**out, "cudnn": dpa("cudnn"), "xla": dpa("xla")}
 
 
 def with_backward(f):
@@ -76,38 +89,41 @@ def main(argv=None):
     b, s, h, d = (4, 32, 2, 64) if args.small else (32, 128, 12, 64)
     h_dec = 4 if args.small else 32  # OPT-1.3B: 32 heads of 64
     b_doc, s_doc = (2, 160) if args.small else (8, 2048)
+    h_gqa, kv_gqa = (4, 2) if args.small else (32, 8)  # Llama-like grouped-query heads of 128
     rng = np.random.default_rng(0)
     glue = mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s})
     docs = mcommon.sample_lengths(rng, b_doc, **{**mcommon.LONG_DOC, "max_len": s_doc})
-    # case -> (lengths, seq, heads, head_dim, decoder)
-    cases = {"glue": (glue, s, h, d, False), "full": (np.full((b,), s, np.int32), s, h, d, False),
-             "decoder": (glue, s, h_dec, d, True), "decoder_hd128": (glue, s, h_dec, 128, True),
-             "document": (docs, s_doc, h, d, False), "document_causal": (docs, s_doc, h, d, True)}
-    n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h * d) * 2)
+    # case -> (lengths, seq, heads, head_dim, mode, kv_heads)
+    cases = {"glue": (glue, s, h, d, "encoder", h), "full": (np.full((b,), s, np.int32), s, h, d, "encoder", h),
+             "decoder": (glue, s, h_dec, d, "decoder", h_dec), "decoder_hd128": (glue, s, h_dec, 128, "decoder", h_dec),
+             "document": (docs, s_doc, h, d, "encoder", h), "document_causal": (docs, s_doc, h, d, "decoder", h),
+             "document_gqa": (docs, s_doc, h_gqa, 128, "causal", kv_gqa)}
+    n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h_gqa * 128) * 2)
     # the CPU smoke run: few repeats and rotations, no profiler trace
     n_sets, reps, device_calls = (2, 3, 0) if args.small else (n_sets, 15, 20)
     key = jax.random.PRNGKey(0)
     rows = []
     cases = {c: v for c, v in cases.items() if not args.cases or c in args.cases}
-    for case, (lengths, s, h, d, decoder) in cases.items():
+    for case, (lengths, s, h, d, mode, kv_heads) in cases.items():
         b = len(lengths)
         ln = jnp.asarray(lengths, jnp.int32)
-        mask = np.asarray((mcommon.left_padding_mask if decoder else mcommon.right_padding_mask)(lengths, s))
+        mask = np.asarray((mcommon.left_padding_mask if mode == "decoder" else mcommon.right_padding_mask)(lengths, s))
         sets = []
         for i in range(n_sets):
             ks = jax.random.split(jax.random.fold_in(key, i), 4)
-            q, k, v, dout = (common.random_normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks)
+            q, k, v, dout = (common.random_normal(kk, (b, s, h if j in (0, 3) else kv_heads, d), jnp.bfloat16)
+                             for j, kk in enumerate(ks))
             # no cotangent on padding rows: the baselines' padding queries attend (to
             # anything), and their gradients would reach the valid keys
             dout = jnp.where(jnp.asarray(mask)[:, :, None, None], dout, 0).astype(dout.dtype)
             sets.append((q, k, v, ln, dout))
         valid = float(lengths.sum()) / (b * s)
         ref = None
-        for name, f in impls(decoder).items():
+        for name, f in impls(mode, grouped=kv_heads != h).items():
             for pass_, fn in (("forward", lambda q, k, v, ln, do, f=f: f(q, k, v, ln)),
                               ("forward+backward", lambda *a, f=f: with_backward(f)(*a))):
                 row = {"case": case, "valid": valid, "pass": pass_, "impl": name, "shape": [b, s, h, d],
-                       "dtype": "bfloat16"}
+                       "kv_heads": kv_heads, "dtype": "bfloat16"}
                 try:
                     t = common.time_op(fn, sets, keep_output=True, reps=reps, device_calls=device_calls)
                 except Exception as e:  # noqa: BLE001 - an impl that does not run here is a row, not a crash
