@@ -8,7 +8,8 @@ Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like le
 "document"; "document_causal" the same causal over left padding), the kernels' 128-token
 blocks with an online softmax; and grouped-query attention on the same documents, causal
 over right padding, at a Llama-like 32 query heads sharing 8 kv heads of 128
-("document_gqa"). Per case, forward alone and forward + backward (a vjp with a fixed
+("document_gqa"), and those heads on the GLUE-like lengths causal over left padding
+("decoder_gqa"). Per case, forward alone and forward + backward (a vjp with a fixed
 cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   pit_jax_repeat  (grouped cases) k and v repeated to q's heads, then pit_jax.varlen_attention:
@@ -97,7 +98,8 @@ def main(argv=None):
     cases = {"glue": (glue, s, h, d, "encoder", h), "full": (np.full((b,), s, np.int32), s, h, d, "encoder", h),
              "decoder": (glue, s, h_dec, d, "decoder", h_dec), "decoder_hd128": (glue, s, h_dec, 128, "decoder", h_dec),
              "document": (docs, s_doc, h, d, "encoder", h), "document_causal": (docs, s_doc, h, d, "decoder", h),
-             "document_gqa": (docs, s_doc, h_gqa, 128, "causal", kv_gqa)}
+             "document_gqa": (docs, s_doc, h_gqa, 128, "causal", kv_gqa),
+             "decoder_gqa": (glue, s, h_gqa, 128, "decoder", kv_gqa)}
     n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h_gqa * 128) * 2)
     # the CPU smoke run: few repeats and rotations, no profiler trace
     n_sets, reps, device_calls = (2, 3, 0) if args.small else (n_sets, 15, 20)

@@ -203,16 +203,18 @@ def test_index_sread_swrite_layer_norm(platform, case):
 def test_varlen_attention(platform, case):
     rng, seed = fresh_rng()
     b, s, h = pick(rng, [1, 3]), pick(rng, [1, 7, 64, 128, 130, 300]), pick(rng, [1, 4])
+    kv = pick(rng, [h, h, 2, 1]) if h == 4 else h  # grouped-query: kv heads dividing q's
     d = pick(rng, [64, 64, 80, 96, 128, 32])  # the kernels' head dims, and one that takes XLA's path
     dtype = pick(rng, DTYPES)
     lengths = rng.integers(0, s + 1, size=(b,)).astype(np.int32)
     lengths[rng.integers(b)] = pick(rng, [0, s, int(lengths[0])])  # empty and full sequences
     mode = pick(rng, ["fwd", "grad", "jvp", "vmap", "vmapgrad"])
     causal, padding = bool(rng.integers(2)), pick(rng, ["right", "left"])
-    what = (f"seed={seed}: B={b} S={s} H={h} D={d} {jnp.dtype(dtype).name} lengths={lengths.tolist()} {mode} "
-            f"causal={causal} padding={padding}")
+    what = (f"seed={seed}: B={b} S={s} H={h} kv_heads={kv} D={d} {jnp.dtype(dtype).name} "
+            f"lengths={lengths.tolist()} {mode} causal={causal} padding={padding}")
     shape = (2, b, s, h, d) if mode.startswith("vmap") else (b, s, h, d)
-    q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
+    q = jnp.asarray(rng.standard_normal(shape), dtype)
+    k, v = (jnp.asarray(rng.standard_normal(shape[:-2] + (kv, d)), dtype) for _ in range(2))
     lens = jnp.asarray(np.broadcast_to(lengths, shape[:-3]).copy())
     attend = functools.partial(pit_jax.varlen_attention, causal=causal, padding=padding)
     fn = transformed(attend, mode, (0, 1, 2), (0, 0, 0, 0))
