@@ -315,6 +315,23 @@ def test_grouped_query_transformations(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("shape", [(0, 8, 2, 64), (2, 0, 2, 64), (2, 8, 0, 64), (2, 200, 0, 64)])
+def test_zero_sized_dims(platform, shape):
+    """No batch, no tokens or no heads: empty results and gradients of q's and k's shapes."""
+    q = jnp.ones(shape, jnp.bfloat16)
+    ln = jnp.full((shape[0],), 3, jnp.int32)
+
+    def f(q, k, v, ln):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, ln, causal=True), q, k, v)
+        return (out, *vjp(out))
+
+    args = put(platform, q, q, q, ln)
+    assert "pit_varlen_attention_bwd[" in str(jax.make_jaxpr(f)(*args))
+    for r in jax.jit(f)(*args):
+        assert r.shape == shape
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_log_sum_exp(platform, dtype):
     """The forward's second result, which the backward reads: each valid query's

@@ -75,7 +75,8 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
 
 void VarlenAttentionBwd(const VarlenAttentionParams& p) {
   const Heads hd{p};
-  const int64_t d = p.head_dim, row_bytes = p.batch * p.seq * d * DTypeBytes(p.dtype), group = p.heads / p.kv_heads;
+  const int64_t d = p.head_dim, row_bytes = p.batch * p.seq * d * DTypeBytes(p.dtype);
+  const int64_t group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;  // kv_heads 0: no heads at all
   cpu::Zero(p.dq, row_bytes * p.heads);  // padding rows
   for (void* r : {p.dk, p.dv}) cpu::Zero(r, row_bytes * p.kv_heads);
   for (int64_t b = 0; b < p.batch; ++b) {
