@@ -9,8 +9,9 @@ Cases: BERT-base heads (12 x 64, bf16) at batch 32, max length 128, GLUE-like le
 blocks with an online softmax; and grouped-query attention on the same documents, causal
 over right padding, at a Llama-like 32 query heads sharing 8 kv heads of 128
 ("document_gqa"), and those heads on the GLUE-like lengths causal over left padding
-("decoder_gqa"). Per case, forward alone and forward + backward (a vjp with a fixed
-cotangent), each through:
+("decoder_gqa"), and the documents' grouped heads in a sliding window of 256 keys
+("document_window", local_window_size (256, 0): Mistral-style local attention). Per case,
+forward alone and forward + backward (a vjp with a fixed cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   pit_jax_repeat  (grouped cases) k and v repeated to q's heads, then pit_jax.varlen_attention:
               the route before the kernels read the shared heads in place
@@ -43,9 +44,10 @@ sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 from pit_models import common as mcommon  # noqa: E402
 
 
-def impls(mode="encoder", grouped=False):
+def impls(mode="encoder", grouped=False, window=None):
     """mode: "encoder" (bidirectional, right padding), "decoder" (causal over left padding,
-    as examples/pit_models/opt.py attends) or "causal" (causal over right padding)."""
+    as examples/pit_models/opt.py attends) or "causal" (causal over right padding); window:
+    a local window (left, right), "encoder" and "causal" modes."""
     if mode == "decoder":
         def dpa(implementation):
             def f(q, k, v, ln):
@@ -58,10 +60,11 @@ def impls(mode="encoder", grouped=False):
         def dpa(implementation):
             def f(q, k, v, ln):
                 return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=ln, key_value_seq_lengths=ln,
-                                                    is_causal=mode == "causal", implementation=implementation)
+                                                    is_causal=mode == "causal", local_window_size=window,
+                                                    implementation=implementation)
             return f
 
-        pit = functools.partial(pit_jax.varlen_attention, causal=mode == "causal")
+        pit = functools.partial(pit_jax.varlen_attention, causal=mode == "causal", local_window_size=window)
     out = {"pit_jax": pit}
     if grouped:
         def pit_repeat(q, k, v, ln):
@@ -94,19 +97,21 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     glue = mcommon.sample_lengths(rng, b, **{**mcommon.GLUE, "max_len": s})
     docs = mcommon.sample_lengths(rng, b_doc, **{**mcommon.LONG_DOC, "max_len": s_doc})
-    # case -> (lengths, seq, heads, head_dim, mode, kv_heads)
+    window = (16, 0) if args.small else (256, 0)  # sliding-window decoders' local attention
+    # case -> (lengths, seq, heads, head_dim, mode, kv_heads[, window])
     cases = {"glue": (glue, s, h, d, "encoder", h), "full": (np.full((b,), s, np.int32), s, h, d, "encoder", h),
              "decoder": (glue, s, h_dec, d, "decoder", h_dec), "decoder_hd128": (glue, s, h_dec, 128, "decoder", h_dec),
              "document": (docs, s_doc, h, d, "encoder", h), "document_causal": (docs, s_doc, h, d, "decoder", h),
              "document_gqa": (docs, s_doc, h_gqa, 128, "causal", kv_gqa),
-             "decoder_gqa": (glue, s, h_gqa, 128, "decoder", kv_gqa)}
+             "decoder_gqa": (glue, s, h_gqa, 128, "decoder", kv_gqa),
+             "document_window": (docs, s_doc, h_gqa, 128, "causal", kv_gqa, window)}
     n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h_gqa * 128) * 2)
     # the CPU smoke run: few repeats and rotations, no profiler trace
     n_sets, reps, device_calls = (2, 3, 0) if args.small else (n_sets, 15, 20)
     key = jax.random.PRNGKey(0)
     rows = []
     cases = {c: v for c, v in cases.items() if not args.cases or c in args.cases}
-    for case, (lengths, s, h, d, mode, kv_heads) in cases.items():
+    for case, (lengths, s, h, d, mode, kv_heads, *win) in cases.items():
         b = len(lengths)
         ln = jnp.asarray(lengths, jnp.int32)
         mask = np.asarray((mcommon.left_padding_mask if mode == "decoder" else mcommon.right_padding_mask)(lengths, s))
@@ -121,11 +126,11 @@ def main(argv=None):
             sets.append((q, k, v, ln, dout))
         valid = float(lengths.sum()) / (b * s)
         ref = None
-        for name, f in impls(mode, grouped=kv_heads != h).items():
+        for name, f in impls(mode, grouped=kv_heads != h, window=win[0] if win else None).items():
             for pass_, fn in (("forward", lambda q, k, v, ln, do, f=f: f(q, k, v, ln)),
                               ("forward+backward", lambda *a, f=f: with_backward(f)(*a))):
                 row = {"case": case, "valid": valid, "pass": pass_, "impl": name, "shape": [b, s, h, d],
-                       "kv_heads": kv_heads, "dtype": "bfloat16"}
+                       "kv_heads": kv_heads, "window": win[0] if win else None, "dtype": "bfloat16"}
                 try:
                     t = common.time_op(fn, sets, keep_output=True, reps=reps, device_calls=device_calls)
                 except Exception as e:  # noqa: BLE001 - an impl that does not run here is a row, not a crash

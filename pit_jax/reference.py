@@ -385,13 +385,14 @@ def valid_tokens(lengths, seq, left_padded=False):
     return i >= seq - n if left_padded else i < n
 
 
-def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False):
+def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False, window_left=-1, window_right=-1):
     """(out, lse) of softmax attention over each sequence's valid tokens (the first
     lengths[b], or the last with `left_padded`; causal: keys at or before the query) (q [B,
     S, H, D], k, v [B, S, H_kv, D] with H_kv dividing H: query head h reads kv head h // (H
     // H_kv); float32 math over every row, masked): out in q's dtype, zeros on padding
     rows; lse [B, H, S] float32, each valid query's log-sum-exp of its scaled scores, 0 on
-    padding rows (the forward target's second result)."""
+    padding rows (the forward target's second result). window_left / window_right >= 0: a
+    local window, query i over keys i - window_left .. i + window_right (-1: no bound)."""
     b, seq, h, d = q.shape
     kv = k.shape[2]
     valid = valid_tokens(lengths, seq, left_padded)  # [B, S]
@@ -399,8 +400,13 @@ def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False
     qg = f(q).reshape(b, seq, kv, h // kv, d)  # a kv head's group of query heads, no copy of k, v
     s = jnp.einsum("bqngd,bknd->bngqk", qg, f(k)).reshape(b, h, seq, seq) * scale
     keys = valid[:, None, None, :]
+    ahead = jnp.arange(seq)[None, :] - jnp.arange(seq)[:, None]  # [query, key]: key - query
     if causal:
-        keys = keys & (jnp.arange(seq)[None, :] <= jnp.arange(seq)[:, None])[None, None]
+        keys = keys & (ahead <= 0)[None, None]
+    if window_right >= 0:
+        keys = keys & (ahead <= window_right)[None, None]
+    if window_left >= 0:
+        keys = keys & (ahead >= -window_left)[None, None]
     s = jnp.where(keys, s, -1e30)  # masked keys: no weight (a constant: no gradient)
     p = jax.nn.softmax(s, axis=-1)
     out = jnp.einsum("bngqk,bknd->bqngd", p.reshape(b, kv, h // kv, seq, seq), f(v)).reshape(b, seq, h, d)

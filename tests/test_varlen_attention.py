@@ -37,9 +37,10 @@ def lengths_for(rng, b, s, kind):
     return np.full((b,), {"empty": 0, "full": s}[kind], np.int32)
 
 
-def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right"):
+def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right", window=None):
     """(out, lse, dq, dk, dv) in float64, per sequence and head, over the valid tokens
-    (a sequence's first lengths[b], or its last with left padding; causal: keys j <= i)."""
+    (a sequence's first lengths[b], or its last with left padding; causal: keys j <= i; a
+    window (left, right): keys i - left <= j <= i + right)."""
     q, k, v, dout = (f64(a) for a in (q, k, v, dout))
     b_, s_, h_, _ = q.shape
     out, dq, dk, dv = (np.zeros_like(q) for _ in range(4))
@@ -52,8 +53,11 @@ def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right"):
         for h in range(h_):
             qq, kk, vv, do = q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h]
             s = scale * qq @ kk.T
-            if causal:
-                s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+            ahead = np.arange(n)[None, :] - np.arange(n)[:, None]  # key - query
+            sees = np.ones((n, n), bool) if not causal else ahead <= 0
+            if window is not None:
+                sees &= (ahead <= window[1]) & (ahead >= -window[0])
+            s = np.where(sees, s, -np.inf)
             m = s.max(1, keepdims=True)
             p = np.exp(s - m)
             l_ = p.sum(1, keepdims=True)
@@ -79,12 +83,12 @@ def check_lse(got, want, what):
     assert err <= 1e-5 * scale, f"{what}: max error {err:.3g} > 1e-05 * {scale:.3g}"
 
 
-def check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, seed):
+def check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, seed, window=None):
     """The kernels' value, lse and gradients (one jitted vjp) against float64; every
-    result's padding rows zeros."""
+    result's padding rows zeros. window: a local window (left, right)."""
     s, d = q.shape[1], q.shape[3]
     scale = 1 / math.sqrt(d)
-    kw = dict(causal=causal, padding=padding)
+    kw = dict(causal=causal, padding=padding, local_window_size=window)
 
     def f(q, k, v, lengths, dout):
         out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
@@ -94,13 +98,15 @@ def check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, 
     jaxpr = str(jax.make_jaxpr(f)(*args))
     assert "pit_varlen_attention[" in jaxpr and "pit_varlen_attention_bwd[" in jaxpr
     got = jax.jit(f)(*args)
-    want = reference64(q, k, v, lengths, dout, scale, **kw)
+    want = reference64(q, k, v, lengths, dout, scale, causal, padding, window)
     valid = np.asarray(ref.valid_tokens(lengths, s, padding == "left"))
-    what = f"seed={seed} lengths={lengths.tolist()}"
+    what = f"seed={seed} lengths={lengths.tolist()} window={window}"
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want[0], *want[2:])):
         check_close(g, w, dtype, f"{what} {name}")
         assert not f64(g)[~valid].any(), f"{what}: {name}'s padding rows must be zeros"
     params = dict(scale=scale, causal=causal, left_padded=padding == "left")
+    if window is not None:
+        params.update(window_left=window[0], window_right=window[1])
     _, lse = jax.jit(lambda *a: varlen_attention_p.bind(*a, **params))(*args[:4])
     check_lse(lse, want[1], f"{what} lse")
     assert not np.asarray(lse).transpose(0, 2, 1)[~valid].any(), f"{what}: lse's padding rows must be 0"
@@ -192,6 +198,55 @@ def test_long_sequence_of_many_blocks(platform, causal, padding):
     q, k, v, dout = inputs(rng, 2, 4096, 1, jnp.bfloat16)
     lengths = np.array([4096, int(rng.integers(2049, 4096))], np.int32)
     check_all_results(platform, q, k, v, dout, lengths, jnp.bfloat16, causal, padding, seed)
+
+
+# (seq, (left, right)): windows narrower and wider than a 16-key tile, a 64-key chunk and
+# a 128-token block, one side only, the token alone, around the short / long boundary.
+WINDOWS = [(37, (5, 3)), (37, (0, 0)), (128, (20, 40)), (130, (16, 0)), (300, (64, 0)), (300, (100, 37)),
+           (520, (130, 1)), (300, (0, 200))]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("s,window", WINDOWS, ids=[f"{s}-{w[0]}-{w[1]}" for s, w in WINDOWS])
+@ENCODER_AND_DECODER
+@pytest.mark.parametrize("d", [64, 128])
+def test_local_window(platform, s, window, causal, padding, d):
+    """Sliding-window attention (local_window_size, as jax.nn.dot_product_attention's):
+    query i over keys i - left .. i + right of its sequence's valid tokens (causal: right
+    0); value, lse and gradients against float64, the short and the long kernels."""
+    rng, seed = fresh_rng()
+    dtype = jnp.float16 if d == 128 else jnp.bfloat16
+    q, k, v, dout = inputs(rng, 3, s, 2, dtype, d)
+    lengths = np.array([s, rng.integers(1, s + 1), rng.integers(0, s + 1)], np.int32)
+    check_all_results(platform, q, k, v, dout, lengths, dtype, causal, padding, seed, window)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("causal,window", [(True, (300, 0)), (False, (256, 256))], ids=["causal", "bidirectional"])
+def test_local_window_long_and_grouped(platform, causal, window):
+    """A window over 4096-token sequences (most key chunks skipped), and one with grouped
+    kv heads, against float64 (the grouped gradients summed over each group)."""
+    rng, seed = fresh_rng()
+    q, k, v, dout = inputs(rng, 2, 4096, 1, jnp.bfloat16)
+    lengths = np.array([4096, int(rng.integers(2049, 4096))], np.int32)
+    check_all_results(platform, q, k, v, dout, lengths, jnp.bfloat16, causal, "right", seed, window)
+    b, s, h, d = 2, 300, 4, 64
+    q, dout = (randn(rng, (b, s, h, d), jnp.bfloat16) for _ in range(2))
+    k, v = (randn(rng, (b, s, 2, d), jnp.bfloat16) for _ in range(2))
+    lengths = np.array([300, 171], np.int32)
+    kw = dict(causal=causal, padding="left", local_window_size=window[0] // 4)
+
+    def f(q, k, v, lengths, dout):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, lengths, **kw), q, k, v)
+        return (out, *vjp(dout))
+
+    got = jax.jit(f)(*put(platform, q, k, v, lengths, dout))
+    rep = lambda a: np.repeat(f64(a), 2, axis=2)  # noqa: E731
+    w = window[0] // 4
+    want = reference64(q, rep(k), rep(v), lengths, dout, 1 / math.sqrt(d), causal, "left", (w, w))
+    fold = lambda a: a.reshape(b, s, 2, 2, d).sum(3)  # noqa: E731
+    for name, g, w_ in zip(("out", "dq", "dk", "dv"), got, (want[0], want[2], fold(want[3]), fold(want[4]))):
+        check_close(g, w_, jnp.bfloat16, f"seed={seed} grouped {name}")
 
 
 def _operand_heads(jaxpr, name):
@@ -589,6 +644,9 @@ def test_bad_input_is_a_clear_error():
         pit_jax.varlen_attention(q, q, q, ln, padding="middle")
     with pytest.raises(TypeError, match="causal must be a Python bool, got Array"):
         pit_jax.varlen_attention(q, q, q, ln, causal=jnp.array(True))
+    for bad in (-1, (1,), (1, -2), (1.5, 2), "3", True, (2, None)):
+        with pytest.raises(ValueError, match="local_window_size must be None, an int >= 0 or a pair"):
+            pit_jax.varlen_attention(q, q, q, ln, local_window_size=bad)
     with pytest.raises(ValueError, match="the kernels take bfloat16 or float16"):
         varlen_attention_p.bind(q.astype(jnp.float32), q.astype(jnp.float32), q.astype(jnp.float32), ln, scale=1.0)
 
@@ -597,10 +655,11 @@ _B = lambda *s: jnp.ones(s, jnp.bfloat16)  # noqa: E731
 _L = jnp.zeros((2,), jnp.int32)
 
 
-def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8)):
+def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8), window=(-1, -1)):
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(out_shape, q.dtype),
                                                      jax.ShapeDtypeStruct(lse_shape, jnp.float32)))(
-        q, k, v, lengths, scale=np.float32(0.125), causal=False, left_padded=False)
+        q, k, v, lengths, scale=np.float32(0.125), causal=False, left_padded=False,
+        window_left=np.int64(window[0]), window_right=np.int64(window[1]))
 
 
 def _raw_bwd(lse):
@@ -608,7 +667,8 @@ def _raw_bwd(lse):
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(q, q, q, q, lse, q, _L,
                                                                           scale=np.float32(0.125), causal=False,
-                                                                          left_padded=False)
+                                                                          left_padded=False, window_left=np.int64(-1),
+                                                                          window_right=np.int64(-1))
 
 
 RAW_BAD = {
@@ -627,6 +687,8 @@ RAW_BAD = {
         _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), jnp.zeros((3,), jnp.int32)),
     ("pit_varlen_attention", "lse .* must be float32 \\[batch, heads, seq\\]"): lambda: _raw_fwd(
         _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), _L, lse_shape=(2, 8, 1)),
+    ("pit_varlen_attention", "window_left and window_right must be >= 0 \\(or -1"): lambda: _raw_fwd(
+        _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), _L, window=(3, -2)),
     ("pit_varlen_attention_bwd", "lse must be float32"): lambda: _raw_bwd(jnp.zeros((2, 8), jnp.float32)),
 }
 

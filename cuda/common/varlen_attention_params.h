@@ -15,7 +15,10 @@ namespace pit {
 // group's query heads. Sequence b's first lengths[b] tokens (clamped to [0, seq]) are valid,
 // or its last lengths[b] with `left_padded`; the rest are padding that no valid token
 // attends to and whose rows of every result are 0. With `causal` a valid query attends to
-// the valid keys at or before its own position.
+// the valid keys at or before its own position. A local window (window_left /
+// window_right >= 0; -1: no bound) limits query i to the keys j with i - window_left <= j
+// <= i + window_right (positions among the valid tokens), as jax.nn.dot_product_attention's
+// local_window_size does.
 struct VarlenAttentionParams {
   DType dtype = DType::kBF16;
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
@@ -23,6 +26,7 @@ struct VarlenAttentionParams {
   float scale = 1.f;                // on q k^T, before the softmax
   bool causal = false;
   bool left_padded = false;
+  int64_t window_left = -1, window_right = -1;
   const int32_t* lengths = nullptr;  // [batch]
   const void* q = nullptr;
   const void* k = nullptr;

@@ -291,7 +291,9 @@ auto VarlenAttention(B b) {
       .template Ret<AnyBuffer>()  // lse float32 [batch, heads, seq]
       .template Attr<float>("scale")
       .template Attr<bool>("causal")
-      .template Attr<bool>("left_padded");
+      .template Attr<bool>("left_padded")
+      .template Attr<int64_t>("window_left")  // -1: no bound
+      .template Attr<int64_t>("window_right");
 }
 
 template <class B>
@@ -308,7 +310,9 @@ auto VarlenAttentionBwd(B b) {
       .template Ret<AnyBuffer>()  // dv
       .template Attr<float>("scale")
       .template Attr<bool>("causal")
-      .template Attr<bool>("left_padded");
+      .template Attr<bool>("left_padded")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right");
 }
 
 }  // namespace bind

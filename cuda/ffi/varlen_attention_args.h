@@ -17,7 +17,8 @@ namespace pit {
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,
                                                                       S32Buffer lengths, float scale, bool causal,
-                                                                      bool left_padded) {
+                                                                      bool left_padded, int64_t window_left,
+                                                                      int64_t window_right) {
   const auto d = q.dimensions();
   if (d.size() != 4) return InvalidArg(target + ": q must be [batch, seq, heads, head_dim], got " + DimsString(d));
   if (q.element_type() != ffi::DataType::BF16 && q.element_type() != ffi::DataType::F16)
@@ -40,6 +41,9 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
                         " (or its batch, seq and head_dim with kv_heads dividing its heads; v k's shape) and "
                         "dtype, got " + DimsString(buf->dimensions()));
   }
+  if (window_left < -1 || window_right < -1)
+    return InvalidArg(target + ": window_left and window_right must be >= 0 (or -1: no bound), got " +
+                      std::to_string(window_left) + ", " + std::to_string(window_right));
   const auto ld = lengths.dimensions();
   if (ld.size() != 1 || ld[0] != d[0])
     return InvalidArg(target + ": lengths must be int32 [batch] = [" + std::to_string(d[0]) + "]");
@@ -53,6 +57,8 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   p.scale = scale;
   p.causal = causal;
   p.left_padded = left_padded;
+  p.window_left = window_left;
+  p.window_right = window_right;
   p.lengths = lengths.typed_data();
   p.q = q.untyped_data();
   p.k = k.untyped_data();
@@ -84,9 +90,11 @@ inline ffi::Error CheckLse(const std::string& target, const char* name, ffi::Any
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                                                 S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& out,
                                                                 ffi::Result<ffi::AnyBuffer>& lse, float scale,
-                                                                bool causal, bool left_padded) {
+                                                                bool causal, bool left_padded,
+                                                                int64_t window_left, int64_t window_right) {
   const std::string target = "pit_varlen_attention";
-  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded);
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded, window_left,
+                                       window_right);
   if (p.has_error()) return p;
   if (auto e = CheckLike(target, "the result", out->dimensions(), out->element_type(), *p, "q", q.dimensions());
       e.failure())
@@ -102,9 +110,11 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer 
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionBwd(
     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
     S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
-    ffi::Result<ffi::AnyBuffer>& dv, float scale, bool causal, bool left_padded) {
+    ffi::Result<ffi::AnyBuffer>& dv, float scale, bool causal, bool left_padded, int64_t window_left,
+    int64_t window_right) {
   const std::string target = "pit_varlen_attention_bwd";
-  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded);
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded, window_left,
+                                       window_right);
   if (p.has_error()) return p;
   const auto qd = q.dimensions(), kd = k.dimensions();
   for (auto [name, dims, type, like] :

@@ -65,7 +65,7 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
 }
 
 // Forward: warp w computes query rows [16 w, 16 w + 16) against all keys at once.
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
   constexpr int kRowPitch = RowPitch<kD>();
   extern __shared__ __align__(16) uint16_t smem[];
@@ -85,16 +85,19 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   uint32_t qa[kD / 16][4];
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[kk], qs, kRowPitch, r0, 16 * kk, lane);
-  // Scores in log2 units, 16 tiles of 8 keys; only the staged keys' tiles are computed
-  // (past key_rows the probabilities are 0 without an exp).
-  const int key_rows = s.KeyRows(r0), key_end = s.KeyEnd(r0), g = lane / 4;
+  // Scores in log2 units, 16 tiles of 8 keys; only the staged keys' tiles in the rows'
+  // window are computed (outside [key_begin, key_rows) the probabilities are 0 without
+  // an exp).
+  const int key_begin = s.template KeyBegin<kWindow>(r0), key_rows = s.template KeyRows<kWindow>(r0);
+  const int key_end = s.template KeyEnd<kWindow>(r0), g = lane / 4;
   float sc[16][4] = {};
   const float sl = p.scale * kLog2e;
   float m0 = -INFINITY, m1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 16; j += 2) {
     if (8 * j >= key_rows) break;
-    MaskedScores<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, 0, r0, sl, s, lane, m0, m1);
+    if (kWindow && 8 * j < key_begin) continue;
+    MaskedScores<T, kD, kWindow>(sc[j], sc[j + 1], qa, ks, 8 * j, 0, r0, sl, s, lane, m0, m1);
   }
   m0 = RowMax4(m0);
   m1 = RowMax4(m1);
@@ -102,7 +105,8 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     if (8 * j >= key_rows) break;
-    ExpAndSum(sc[j], m0, m1, l0, l1);
+    if (kWindow && 8 * j < key_begin) continue;
+    ExpAndSum<kWindow>(sc[j], m0, m1, l0, l1);
   }
   l0 = RowSum4(l0);
   l1 = RowSum4(l1);
@@ -111,6 +115,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 #pragma unroll
   for (int kb = 0; kb < 8; ++kb) {
     if (16 * kb >= key_end) break;
+    if (kWindow && 16 * kb < key_begin) continue;
     uint32_t pa[4];
     PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
     MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
@@ -121,11 +126,12 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // Backward. Phase 1: warp w owns keys [16 w, 16 w + 16) and walks the query blocks:
 // P^T and dP^T (from k q^T and v dO^T), dS^T = P^T (dP^T - delta), dV += P^T dO, dK +=
 // dS^T Q, and dS into shared memory. Phase 2: warp w owns queries [16 w, 16 w + 16): dQ =
-// dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal: phase 1
-// starts at the warp's own query block (earlier queries see none of its keys), phase 2
-// stops after it; every dS entry phase 2 reads was written in phase 1.
+// dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal and local
+// windows: phase 1 walks only the query blocks that see the warp's keys (causal: from its
+// own on), phase 2 only the key blocks its queries see; every dS entry phase 2 reads was
+// written in phase 1 (the two ranges are the same 16 x 16 tiles seen from either side).
 // Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one above (123-171 KB).
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
   constexpr int kRowPitch = RowPitch<kD>();
   extern __shared__ __align__(16) uint16_t smem[];
@@ -165,10 +171,11 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
     }
     float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
     const int key_a = k0 + g, key_b = key_a + 8;
+    const int query_end = s.template QueryEnd<kWindow>(k0);
 #pragma unroll 1
-    for (int qb = s.causal ? warp : 0; 16 * qb < s.len; ++qb) {
+    for (int qb = s.template QueryBegin<kWindow>(k0) / 16; 16 * qb < query_end; ++qb) {
       float dpt[2][4];
-      DkvStep<T, kD>(dv, dk, dpt, ka, va, qs, dos, lse2, delta, 16 * qb, 0, key_a, sl, s, lane);
+      DkvStep<T, kD, kWindow>(dv, dk, dpt, ka, va, qs, dos, lse2, delta, 16 * qb, 0, key_a, sl, s, lane);
       // dS[query][key], rounded as in DkvStep's product, for phase 2.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -187,9 +194,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   const int q0 = 16 * warp;
   if (q0 < s.len) {
     float dq[kD / 8][4] = {};
-    const int key_end = s.KeyEnd(q0);
+    const int key_end = s.template KeyEnd<kWindow>(q0);
 #pragma unroll 1
-    for (int kb = 0; 16 * kb < key_end; ++kb) {
+    for (int kb = s.template KeyBegin<kWindow>(q0) / 16; 16 * kb < key_end; ++kb) {
       uint32_t a[4];
       LoadA(a, dss, pitch_ds, q0, 16 * kb, lane);
       MmaTokensB<T, kD>(dq, a, ks, 16 * kb, lane);
@@ -212,11 +219,11 @@ size_t BwdSmem(int64_t seq) {
   return static_cast<size_t>(4 * s16 * kRowPitch + ds) * 2 + 2 * s16 * sizeof(float);
 }
 
-template <typename T, int kD, bool kBwd>
+template <typename T, int kD, bool kBwd, bool kWindow>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
   if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
-  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD> : VarlenAttentionKernel<T, kD>;
+  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD, kWindow> : VarlenAttentionKernel<T, kD, kWindow>;
   const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch)), kThreads, smem, stream>>>(p);
@@ -227,8 +234,9 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchVarlenAttention(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.seq > kVarlenAttentionShortSeq) return LaunchVarlenAttentionLong(p, stream);
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false>(p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false, decltype(window)::value>(
+        p, stream);
   });
 }
 
@@ -236,8 +244,9 @@ cudaError_t LaunchVarlenAttentionBwd(const VarlenAttentionParams& p, cudaStream_
   // The short backward sums dK / dV over one query head's queries in a CTA; grouped kv
   // heads take the long one, whose dK / dV blocks walk the group's heads.
   if (p.seq > kVarlenAttentionShortSeq || p.kv_heads != p.heads) return LaunchVarlenAttentionLongBwd(p, stream);
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true>(p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true, decltype(window)::value>(
+        p, stream);
   });
 }
 

@@ -96,12 +96,16 @@ struct Block {
   }
 };
 
-// The key chunks a block of queries walks (to its last query's when causal), and the
-// copies of chunk c's k and v rows into stage c % 2 ([2][k, v][kChunk][kPitch]).
-template <int kD>
-__device__ __forceinline__ int KeyChunks(const Seq<kD>& s, const Block<kD>& blk) {
-  const int key_end = s.causal ? min(s.len, blk.first + kBlock) : s.len;
-  return (key_end + kChunk - 1) / kChunk;
+// The key chunks [begin, end) a block of queries walks (causal: to its last query's; a
+// local window: from its first query's window on), and the copies of chunk c's k and v
+// rows into stage c % 2 ([2][k, v][kChunk][kPitch]).
+struct Chunks {
+  int begin, end;
+};
+template <bool kWindow, int kD>
+__device__ __forceinline__ Chunks KeyChunks(const Seq<kD>& s, const Block<kD>& blk) {
+  const int end = min(s.len, blk.first + kBlock + s.right);
+  return {s.template KeyBegin<kWindow>(blk.first) / kChunk, (end + kChunk - 1) / kChunk};
 }
 template <int kD>
 __device__ __forceinline__ void StageKeyChunk(const VarlenAttentionParams& p, uint16_t* smem, const Seq<kD>& s,
@@ -114,7 +118,7 @@ __device__ __forceinline__ void StageKeyChunk(const VarlenAttentionParams& p, ui
 }
 
 // Forward: warp w's queries are rows [first + 16 w, + 16). Two CTAs an SM at head_dim 64.
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongKernel(VarlenAttentionParams p) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];  // stages [2][k, v][kChunk][kPitch]; first q [kBlock][kPitch]
@@ -134,18 +138,19 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
   for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[kk], smem, kPitch, 16 * warp, 16 * kk, lane);
   __syncthreads();  // q's tile is the stages' space
 
-  const int chunks = KeyChunks(s, blk);
+  const Chunks chunks = KeyChunks<kWindow>(s, blk);
   auto stage = [&](int c) { StageKeyChunk(p, smem, s, c); };
-  stage(0);
-  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.KeyEnd(r0) : 0;
+  stage(chunks.begin);
+  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.template KeyEnd<kWindow>(r0) : 0;
+  const int warp_key_begin = s.template KeyBegin<kWindow>(r0);
   const float sl = p.scale * kLog2e;
   float o[kD / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per lane: rows g, g + 8
 #pragma unroll 1
-  for (int c = 0; c < chunks; ++c) {
-    NextChunk(c, chunks, stage);
+  for (int c = chunks.begin; c < chunks.end; ++c) {
+    NextChunk(c, chunks.end, stage);
     const int key0 = c * kChunk;
-    if (key0 < warp_key_end) {
+    if (key0 < warp_key_end && (!kWindow || key0 + kChunk > warp_key_begin)) {
       const uint16_t* ks = smem + (c & 1) * 2 * kTile;
       const uint16_t* vs = ks + kTile;
       // Scores in log2 units, in 16-key blocks up to the warp's last key.
@@ -154,14 +159,17 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
 #pragma unroll
       for (int j = 0; j < kChunk / 8; j += 2) {
         if (key0 + 8 * j >= warp_key_end) break;
-        MaskedScores<T, kD>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
+        if (kWindow && key0 + 8 * j < warp_key_begin) continue;
+        MaskedScores<T, kD, kWindow>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
       }
       c0 = RowMax4(c0);
       c1 = RowMax4(c1);
-      // Every row sees key 0 in the first chunk, so the running max is finite from there
-      // on; a row's fully masked later chunk leaves it (rescale 1, probabilities 0).
+      // A row's running max stays -inf until its first key (causal rows see key 0 in the
+      // first chunk; a local window's rows may start later): no rescale while it does
+      // (its sums are 0), and ExpAndSum gives masked keys 0.
       const float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1);
-      const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);  // 0 at the first chunk
+      const float a0 = kWindow && n0 == -INFINITY ? 1.f : exp2f(m0 - n0);  // 0 at a row's first key
+      const float a1 = kWindow && n1 == -INFINITY ? 1.f : exp2f(m1 - n1);
       m0 = n0;
       m1 = n1;
       l0 *= a0;
@@ -176,8 +184,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         if (key0 + 16 * kb >= warp_key_end) break;
+        if (kWindow && key0 + 16 * kb < warp_key_begin) continue;
 #pragma unroll
-        for (int j = 2 * kb; j < 2 * kb + 2; ++j) ExpAndSum(sc[j], m0, m1, l0, l1);
+        for (int j = 2 * kb; j < 2 * kb + 2; ++j) ExpAndSum<kWindow>(sc[j], m0, m1, l0, l1);
         uint32_t pa[4];
         PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
         MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
@@ -190,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
 
 // dQ: warp w's queries are rows [first + 16 w, + 16); per 16 keys P = exp(s - lse),
 // dS = P (dP - delta), dQ += dS K.
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t* smem, int index, int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   // smem: stages [2][k, v][kChunk][kPitch]; first q, dO, o [kBlock][kPitch]
@@ -225,21 +234,23 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
   const float delta_a = delta[16 * warp + g], delta_b = delta[16 * warp + g + 8];
   __syncthreads();  // q, dO, o's tiles are the stages' space
 
-  const int chunks = KeyChunks(s, blk);
+  const Chunks chunks = KeyChunks<kWindow>(s, blk);
   auto stage = [&](int c) { StageKeyChunk(p, smem, s, c); };
-  stage(0);
-  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.KeyEnd(r0) : 0;
+  stage(chunks.begin);
+  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.template KeyEnd<kWindow>(r0) : 0;
+  const int warp_key_begin = s.template KeyBegin<kWindow>(r0);
   const float sl = p.scale * kLog2e;
   float dq[kD / 8][4] = {};
 #pragma unroll 1
-  for (int c = 0; c < chunks; ++c) {
-    NextChunk(c, chunks, stage);
+  for (int c = chunks.begin; c < chunks.end; ++c) {
+    NextChunk(c, chunks.end, stage);
     const int key0 = c * kChunk;
     const uint16_t* ks = smem + (c & 1) * 2 * kTile;
     const uint16_t* vs = ks + kTile;
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) {
       if (key0 + 16 * kb >= warp_key_end) break;
+      if (kWindow && key0 + 16 * kb < warp_key_begin) continue;
       float st[2][4] = {}, dp[2][4] = {};
       MmaDimB<T, kD>(st[0], st[1], qa, ks, 16 * kb, lane);
       MmaDimB<T, kD>(dp[0], dp[1], da, vs, 16 * kb, lane);
@@ -248,7 +259,7 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + 16 * kb + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
-          const bool live = query < s.len && key < s.len && (!s.causal || key <= query);
+          const bool live = query < s.len && key < s.len && s.template Attends<kWindow>(query, key);
           const float pr = live ? exp2f(st[h][e] * sl - (e < 2 ? lse_a : lse_b)) : 0.f;
           dp[h][e] = pr * (dp[h][e] - (e < 2 ? delta_a : delta_b));  // dS
         }
@@ -265,7 +276,7 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
 // dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
 // queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
 // (the group's sum in the float32 accumulators).
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int kv_head, int index,
                                         int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
@@ -293,9 +304,10 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   }
   __syncthreads();  // k, v's tiles are the stages' space
 
-  // Queries before the block see none of its keys when causal. Step i walks chunk
-  // c_begin + i % n of the group's query head i / n.
-  const int c_begin = s.causal ? blk.first / kChunk : 0, n = (s.len + kChunk - 1) / kChunk - c_begin;
+  // The query chunks that see the block's keys (causal: none before it; a local window:
+  // none past its reach). Step i walks chunk c_begin + i % n of the group's query head i / n.
+  const int c_begin = s.template QueryBegin<kWindow>(blk.first) / kChunk;
+  const int n = (min(s.len, blk.first + kBlock + s.left) + kChunk - 1) / kChunk - c_begin;
   const int steps = group * n;
   auto stage = [&](int i) {
     const Seq<kD> sh = s.Head(i / n, p.seq);
@@ -329,9 +341,12 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
     for (int qb = 0; qb < kChunk / 16; ++qb) {
       const int qb0 = query0 + 16 * qb;
       if (k0 >= s.len || qb0 >= s.len) break;
-      if (s.causal && qb0 + 15 < k0) continue;  // every query before the warp's first key
+      // no query of the block sees the warp's keys
+      if (qb0 + 16 <= s.template QueryBegin<kWindow>(k0) || (kWindow && qb0 >= s.template QueryEnd<kWindow>(k0))) {
+        continue;
+      }
       float dst[2][4];
-      DkvStep<T, kD>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s, lane);
+      DkvStep<T, kD, kWindow>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s, lane);
     }
     __syncthreads();
   }
@@ -345,14 +360,14 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
 // two are independent), so the two fill each other's tails. dK / dV blocks are per kv
 // head: with grouped-query attention the first kv_heads of the grid's heads take them,
 // the rest return. Two CTAs an SM at head_dim 64.
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongBwdKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int count = gridDim.z / 2, z = blockIdx.z;
   if (z < count) {
-    if (blockIdx.x < p.kv_heads) LongDkv<T, kD>(p, smem, blockIdx.x, z, count);
+    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow>(p, smem, blockIdx.x, z, count);
   } else {
-    LongDq<T, kD>(p, smem, z - count, count);
+    LongDq<T, kD, kWindow>(p, smem, z - count, count);
   }
 }
 
@@ -372,11 +387,12 @@ constexpr size_t DkvSmem() {
 static_assert(4 * kChunk >= kBlock && 6 * kChunk >= 2 * kBlock && 3 * kBlock >= 4 * kChunk,
               "the first tiles fit the stages' space");
 
-template <typename T, int kD, bool kBwd>
+template <typename T, int kD, bool kBwd, bool kWindow>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
   if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
-  constexpr auto kernel = kBwd ? VarlenAttentionLongBwdKernel<T, kD> : VarlenAttentionLongKernel<T, kD>;
+  constexpr auto kernel =
+      kBwd ? VarlenAttentionLongBwdKernel<T, kD, kWindow> : VarlenAttentionLongKernel<T, kD, kWindow>;
   constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
@@ -387,14 +403,16 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchVarlenAttentionLong(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false>(p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false, decltype(window)::value>(
+        p, stream);
   });
 }
 
 cudaError_t LaunchVarlenAttentionLongBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true>(p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true, decltype(window)::value>(
+        p, stream);
   });
 }
 

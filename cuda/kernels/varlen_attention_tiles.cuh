@@ -50,7 +50,9 @@ struct Seq {
   int len;           // valid tokens, clamped to [0, seq]
   int rows;          // len rounded up to 16: the rows staged (zeros past len)
   int start;         // the first valid token: 0, or seq - len with left padding
-  bool causal;
+  // Query i attends to the keys j with i - left <= j <= i + right (right 0: causal; seq:
+  // no bound): the causal flag and the local window in one.
+  int left, right;
   int64_t stride;    // elements between consecutive tokens of q's layout (heads * kD)
   int64_t base;      // element offset of (b, token start, h, 0) in q's layout
   int64_t kv_stride;  // the same in k's and v's layout (kv_heads * kD), at h's kv head
@@ -62,7 +64,10 @@ struct Seq {
     len = n < 0 ? 0 : (n > p.seq ? static_cast<int>(p.seq) : n);
     rows = (len + 15) & ~15;
     start = p.left_padded ? static_cast<int>(p.seq) - len : 0;
-    causal = p.causal;
+    const int n_seq = static_cast<int>(p.seq);
+    left = p.window_left < 0 || p.window_left > n_seq ? n_seq : static_cast<int>(p.window_left);
+    right = p.causal ? 0 : n_seq;
+    if (p.window_right >= 0 && p.window_right < right) right = static_cast<int>(p.window_right);
     stride = p.heads * kD;
     base = (static_cast<int64_t>(b) * p.seq + start) * stride + static_cast<int64_t>(h) * kD;
     kv_stride = p.kv_heads * kD;
@@ -85,9 +90,33 @@ struct Seq {
   // Padding token i of seq - len, as a row (negative before the valid ones).
   __device__ int PadRow(int i) const { return i < start ? i - start : i - start + len; }
   // The end of the keys (rows) that queries [r0, r0 + 16) attend to, and of the tiles
-  // staged for them (a multiple of 16).
-  __device__ int KeyEnd(int r0) const { return causal ? min(len, r0 + 16) : len; }
-  __device__ int KeyRows(int r0) const { return causal ? min(rows, r0 + 16) : rows; }
+  // staged for them (a multiple of 16); the start of the first 16-key tile they attend to.
+  // Without a window (kWindow false) right is 0 (causal) or seq and left seq.
+  template <bool kWindow>
+  __device__ int KeyEnd(int r0) const {
+    return kWindow ? min(len, r0 + 16 + right) : (right == 0 ? min(len, r0 + 16) : len);
+  }
+  template <bool kWindow>
+  __device__ int KeyRows(int r0) const {
+    return kWindow ? min(rows, (r0 + 16 + right + 15) & ~15) : (right == 0 ? min(rows, r0 + 16) : rows);
+  }
+  template <bool kWindow>
+  __device__ int KeyBegin(int r0) const { return kWindow ? max(0, r0 - left) & ~15 : 0; }
+  // The same for the queries that attend to keys [k0, k0 + 16).
+  template <bool kWindow>
+  __device__ int QueryBegin(int k0) const { return kWindow ? max(0, k0 - right) & ~15 : (right == 0 ? k0 : 0); }
+  template <bool kWindow>
+  __device__ int QueryEnd(int k0) const { return kWindow ? min(len, k0 + 16 + left) : len; }
+  // Whether query i attends to key j (both valid). kWindow: the kernels' windowed
+  // instantiation; without a window right is 0 (causal) or seq, and one compare does.
+  template <bool kWindow>
+  __device__ bool Attends(int i, int j) const {
+    if constexpr (kWindow) {
+      return j - i <= right && i - j <= left;
+    } else {
+      return right != 0 || j <= i;
+    }
+  }
 };
 
 // Zeros on the padding tokens [first, last) (of the sequence's seq - len) of `dst` (in q's
@@ -191,8 +220,14 @@ __device__ __forceinline__ float Dot8(const uint16_t* a, const uint16_t* b, floa
 }
 
 // The probabilities of a C fragment of scores (log2 units; rows g and g + 8 with maxima
-// m0, m1), unnormalized, in place, and their sums added to this lane's l0, l1.
+// m0, m1), unnormalized, in place, and their sums added to this lane's l0, l1. kWindow: a
+// row with no key yet (max -inf: a local window's later keys) gets 0s, not NaNs.
+template <bool kWindow>
 __device__ __forceinline__ void ExpAndSum(float (&c)[4], float m0, float m1, float& l0, float& l1) {
+  if constexpr (kWindow) {
+    m0 = m0 == -INFINITY ? 0.f : m0;
+    m1 = m1 == -INFINITY ? 0.f : m1;
+  }
   c[0] = exp2f(c[0] - m0);
   c[1] = exp2f(c[1] - m0);
   c[2] = exp2f(c[2] - m1);
@@ -213,9 +248,9 @@ __device__ __forceinline__ float RowSum4(float v) {
 
 // The scaled scores (log2 units) of a warp's 16 queries (this lane's rows r0 + g, + 8)
 // against 16 keys: tiles [n0, n0 + 16) of the key tile ks, key positions key0 + n0 + ...;
-// -inf where a key is padding or (causal) after the query; m0, m1 take the rows' maxima
-// over this lane's columns.
-template <typename T, int kD>
+// -inf where a key is padding or outside the query's window (causal: after it); m0, m1
+// take the rows' maxima over this lane's columns.
+template <typename T, int kD, bool kWindow>
 __device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], const uint32_t (&qa)[kD / 16][4],
                                              const uint16_t* ks, int n0, int key0, int r0, float sl,
                                              const Seq<kD>& s, int lane, float& m0, float& m1) {
@@ -227,7 +262,7 @@ __device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], con
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = key0 + n0 + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
-      const bool live = key < s.len && (!s.causal || key <= query);
+      const bool live = key < s.len && s.template Attends<kWindow>(query, key);
       c[e] = live ? c[e] * sl : -INFINITY;
     }
     m0 = fmaxf(m0, fmaxf(c[0], c[1]));
@@ -262,7 +297,7 @@ __device__ __forceinline__ void StoreNormalized(float (&o)[kD / 8][4], float m0,
 // [r0, r0 + 16) of the tiles qs, dos (tile row r is query position q_base + r; lse2 and
 // delta are indexed by tile row), then dV += P^T dO and dK += dS^T Q. dS^T is left in
 // dst (C fragments) for a caller that keeps it.
-template <typename T, int kD>
+template <typename T, int kD, bool kWindow>
 __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], float (&dst)[2][4],
                                         const uint32_t (&ka)[kD / 16][4], const uint32_t (&va)[kD / 16][4],
                                         const uint16_t* qs, const uint16_t* dos, const float* lse2,
@@ -282,7 +317,7 @@ __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD /
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = r0 + 8 * h + 2 * t + (e & 1), q = q_base + r, key = key_a + (e < 2 ? 0 : 8);
-      const bool live = q < s.len && key < s.len && (!s.causal || key <= q);
+      const bool live = q < s.len && key < s.len && s.template Attends<kWindow>(q, key);
       const float pr = live ? exp2f(st[h][e] * sl - lse2[r]) : 0.f;
       st[h][e] = pr;                          // P^T
       dst[h][e] = pr * (dst[h][e] - delta[r]);  // dS^T
@@ -306,15 +341,22 @@ inline cudaError_t VarlenLaunchable(const VarlenAttentionParams& p) {
   return p.kv_heads > 0 && p.heads % p.kv_heads == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// launch(T*, std::integral_constant<int, kD>) for the call's dtype T and head dim kD.
+// launch(T*, std::integral_constant<int, kD>, std::bool_constant<kWindow>) for the call's
+// dtype T, head dim kD and whether it has a local window.
 template <typename F>
 cudaError_t ForDtypeAndHeadDim(const VarlenAttentionParams& p, F&& launch) {
+  // A window bounds more than causal does: the windowed instantiation (its masks and
+  // guards cost the unwindowed kernels 2-19 % when they were runtime checks).
+  const bool windowed = p.window_left >= 0 || (p.window_right >= 0 && !p.causal);
+  auto by_window = [&](auto type, auto dim) -> cudaError_t {
+    return windowed ? launch(type, dim, std::true_type{}) : launch(type, dim, std::false_type{});
+  };
   auto by_dim = [&](auto type) -> cudaError_t {
     switch (p.head_dim) {
-      case 80: return launch(type, std::integral_constant<int, 80>{});
-      case 96: return launch(type, std::integral_constant<int, 96>{});
-      case 128: return launch(type, std::integral_constant<int, 128>{});
-      default: return launch(type, std::integral_constant<int, 64>{});
+      case 80: return by_window(type, std::integral_constant<int, 80>{});
+      case 96: return by_window(type, std::integral_constant<int, 96>{});
+      case 128: return by_window(type, std::integral_constant<int, 128>{});
+      default: return by_window(type, std::integral_constant<int, 64>{});
     }
   };
   return p.dtype == DType::kBF16 ? by_dim(static_cast<__nv_bfloat16*>(nullptr)) : by_dim(static_cast<__half*>(nullptr));

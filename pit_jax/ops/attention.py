@@ -44,13 +44,30 @@ from pit_jax.primitives import varlen_attention as _prim
 PADDINGS = ("right", "left")
 
 
-def reference(q, k, v, lengths, *, scale, causal=False, left_padded=False):
+def reference(q, k, v, lengths, **params):
     """The same value in jnp, float32 math over every row, masked (`pit_jax.reference`)."""
-    return _ref.varlen_attention(q, k, v, lengths, scale=scale, causal=causal, left_padded=left_padded)[0]
+    return _ref.varlen_attention(q, k, v, lengths, **params)[0]
+
+
+def _window(local_window_size):
+    """(left, right) from jax.nn.dot_product_attention's local_window_size (None, an int
+    for both sides, or a pair), -1 for no bound."""
+    if local_window_size is None:
+        return -1, -1
+    pair = (local_window_size,) * 2 if isinstance(local_window_size, (int, np.integer)) else local_window_size
+    try:
+        left, right = pair
+    except (TypeError, ValueError):
+        left = right = None
+    if not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0 for w in (left, right)):
+        raise ValueError(f"varlen_attention: local_window_size must be None, an int >= 0 or a pair (left, right) "
+                         f"of ints >= 0, got {local_window_size!r}")
+    return int(left), int(right)
 
 
 def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *,
-                     scale: Optional[float] = None, causal: bool = False, padding: str = "right") -> jax.Array:
+                     scale: Optional[float] = None, causal: bool = False, padding: str = "right",
+                     local_window_size=None) -> jax.Array:
     """softmax(scale q k^T) v per sequence and head over its valid tokens; zeros on padding rows.
 
     q: [batch, seq, heads, head_dim]; k, v: q's shape, or [batch, seq, kv_heads, head_dim]
@@ -59,7 +76,11 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
     shared heads in place, no copy); one float dtype. lengths: [batch] integers,
     sequence b's valid tokens are its first lengths[b] (padding "right") or its last
     lengths[b] (padding "left"); causal: each query attends to the keys at or before its
-    position only; scale: default 1 / sqrt(head_dim).
+    position only; local_window_size: (left, right), or an int w for (w, w): query i attends
+    to the keys i - left .. i + right only (positions among the valid tokens; with causal,
+    right is 0), as jax.nn.dot_product_attention's local_window_size (sliding-window
+    attention: the kernels skip the key blocks outside every row's window); scale:
+    default 1 / sqrt(head_dim).
     Returns [batch, seq, heads, head_dim] in q's dtype.
     """
     q, k, v, lengths = (jnp.asarray(a) for a in (q, k, v, lengths))
@@ -75,7 +96,10 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
         raise TypeError(f"varlen_attention: causal must be a Python bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     lengths = lengths.astype(jnp.int32)
+    window_left, window_right = _window(local_window_size)
     params = dict(scale=scale, causal=bool(causal), left_padded=padding == "left")
+    if (window_left, window_right) != (-1, -1):  # the attrs without a window: as before
+        params.update(window_left=window_left, window_right=window_right)
     if config.reference_enabled("varlen_attention") or not _prim.kernel_applies(q.shape, q.dtype):
         return reference(q, k, v, lengths, **params)
     return _prim.varlen_attention_p.bind(q, k, v, lengths, **params)[0]

@@ -1,6 +1,7 @@
 """`varlen_attention`: softmax attention over padded sequences, on the valid tokens.
 
-    out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i)
+    out[b, i] = softmax_j(scale q[b, i] . k[b, j]) v[b, j]   for valid i, j (causal: j <= i;
+                                                              a local window: i - left <= j <= i + right)
     out[b, i] = 0                                             for padding i
 
 q, out [B, S, H, D] (16-bit, D = 64, 80, 96 or 128, S <= 65536: up to 128 one CTA holds a
@@ -8,7 +9,8 @@ sequence's keys, longer sequences run in blocks of 128 tokens with an online sof
 [B, S, H_kv, D] with H_kv dividing H (grouped-query attention: query head h reads kv head
 h // (H // H_kv), addressed by the kernels, no copy; H_kv = H is multi-head attention),
 lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
-its last with `left_padded`. Params: scale, causal, left_padded. Two primitives, each one
+its last with `left_padded`. Params: scale, causal, left_padded, window_left and window_right
+(-1: no bound). Two primitives, each one
 FFI target:
 `varlen_attention_p` (q, k, v, lengths) -> (out, lse) with lse [B, H, S] float32, each
 valid query's log-sum-exp (0 on padding rows), and `varlen_attention_bwd_p` (q, k, v,
@@ -95,8 +97,9 @@ def _abstract_eval(q, k, v, lengths, **params):
     return ShapedArray(q.shape, q.dtype), ShapedArray((b, h, s), jnp.float32)
 
 
-def _attrs(scale, causal=False, left_padded=False):
-    return dict(scale=np.float32(scale), causal=bool(causal), left_padded=bool(left_padded))
+def _attrs(scale, causal=False, left_padded=False, window_left=-1, window_right=-1):
+    return dict(scale=np.float32(scale), causal=bool(causal), left_padded=bool(left_padded),
+                window_left=np.int64(window_left), window_right=np.int64(window_right))
 
 
 def _native(q, k, v, lengths, **params):

@@ -1,6 +1,7 @@
 // pit_varlen_attention(_bwd) on the CPU: the same semantics as the kernels, in float32 per
 // (sequence, head); the kernels also round the probabilities and dS to the inputs' dtype
 // before their tensor-core products (docs/kernels.md).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -26,8 +27,14 @@ struct Heads {
     return ((b * p.seq + Start(len) + s) * heads + h) * p.head_dim;
   }
   int64_t LseOffset(int64_t b, int len, int64_t h, int64_t s) const { return (b * p.heads + h) * p.seq + Start(len) + s; }
-  // Keys a valid query attends to: [0, KeyEnd).
-  int KeyEnd(int query, int len) const { return p.causal ? query + 1 : len; }
+  // Keys a valid query attends to: [KeyBegin, KeyEnd) (causal: up to itself; a local
+  // window: within window_left before and window_right after it).
+  int KeyBegin(int query) const { return p.window_left < 0 ? 0 : std::max<int64_t>(0, query - p.window_left); }
+  int KeyEnd(int query, int len) const {
+    int64_t end = p.causal ? query + 1 : len;
+    if (p.window_right >= 0) end = std::min<int64_t>(end, query + p.window_right + 1);
+    return static_cast<int>(end);
+  }
   // The valid rows of one head as floats [len, head_dim]: query head h of q's layout, or
   // (kv) its kv head of k's and v's.
   std::vector<float> Load(const void* src, int64_t b, int64_t h, int len, bool kv = false) const {
@@ -60,12 +67,12 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
       const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len, true), v = hd.Load(p.v, b, h, len, true);
       std::vector<float> o(static_cast<size_t>(len) * d, 0.f), s(len);
       for (int i = 0; i < len; ++i) {
-        const int keys = hd.KeyEnd(i, len);
+        const int first = hd.KeyBegin(i), keys = hd.KeyEnd(i, len);
         float m = -INFINITY;
-        for (int j = 0; j < keys; ++j) m = std::fmax(m, s[j] = p.scale * Dot(&q[i * d], &k[j * d], d));
+        for (int j = first; j < keys; ++j) m = std::fmax(m, s[j] = p.scale * Dot(&q[i * d], &k[j * d], d));
         float l = 0.f;
-        for (int j = 0; j < keys; ++j) l += s[j] = std::exp(s[j] - m);
-        for (int j = 0; j < keys; ++j) cpu::Axpy(s[j] / l, &v[j * d], &o[i * d], d);
+        for (int j = first; j < keys; ++j) l += s[j] = std::exp(s[j] - m);
+        for (int j = first; j < keys; ++j) cpu::Axpy(s[j] / l, &v[j * d], &o[i * d], d);
         p.lse[hd.LseOffset(b, len, h, i)] = m + std::log(l);
       }
       hd.Store(o, p.out, b, h, len);
@@ -90,7 +97,7 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
       for (int i = 0; i < len; ++i) {
         const float lse = p.lse_in[hd.LseOffset(b, len, h, i)];
         const float delta = Dot(&dout[i * d], &o[i * d], d);
-        for (int j = 0; j < hd.KeyEnd(i, len); ++j) {
+        for (int j = hd.KeyBegin(i); j < hd.KeyEnd(i, len); ++j) {
           const float pr = std::exp(p.scale * Dot(&q[i * d], &k[j * d], d) - lse);
           const float ds = pr * (Dot(&dout[i * d], &v[j * d], d) - delta);
           cpu::Axpy(pr, &dout[i * d], &dv[j * d], d);
@@ -109,8 +116,10 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
 
 ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, S32Buffer lengths,
                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float scale, bool causal,
-                               bool left_padded) {
-  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded);
+                               bool left_padded, int64_t window_left,
+                               int64_t window_right) {
+  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded, window_left,
+                                 window_right);
   if (p.has_error()) return p.error();
   cpu::Poison(out->untyped_data(), out->size_bytes());
   cpu::Poison(lse->untyped_data(), lse->size_bytes());
@@ -122,9 +131,10 @@ ffi::Error VarlenAttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
                                  ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
                                  ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                  ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal,
-                                  bool left_padded) {
+                                  bool left_padded, int64_t window_left,
+                                  int64_t window_right) {
   auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale, causal,
-                                    left_padded);
+                                    left_padded, window_left, window_right);
   if (p.has_error()) return p.error();
   for (auto* r : {&dq, &dk, &dv}) cpu::Poison((*r)->untyped_data(), (*r)->size_bytes());
   VarlenAttentionBwd(*p);
