@@ -29,19 +29,22 @@ struct Heads {
   int64_t LseOffset(int64_t b, int len, int64_t h, int64_t s) const { return (b * p.heads + h) * p.seq + Start(len) + s; }
   // Keys a valid query attends to: [KeyBegin, KeyEnd) (causal: up to itself; a local
   // window: within window_left before and window_right after it).
-  int KeyBegin(int query) const { return p.window_left < 0 ? 0 : std::max<int64_t>(0, query - p.window_left); }
+  int KeyBegin(int query) const {
+    return p.window_left < 0 ? 0 : static_cast<int>(std::max<int64_t>(0, query - p.window_left));
+  }
   int KeyEnd(int query, int len) const {
     int64_t end = p.causal ? query + 1 : len;
     if (p.window_right >= 0) end = std::min<int64_t>(end, query + p.window_right + 1);
     return static_cast<int>(end);
   }
-  // The valid rows of one head as floats [len, head_dim]: query head h of q's layout, or
-  // (kv) its kv head of k's and v's.
+  // The kv head that query head h reads (grouped-query attention).
+  int64_t KvHead(int64_t h) const { return h / (p.heads / p.kv_heads); }
+  // The valid rows of head h as floats [len, head_dim], and back: h a head of q's layout,
+  // or with kv of k's and v's.
   std::vector<float> Load(const void* src, int64_t b, int64_t h, int len, bool kv = false) const {
-    const int64_t heads = kv ? p.kv_heads : p.heads, head = kv ? h / (p.heads / p.kv_heads) : h;
     std::vector<float> out(static_cast<size_t>(len) * p.head_dim);
     for (int s = 0; s < len; ++s)
-      cpu::LoadRow(p.dtype, src, Offset(b, len, s, head, heads), p.head_dim, &out[s * p.head_dim]);
+      cpu::LoadRow(p.dtype, src, Offset(b, len, s, h, kv ? p.kv_heads : p.heads), p.head_dim, &out[s * p.head_dim]);
     return out;
   }
   void Store(const std::vector<float>& rows, void* dst, int64_t b, int64_t h, int len, bool kv = false) const {
@@ -64,7 +67,8 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int len = hd.Length(b);
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
-      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len, true), v = hd.Load(p.v, b, h, len, true);
+      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, hd.KvHead(h), len, true),
+                 v = hd.Load(p.v, b, hd.KvHead(h), len, true);
       std::vector<float> o(static_cast<size_t>(len) * d, 0.f), s(len);
       for (int i = 0; i < len; ++i) {
         const int first = hd.KeyBegin(i), keys = hd.KeyEnd(i, len);
@@ -90,7 +94,8 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
     const int len = hd.Length(b);
     std::vector<float> dk, dv;  // a kv head's, summed over its group's query heads in order
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
-      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, h, len, true), v = hd.Load(p.v, b, h, len, true);
+      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, hd.KvHead(h), len, true),
+                 v = hd.Load(p.v, b, hd.KvHead(h), len, true);
       const auto o = hd.Load(p.o, b, h, len), dout = hd.Load(p.dout, b, h, len);
       std::vector<float> dq(static_cast<size_t>(len) * d, 0.f);
       if (h % group == 0) dk = dv = dq;
@@ -107,8 +112,8 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
       }
       hd.Store(dq, p.dq, b, h, len);
       if (h % group == group - 1) {
-        hd.Store(dk, p.dk, b, h / group, len, true);
-        hd.Store(dv, p.dv, b, h / group, len, true);
+        hd.Store(dk, p.dk, b, hd.KvHead(h), len, true);
+        hd.Store(dv, p.dv, b, hd.KvHead(h), len, true);
       }
     }
   }
