@@ -240,6 +240,88 @@ def test_varlen_self_attention_nnx_matches_flax(platform, dtype, d, heads, feats
     _check_attention(y, flax_layer(x, mask=mask), np.asarray(valid), dtype, f"seed={seed}")
 
 
+# Grouped-query heads and sliding windows: Flax's layer has neither, so the reference is
+# Flax's attention with each kv head's parameters repeated over its group, under the
+# padding mask combined with the window's band.
+GROUPED_IDS = ["f32-xla-gqa", "bf16-kernels-mqa-window", "bf16-kernels-hd128-window", "bf16-kernels-long-gqa-window"]
+GROUPED_CASES = [
+    # (dtype, D, heads, kv_heads, qkv_features, out_features, seq, local_window_size)
+    (jnp.float32, 24, 4, 2, 32, 16, 37, None),
+    (jnp.bfloat16, 128, 4, 1, 256, 96, 37, (6, 3)),
+    (jnp.bfloat16, 96, 2, 2, 256, 96, 37, 5),  # head_dim 128, no grouping
+    (jnp.bfloat16, 64, 4, 2, 256, 64, 200, (40, 7)),
+]
+
+
+def _repeat_kv(params, group):
+    """Flax's parameters of the same attention: each kv head's key / value repeated over
+    its group of query heads (query head n reads kv head n // group)."""
+    p = jax.tree_util.tree_map(lambda a: a, params)
+    for name in ("key", "value"):
+        p["params"][name] = {"kernel": jnp.repeat(params["params"][name]["kernel"], group, axis=1),
+                             "bias": jnp.repeat(params["params"][name]["bias"], group, axis=0)}
+    return p
+
+
+def _band(seq, window, causal):
+    """The window's mask [1, 1, S, S] (positions differ by the same amount whatever the
+    padding: the valid tokens are contiguous)."""
+    if window is None:
+        return None
+    left, right = (window, window) if isinstance(window, int) else window
+    i, j = np.arange(seq)[:, None], np.arange(seq)[None, :]
+    return jnp.asarray((j >= i - left) & (j <= i + (0 if causal else right)))[None, None]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
+                                                                                    "causal-left"])
+@pytest.mark.parametrize("dtype,d,heads,kv_heads,feats,out,seq,window", GROUPED_CASES, ids=GROUPED_IDS)
+def test_varlen_self_attention_grouped_heads_and_window(platform, dtype, d, heads, kv_heads, feats, out, seq,
+                                                        window, causal, padding):
+    from pit_jax.flax import VarlenSelfAttention
+
+    rng, seed = fresh_rng()
+    x, lengths, valid = (put(platform, a) for a in _attention_inputs(rng, d, dtype, padding, seq))
+    group, hd = heads // kv_heads, feats // heads
+    layer = VarlenSelfAttention(num_heads=heads, num_kv_heads=kv_heads, qkv_features=feats, out_features=out,
+                                dtype=dtype, causal=causal, padding=padding, local_window_size=window)
+    flax_layer = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
+    params = layer.init(jax.random.PRNGKey(seed % 1000), x, lengths)
+    # the biases start at zero: random ones, so that their gradients and grouping show
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, a: jnp.asarray(rng.standard_normal(a.shape) * 0.1, a.dtype) if "bias" in jax.tree_util.keystr(
+            path) else a, params)
+    assert params["params"]["key"]["kernel"].shape == (d, kv_heads, hd)
+    assert params["params"]["value"]["bias"].shape == (kv_heads, hd)
+    mask = _flax_mask(valid, causal, nn.make_attention_mask, nn.make_causal_mask, nn.combine_masks)
+    mask = nn.combine_masks(mask, _band(seq, window, causal))
+
+    def loss(p, apply):
+        return jnp.sum(jnp.where(valid[..., None], apply(p).astype(jnp.float32), 0.0) ** 2)
+
+    ours = lambda p: layer.apply(p, x, lengths)  # noqa: E731
+    theirs = lambda p: flax_layer.apply(_repeat_kv(p, group), x, x, mask=mask)  # noqa: E731
+    _check_attention(jax.jit(ours)(params), theirs(params), np.asarray(valid), dtype, f"seed={seed}")
+    # the gradient of a shared kv head is its group's sum (through _repeat_kv)
+    grads = jax.jit(jax.grad(lambda p: loss(p, ours)))(params)
+    want = jax.grad(lambda p: loss(p, theirs))(params)
+    top = max(float(np.abs(np.asarray(g, np.float32)).max()) for g in jax.tree_util.tree_leaves(want))
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0,
+                                   atol=(1e-4 if dtype == jnp.float32 else 5e-2) * top,
+                                   err_msg=f"seed={seed} {jax.tree_util.keystr(path)}")
+    # nnx: the same state and result
+    layer_nnx = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, padding=padding,
+                                            num_kv_heads=kv_heads, local_window_size=window, rngs=nnx.Rngs(0))
+    for name in ("query", "key", "value", "out"):
+        module = getattr(layer_nnx, name)
+        module.kernel[...] = params["params"][name]["kernel"]
+        module.bias[...] = params["params"][name]["bias"]
+    y = nnx.jit(lambda m, x, ln: m(x, ln))(layer_nnx, x, lengths)
+    _check_attention(y, theirs(params), np.asarray(valid), dtype, f"nnx seed={seed}")
+
+
 def test_varlen_self_attention_bad_configuration():
     from pit_jax.flax import VarlenSelfAttention
 
@@ -256,3 +338,9 @@ def test_varlen_self_attention_bad_configuration():
         VarlenSelfAttention(num_heads=4, dead_rows="dense").init(jax.random.PRNGKey(0), x, lengths)
     with pytest.raises(ValueError, match="padding must be 'right' or 'left', got 'both'"):
         VarlenSelfAttention(num_heads=4, padding="both").init(jax.random.PRNGKey(0), x, lengths)
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive int dividing num_heads \\(4\\), got 3"):
+        VarlenSelfAttention(num_heads=4, num_kv_heads=3).init(jax.random.PRNGKey(0), x, lengths)
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive int dividing num_heads \\(4\\), got 0"):
+        pit_nnx.VarlenSelfAttention(4, 24, num_kv_heads=0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="local_window_size must be None, an int >= 0 or a pair"):
+        VarlenSelfAttention(num_heads=4, local_window_size=(-1, 2)).init(jax.random.PRNGKey(0), x, lengths)

@@ -113,18 +113,32 @@ def plan_from_sample(sample, in_features, out_features, *, dtype, param_dtype, p
     return pit_jax.plan(sample, (in_features, out_features), run_dtype, precision=precision)
 
 
+def attention_heads(num_heads, num_kv_heads, features):
+    """(heads, kv_heads) of an attention layer, checked: num_heads divides the qkv
+    features, num_kv_heads (None = num_heads) divides num_heads."""
+    if num_heads < 1 or features % num_heads:
+        raise ValueError(f"VarlenSelfAttention: num_heads ({num_heads}) must divide qkv_features ({features})")
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if not isinstance(kv_heads, (int, np.integer)) or kv_heads < 1 or num_heads % kv_heads:
+        raise ValueError(f"VarlenSelfAttention: num_kv_heads must be a positive int dividing num_heads "
+                         f"({num_heads}), got {num_kv_heads!r}")
+    return num_heads, int(kv_heads)
+
+
 def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_bias, *, dtype, precision,
-                          index=None, dead_rows="zeros", causal=False, padding="right"):
+                          index=None, dead_rows="zeros", causal=False, padding="right", local_window_size=None):
     """Multi-head self-attention of x [B, S, D] over each sequence's valid tokens (its
     first lengths[b], or its last with padding "left"; causal: each query over the keys
-    at or before it), from Flax's attention parameters: qkv_kernels three [D, H, hd]
-    (query, key, value), qkv_biases three [H, hd] or None, out_kernel [H, hd, O], out_bias
-    [O] or None.
-    The three projections are one M-axis product (out_parts=3) over the valid rows, the
-    attention `pit_jax.varlen_attention` (scale 1/sqrt(hd), as Flax's), the output
-    projection an M-axis product; `index` is the row index of the valid tokens of x as
-    [B * S, D] (built from lengths when None). Result [B, S, O]; padding rows per
-    `dead_rows` ("zeros" or "unspecified")."""
+    at or before it; local_window_size as in `pit_jax.varlen_attention`), from Flax's
+    attention parameters: qkv_kernels three [D, heads, hd] (query, key, value; key and
+    value may have fewer heads dividing the query's: grouped-query attention),
+    qkv_biases three [heads, hd] or None, out_kernel [H, hd, O], out_bias [O] or None.
+    The projections are M-axis products over the valid rows (q, k and v in one,
+    out_parts=3; with grouped heads q in one and k, v in another), the attention
+    `pit_jax.varlen_attention` (scale 1/sqrt(hd), as Flax's), the output projection an
+    M-axis product; `index` is the row index of the valid tokens of x as [B * S, D]
+    (built from lengths when None). Result [B, S, O]; padding rows per `dead_rows`
+    ("zeros" or "unspecified")."""
     from flax.linen.dtypes import promote_dtype
 
     x, lengths = jnp.asarray(x), jnp.asarray(lengths)
@@ -138,21 +152,34 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     if padding not in ("right", "left"):
         raise ValueError(f"VarlenSelfAttention: padding must be 'right' or 'left', got {padding!r}")
     b, s, d = x.shape
-    heads, hd = qkv_kernels[0].shape[1:]
-    feats = heads * hd
-    b_qkv = None if qkv_biases is None else jnp.concatenate([jnp.reshape(v, (feats,)) for v in qkv_biases])
-    x, w_q, w_k, w_v, w_out, b_qkv_p, out_bias_p = promote_dtype(x, *qkv_kernels, out_kernel, b_qkv, out_bias,
-                                                                 dtype=dtype)
-    w_qkv = jnp.concatenate([w.reshape(d, feats) for w in (w_q, w_k, w_v)], axis=1)
-    b_qkv, out_bias = keep_float32_bias(b_qkv, b_qkv_p), keep_float32_bias(out_bias, out_bias_p)
+    (heads, hd), kv_heads = qkv_kernels[0].shape[1:], qkv_kernels[1].shape[1]
+    widths = (heads * hd, kv_heads * hd, kv_heads * hd)
+    flat_biases = [None] * 3 if qkv_biases is None else [jnp.reshape(v, (n,)) for v, n in zip(qkv_biases, widths)]
+    x, w_out, out_bias_p, *promoted = promote_dtype(x, out_kernel, out_bias, *qkv_kernels, *flat_biases, dtype=dtype)
+    out_bias = keep_float32_bias(out_bias, out_bias_p)
     if index is None:
         index = pit_jax.index(reference.valid_tokens(lengths, s, padding == "left").reshape(b * s, 1), "row")
-    # q, k and v keep zeros on padding rows: the attention's XLA path (shapes its kernels
-    # do not take) reads every row.
-    q, k, v = pit_jax.sparse_dense(x.reshape(b * s, d), w_qkv, index, axis="m", bias=b_qkv, out_parts=3,
-                                   dead_rows="zeros", precision=precision)
-    att = pit_jax.varlen_attention(*(t.reshape(b, s, heads, hd) for t in (q, k, v)), lengths, causal=causal,
-                                   padding=padding)
-    y = pit_jax.sparse_dense(att.reshape(b * s, feats), w_out.reshape(feats, -1), index, axis="m",
+    rows = x.reshape(b * s, d)
+
+    def project(parts):
+        """One M-axis product for the projections `parts` (of 0, 1, 2 = q, k, v), their
+        kernels side by side, each result its own array (out_parts)."""
+        w = jnp.concatenate([promoted[i].reshape(d, widths[i]) for i in parts], axis=1)
+        bias = None
+        if qkv_biases is not None:
+            cat = lambda vs: vs[0] if len(vs) == 1 else jnp.concatenate(vs)  # noqa: E731
+            bias = keep_float32_bias(cat([flat_biases[i] for i in parts]), cat([promoted[3 + i] for i in parts]))
+        # zeros on the padding rows: the attention's XLA path (shapes its kernels do not
+        # take) reads every row
+        y = pit_jax.sparse_dense(rows, w, index, axis="m", bias=bias, out_parts=len(parts), dead_rows="zeros",
+                                 precision=precision)
+        return (y,) if len(parts) == 1 else y
+
+    # one product for q, k and v; with grouped heads their widths differ, and the parts of
+    # one product are equal: q in one, k and v in another
+    q, k, v = project((0, 1, 2)) if kv_heads == heads else project((0,)) + project((1, 2))
+    att = pit_jax.varlen_attention(q.reshape(b, s, heads, hd), *(t.reshape(b, s, kv_heads, hd) for t in (k, v)),
+                                   lengths, causal=causal, padding=padding, local_window_size=local_window_size)
+    y = pit_jax.sparse_dense(att.reshape(b * s, widths[0]), w_out.reshape(widths[0], -1), index, axis="m",
                              bias=out_bias, dead_rows=dead_rows, precision=precision)
     return y.reshape(b, s, -1)

@@ -11,8 +11,8 @@ import numpy as np
 from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
-from pit_jax.flax._common import (keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim,
-                                  varlen_self_attention)
+from pit_jax.flax._common import (attention_heads, keep_float32_bias, layer_norm_last_dim, plan_from_sample,
+                                  sparse_matmul_last_dim, varlen_self_attention)
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
@@ -147,6 +147,13 @@ class VarlenSelfAttention(nn.Module):
     lengths when None. The padding rows of the result are zeros (`dead_rows="zeros"`) or
     left unwritten (`"unspecified"`), where Flax's would hold an average over the whole
     sequence. No dropout, decoding cache or qk normalization.
+
+    Beyond Flax's attributes: `num_kv_heads` (default num_heads) makes the "key" and
+    "value" projections [D, num_kv_heads, head_dim], shared by groups of num_heads /
+    num_kv_heads query heads (grouped-query attention, as `jax.nn.dot_product_attention`
+    groups; Flax's layer with each kv head repeated over its group gives the same result);
+    `local_window_size` (None, w or (left, right)) attends within a sliding window, as in
+    `pit_jax.varlen_attention`.
     """
 
     num_heads: int
@@ -161,18 +168,20 @@ class VarlenSelfAttention(nn.Module):
     dead_rows: str = "zeros"
     causal: bool = False
     padding: str = "right"
+    num_kv_heads: Optional[int] = None
+    local_window_size: Any = None
 
     @nn.compact
     def __call__(self, x, lengths, index=None):
         d = jnp.shape(x)[-1]
         feats = self.qkv_features or d
-        if self.num_heads < 1 or feats % self.num_heads:
-            raise ValueError(f"VarlenSelfAttention: num_heads ({self.num_heads}) must divide qkv_features ({feats})")
-        heads, hd, out = self.num_heads, feats // self.num_heads, self.out_features or d
+        heads, kv_heads = attention_heads(self.num_heads, self.num_kv_heads, feats)
+        hd, out = feats // heads, self.out_features or d
         proj = lambda name, k_shape, b_shape: _KernelBias(k_shape, b_shape, self.use_bias, self.kernel_init,  # noqa: E731
                                                           self.bias_init, self.param_dtype, name=name)()
-        qkv = [proj(n, (d, heads, hd), (heads, hd)) for n in ("query", "key", "value")]
+        qkv = [proj(n, (d, h, hd), (h, hd)) for n, h in (("query", heads), ("key", kv_heads), ("value", kv_heads))]
         out_kernel, out_bias = proj("out", (heads, hd, out), (out,))
         return varlen_self_attention(x, lengths, [k for k, _ in qkv], [b for _, b in qkv] if self.use_bias else None,
                                      out_kernel, out_bias, dtype=self.dtype, precision=self.precision, index=index,
-                                     dead_rows=self.dead_rows, causal=self.causal, padding=self.padding)
+                                     dead_rows=self.dead_rows, causal=self.causal, padding=self.padding,
+                                     local_window_size=self.local_window_size)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 
-from pit_jax.flax._common import (keep_float32_bias, layer_norm_last_dim, plan_from_sample, sparse_matmul_last_dim,
-                                  varlen_self_attention)
+from pit_jax.flax._common import (attention_heads, keep_float32_bias, layer_norm_last_dim, plan_from_sample,
+                                  sparse_matmul_last_dim, varlen_self_attention)
 from pit_jax.flax.nnx_moe import MoE
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
@@ -132,7 +132,9 @@ class VarlenSelfAttention(nnx.Module):
     the attention as `pit_jax.varlen_attention`; as `pit_jax.flax.VarlenSelfAttention`
     (linen), whose docstring has the details.
 
-    `__call__(x [B, S, D], lengths [B], index=None)`.
+    `__call__(x [B, S, D], lengths [B], index=None)`. `num_kv_heads` (grouped-query
+    attention: `key` and `value` with that many heads) and `local_window_size` (a sliding
+    window) as in the linen layer.
     """
 
     def __init__(
@@ -151,20 +153,21 @@ class VarlenSelfAttention(nnx.Module):
         dead_rows: str = "zeros",
         causal: bool = False,
         padding: str = "right",
+        num_kv_heads: Optional[int] = None,
+        local_window_size: Any = None,
         rngs: nnx.Rngs,
     ):
         feats = qkv_features or in_features
-        if num_heads < 1 or feats % num_heads:
-            raise ValueError(f"VarlenSelfAttention: num_heads ({num_heads}) must divide qkv_features ({feats})")
-        self.num_heads, self.in_features, self.qkv_features = num_heads, in_features, feats
+        heads, kv_heads = attention_heads(num_heads, num_kv_heads, feats)
+        self.num_heads, self.num_kv_heads, self.in_features, self.qkv_features = heads, kv_heads, in_features, feats
         self.out_features = out_features or in_features
         self.dtype, self.precision, self.use_bias, self.dead_rows = dtype, precision, use_bias, dead_rows
-        self.causal, self.padding = causal, padding
-        heads, hd = num_heads, feats // num_heads
+        self.causal, self.padding, self.local_window_size = causal, padding, local_window_size
+        hd = feats // heads
         # Parameter holders only (never called), so the state is nnx.MultiHeadAttention's.
         proj = lambda i, o, axis=-1: nnx.LinearGeneral(i, o, axis=axis, use_bias=use_bias, param_dtype=param_dtype,  # noqa: E731
                                                        kernel_init=kernel_init, bias_init=bias_init, rngs=rngs)
-        self.query, self.key, self.value = (proj(in_features, (heads, hd)) for _ in range(3))
+        self.query, self.key, self.value = (proj(in_features, (h, hd)) for h in (heads, kv_heads, kv_heads))
         self.out = proj((heads, hd), self.out_features, axis=(-2, -1))
 
     def __call__(self, x, lengths, index=None):
@@ -172,7 +175,8 @@ class VarlenSelfAttention(nnx.Module):
         return varlen_self_attention(
             x, lengths, [m.kernel[...] for m in qkv], [m.bias[...] for m in qkv] if self.use_bias else None,
             self.out.kernel[...], self.out.bias[...] if self.use_bias else None, dtype=self.dtype,
-            precision=self.precision, index=index, dead_rows=self.dead_rows, causal=self.causal, padding=self.padding)
+            precision=self.precision, index=index, dead_rows=self.dead_rows, causal=self.causal, padding=self.padding,
+            local_window_size=self.local_window_size)
 
 
 SparseLinear = SparseDense
