@@ -10,7 +10,8 @@ blocks with an online softmax; and grouped-query attention on the same documents
 over right padding, at a Llama-like 32 query heads sharing 8 kv heads of 128
 ("document_gqa"), and those heads on the GLUE-like lengths causal over left padding
 ("decoder_gqa"), and the documents' grouped heads in a sliding window of 256 keys
-("document_window", local_window_size (256, 0): Mistral-style local attention). Per case,
+("document_window", local_window_size (256, 0): Mistral-style local attention; and
+"document_window_left", the same window causal over left padding). Per case,
 forward alone and forward + backward (a vjp with a fixed cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   pit_jax_repeat  (grouped cases) k and v repeated to q's heads, then pit_jax.varlen_attention:
@@ -47,15 +48,15 @@ from pit_models import common as mcommon  # noqa: E402
 def impls(mode="encoder", grouped=False, window=None):
     """mode: "encoder" (bidirectional, right padding), "decoder" (causal over left padding,
     as examples/pit_models/opt.py attends) or "causal" (causal over right padding); window:
-    a local window (left, right), "encoder" and "causal" modes."""
+    a local window (left, right)."""
     if mode == "decoder":
         def dpa(implementation):
             def f(q, k, v, ln):
                 return mcommon.attention(q, k, v, lengths=ln, causal=True, padding="left",
-                                         implementation=implementation)
+                                         implementation=implementation, local_window_size=window)
             return f
 
-        pit = functools.partial(pit_jax.varlen_attention, causal=True, padding="left")
+        pit = functools.partial(pit_jax.varlen_attention, causal=True, padding="left", local_window_size=window)
     else:
         def dpa(implementation):
             def f(q, k, v, ln):
@@ -104,7 +105,8 @@ def main(argv=None):
              "document": (docs, s_doc, h, d, "encoder", h), "document_causal": (docs, s_doc, h, d, "decoder", h),
              "document_gqa": (docs, s_doc, h_gqa, 128, "causal", kv_gqa),
              "decoder_gqa": (glue, s, h_gqa, 128, "decoder", kv_gqa),
-             "document_window": (docs, s_doc, h_gqa, 128, "causal", kv_gqa, window)}
+             "document_window": (docs, s_doc, h_gqa, 128, "causal", kv_gqa, window),
+             "document_window_left": (docs, s_doc, h_gqa, 128, "decoder", kv_gqa, window)}
     n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h_gqa * 128) * 2)
     # the CPU smoke run: few repeats and rotations, no profiler trace
     n_sets, reps, device_calls = (2, 3, 0) if args.small else (n_sets, 15, 20)

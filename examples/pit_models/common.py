@@ -23,7 +23,8 @@ ATTENTION_IMPLS = ("auto", "cudnn", "xla", "pit")
 # -- attention ---------------------------------------------------------------------------
 
 
-def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="right", implementation="xla"):
+def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="right", implementation="xla",
+              local_window_size=None):
     """Multi-head attention over a padded batch. q, k, v: [B, S, heads, head_dim].
 
     `lengths` [B] int32: the first lengths[b] tokens are valid (`padding="right"`: cuDNN
@@ -31,14 +32,15 @@ def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="ri
     take it as a key mask); "pit" (`pit_jax.varlen_attention`) computes the valid tokens
     only. `key_mask` [B, S] bool: any padding, applied as a mask (not with "pit"). Rows of
     padded queries are garbage-free (no NaN) but meaningless: callers read valid tokens
-    only.
+    only. `local_window_size`: a sliding window, as jax.nn.dot_product_attention's.
     """
     if implementation == "pit":
         # pit_jax.varlen_attention: padding by lengths, on the valid tokens.
         if lengths is None or key_mask is not None:
             raise ValueError("attention: implementation='pit' takes padding by `lengths` (and `padding`), "
                              "not key_mask")
-        return pit_jax.varlen_attention(q, k, v, lengths, causal=causal, padding=padding)
+        return pit_jax.varlen_attention(q, k, v, lengths, causal=causal, padding=padding,
+                                        local_window_size=local_window_size)
     if padding == "left":
         if lengths is None or key_mask is not None:
             raise ValueError("attention: padding='left' takes `lengths`, not key_mask")
@@ -52,14 +54,15 @@ def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="ri
         # 1, S]: until 2026-11-30 the OPT layer's "auto" fell back to XLA on that).
         s = q.shape[1]
         bias = jnp.broadcast_to(jnp.where(mask, 0.0, -1e9).astype(q.dtype), (q.shape[0], 1, s, s))
-        return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=causal, implementation="cudnn")
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=causal, local_window_size=local_window_size,
+                                            implementation="cudnn")
     seq = None if lengths is None else lengths.astype(jnp.int32)
     dtype = q.dtype
     if dtype == jnp.float16 and jax.default_backend() == "cpu":
         q, k, v = (a.astype(jnp.float32) for a in (q, k, v))  # XLA:CPU has no f16 dot accumulating in f32
     out = jax.nn.dot_product_attention(
         q, k, v, mask=mask, is_causal=causal, query_seq_lengths=seq, key_value_seq_lengths=seq,
-        implementation=implementation,
+        local_window_size=local_window_size, implementation=implementation,
     )
     return out.astype(dtype)
 
