@@ -190,6 +190,21 @@ def _check_attention(y, y_flax, valid, dtype, what):
     assert not y[~valid].any(), f"{what}: the padding rows must be zeros"
 
 
+def _check_attention_grads(ours, theirs, params, valid, dtype, what):
+    """The parameters' gradients of a loss on the valid rows, through our layer (jitted)
+    and through Flax's."""
+    def loss(p, apply):
+        return jnp.sum(jnp.where(valid[..., None], apply(p).astype(jnp.float32), 0.0) ** 2)
+
+    grads = jax.jit(jax.grad(lambda p: loss(p, ours)))(params)
+    want = jax.grad(lambda p: loss(p, theirs))(params)
+    top = max(float(np.abs(np.asarray(g, np.float32)).max()) for g in jax.tree_util.tree_leaves(want))
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0,
+                                   atol=(1e-4 if dtype == jnp.float32 else 5e-2) * top,
+                                   err_msg=f"{what} {jax.tree_util.keystr(path)}")
+
+
 @attention_cases
 def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, feats, out, seq, causal, padding):
     from pit_jax.flax import VarlenSelfAttention
@@ -205,22 +220,13 @@ def test_varlen_self_attention_linen_matches_flax(platform, dtype, d, heads, fea
     assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(jnp.shape, want_tree)
     mask = _flax_mask(valid, causal, nn.make_attention_mask, nn.make_causal_mask, nn.combine_masks)
 
-    def loss(p, apply):
-        return jnp.sum(jnp.where(valid[..., None], apply(p).astype(jnp.float32), 0.0) ** 2)
-
     ours = lambda p: layer.apply(p, x, lengths)  # noqa: E731
     theirs = lambda p: flax_layer.apply(p, x, x, mask=mask)  # noqa: E731
     _check_attention(jax.jit(ours)(params), theirs(params), np.asarray(valid), dtype, f"seed={seed}")
     index = pit_jax.index(jnp.reshape(valid, (-1, 1)), "row")  # one row index a model's layers share
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda p: layer.apply(p, x, lengths, index))(params), np.float32),
                                   np.asarray(jax.jit(ours)(params), np.float32), err_msg=f"seed={seed}")
-    grads = jax.jit(jax.grad(lambda p: loss(p, ours)))(params)
-    want = jax.grad(lambda p: loss(p, theirs))(params)
-    top = max(float(np.abs(np.asarray(g, np.float32)).max()) for g in jax.tree_util.tree_leaves(want))
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0,
-                                   atol=(1e-4 if dtype == jnp.float32 else 5e-2) * top,
-                                   err_msg=f"seed={seed} {jax.tree_util.keystr(path)}")
+    _check_attention_grads(ours, theirs, params, valid, dtype, f"seed={seed}")
 
 
 @attention_cases
@@ -297,20 +303,11 @@ def test_varlen_self_attention_grouped_heads_and_window(platform, dtype, d, head
     mask = _flax_mask(valid, causal, nn.make_attention_mask, nn.make_causal_mask, nn.combine_masks)
     mask = nn.combine_masks(mask, _band(seq, window, causal))
 
-    def loss(p, apply):
-        return jnp.sum(jnp.where(valid[..., None], apply(p).astype(jnp.float32), 0.0) ** 2)
-
     ours = lambda p: layer.apply(p, x, lengths)  # noqa: E731
     theirs = lambda p: flax_layer.apply(_repeat_kv(p, group), x, x, mask=mask)  # noqa: E731
     _check_attention(jax.jit(ours)(params), theirs(params), np.asarray(valid), dtype, f"seed={seed}")
     # the gradient of a shared kv head is its group's sum (through _repeat_kv)
-    grads = jax.jit(jax.grad(lambda p: loss(p, ours)))(params)
-    want = jax.grad(lambda p: loss(p, theirs))(params)
-    top = max(float(np.abs(np.asarray(g, np.float32)).max()) for g in jax.tree_util.tree_leaves(want))
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0,
-                                   atol=(1e-4 if dtype == jnp.float32 else 5e-2) * top,
-                                   err_msg=f"seed={seed} {jax.tree_util.keystr(path)}")
+    _check_attention_grads(ours, theirs, params, valid, dtype, f"seed={seed}")
     # nnx: the same state and result
     layer_nnx = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, padding=padding,
                                             num_kv_heads=kv_heads, local_window_size=window, rngs=nnx.Rngs(0))
