@@ -137,8 +137,8 @@ class VarlenSelfAttention(nn.Module):
     out_features], bias [out_features]; same initializers), and on the valid rows its
     result for `inputs_q = inputs_kv = x` with the mask `nn.make_attention_mask(valid,
     valid)` (`causal=True`: combined with `nn.make_causal_mask`). The projections run as
-    M-axis products over the valid tokens only (q, k, v in one), the attention as
-    `pit_jax.varlen_attention`.
+    M-axis products over the valid tokens only (q, k, v in one; with `num_kv_heads`, q in
+    one and k, v in another), the attention as `pit_jax.varlen_attention`.
 
     `__call__(x [B, S, D], lengths [B], index=None)`: sequence b's valid tokens are its
     first lengths[b] (`padding="right"`) or its last (`padding="left"`); `index` is the

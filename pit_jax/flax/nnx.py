@@ -128,8 +128,9 @@ class VarlenSelfAttention(nnx.Module):
     its result for self-attention with the mask `nnx.make_attention_mask(valid, valid)`
     (`causal=True`: combined with `nnx.make_causal_mask`; `padding="left"`: the valid
     tokens are each sequence's last lengths[b]).
-    The projections run as M-axis products over the valid tokens only (q, k, v in one),
-    the attention as `pit_jax.varlen_attention`; as `pit_jax.flax.VarlenSelfAttention`
+    The projections run as M-axis products over the valid tokens only (q, k, v in one; with
+    `num_kv_heads`, q in one and k, v in another), the attention as
+    `pit_jax.varlen_attention`; as `pit_jax.flax.VarlenSelfAttention`
     (linen), whose docstring has the details.
 
     `__call__(x [B, S, D], lengths [B], index=None)`. `num_kv_heads` (grouped-query
