@@ -10,7 +10,7 @@ from pit_jax._native import export_checks
 from pit_jax import checkpoint_policies, reference
 from pit_jax.config import reference_enabled, use_reference
 from pit_jax.moe_index import MoeIndex
-from pit_jax.ops.attention import varlen_attention
+from pit_jax.ops.attention import packed_attention, varlen_attention
 from pit_jax.ops.index import index, index_from_tiles
 from pit_jax.ops.layer_norm import layer_norm
 from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
@@ -38,6 +38,7 @@ __all__ = [
     "layer_norm",
     "moe_ffn",
     "moe_index",
+    "packed_attention",
     "plan",
     "reference",
     "reference_enabled",

@@ -385,29 +385,51 @@ def valid_tokens(lengths, seq, left_padded=False):
     return i >= seq - n if left_padded else i < n
 
 
-def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False, window_left=-1, window_right=-1):
+def packed_tokens(cu_seqlens, tokens, max_seqlen):
+    """(valid, segment, position) [B, tokens] of packed rows: row b's sequence i is its
+    tokens [cu_seqlens[b, i], cu_seqlens[b, i + 1]) (clamped to the row), at most
+    max_seqlen of them valid; a valid token's sequence and its position in it."""
+    cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
+    origin = jnp.clip(cu[:, :-1], 0, tokens)                              # [B, n]
+    length = jnp.minimum(jnp.clip(cu[:, 1:], origin, tokens) - origin, max_seqlen)
+    t = jnp.arange(tokens)[None, :, None]
+    member = (t >= origin[:, None, :]) & (t < (origin + length)[:, None, :])  # [B, tokens, n]
+    segment = jnp.argmax(member, axis=-1)
+    position = jnp.arange(tokens)[None, :] - jnp.take_along_axis(origin, segment, axis=1)
+    return member.any(axis=-1), segment, position
+
+
+def varlen_attention(q, k, v, lengths, *, scale, causal=False, left_padded=False, window_left=-1, window_right=-1,
+                     max_seqlen=0):
     """(out, lse) of softmax attention over each sequence's valid tokens (the first
     lengths[b], or the last with `left_padded`; causal: keys at or before the query) (q [B,
     S, H, D], k, v [B, S, H_kv, D] with H_kv dividing H: query head h reads kv head h // (H
     // H_kv); float32 math over every row, masked): out in q's dtype, zeros on padding
     rows; lse [B, H, S] float32, each valid query's log-sum-exp of its scaled scores, 0 on
     padding rows (the forward target's second result). window_left / window_right >= 0: a
-    local window, query i over keys i - window_left .. i + window_right (-1: no bound)."""
+    local window, query i over keys i - window_left .. i + window_right (-1: no bound).
+    max_seqlen > 0: packed rows, `lengths` their cu_seqlens [B, n + 1] (`packed_tokens`):
+    a query attends to the valid keys of its own sequence."""
     b, seq, h, d = q.shape
     kv = k.shape[2]
-    valid = valid_tokens(lengths, seq, left_padded)  # [B, S]
+    if max_seqlen:
+        valid, segment, position = packed_tokens(lengths, seq, max_seqlen)  # [B, S] each
+        keys = valid[:, None, :] & (segment[:, :, None] == segment[:, None, :])  # [B, query, key]
+    else:
+        valid = valid_tokens(lengths, seq, left_padded)  # [B, S]
+        position = jnp.broadcast_to(jnp.arange(seq)[None, :], (b, seq))
+        keys = jnp.broadcast_to(valid[:, None, :], (b, seq, seq))
     f = lambda a: a.astype(jnp.float32)  # noqa: E731
     qg = f(q).reshape(b, seq, kv, h // kv, d)  # a kv head's group of query heads, no copy of k, v
     s = jnp.einsum("bqngd,bknd->bngqk", qg, f(k)).reshape(b, h, seq, seq) * scale
-    keys = valid[:, None, None, :]
-    ahead = jnp.arange(seq)[None, :] - jnp.arange(seq)[:, None]  # [query, key]: key - query
+    ahead = position[:, None, :] - position[:, :, None]  # [B, query, key]: key - query
     if causal:
-        keys = keys & (ahead <= 0)[None, None]
+        keys = keys & (ahead <= 0)
     if window_right >= 0:
-        keys = keys & (ahead <= window_right)[None, None]
+        keys = keys & (ahead <= window_right)
     if window_left >= 0:
-        keys = keys & (ahead >= -window_left)[None, None]
-    s = jnp.where(keys, s, -1e30)  # masked keys: no weight (a constant: no gradient)
+        keys = keys & (ahead >= -window_left)
+    s = jnp.where(keys[:, None], s, -1e30)  # masked keys: no weight (a constant: no gradient)
     p = jax.nn.softmax(s, axis=-1)
     out = jnp.einsum("bngqk,bknd->bqngd", p.reshape(b, kv, h // kv, seq, seq), f(v)).reshape(b, seq, h, d)
     out = jnp.where(valid[:, :, None, None], out, 0.0).astype(q.dtype)

@@ -239,3 +239,23 @@ def unfused_z64(x, w, b64, dtype) -> np.ndarray:
     rounded again. With cancellation that differs from the exact sum by more than the
     16-bit tolerances, so references of that path round the same way."""
     return f64(jnp.asarray(f64(jnp.asarray(f64(x) @ f64(w)).astype(dtype)) + b64).astype(dtype))
+
+
+def attention64(q, k, v, dout, scale, causal=False, window=None):
+    """(out, lse, dq, dk, dv) of one sequence and head in float64 (q, k, v, dout [n, d]
+    float64; causal: keys j <= i; a window (left, right): keys i - left <= j <= i + right)."""
+    n = q.shape[0]
+    s = scale * q @ k.T
+    ahead = np.arange(n)[None, :] - np.arange(n)[:, None]  # key - query
+    sees = np.ones((n, n), bool) if not causal else ahead <= 0
+    if window is not None:
+        sees &= (ahead <= window[1]) & (ahead >= -window[0])
+    s = np.where(sees, s, -np.inf)
+    m = s.max(1, keepdims=True)
+    p = np.exp(s - m)
+    l_ = p.sum(1, keepdims=True)
+    p /= l_
+    o = p @ v
+    dp = dout @ v.T
+    ds = p * (dp - (dout * o).sum(1, keepdims=True))
+    return o, (m + np.log(l_))[:, 0], scale * ds @ k, scale * ds.T @ q, p.T @ dout

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from pit_testing import PLATFORMS, assert_call_raises, check_close, f64, fresh_rng, put, randn
+from pit_testing import PLATFORMS, assert_call_raises, attention64, check_close, f64, fresh_rng, put, randn
 
 import pit_jax
 from pit_jax import reference as ref
@@ -51,25 +51,8 @@ def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right", wi
             continue
         t = slice(s_ - n, s_) if padding == "left" else slice(0, n)
         for h in range(h_):
-            qq, kk, vv, do = q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h]
-            s = scale * qq @ kk.T
-            ahead = np.arange(n)[None, :] - np.arange(n)[:, None]  # key - query
-            sees = np.ones((n, n), bool) if not causal else ahead <= 0
-            if window is not None:
-                sees &= (ahead <= window[1]) & (ahead >= -window[0])
-            s = np.where(sees, s, -np.inf)
-            m = s.max(1, keepdims=True)
-            p = np.exp(s - m)
-            l_ = p.sum(1, keepdims=True)
-            p /= l_
-            o = p @ vv
-            out[b, t, h] = o
-            lse[b, h, t] = (m + np.log(l_))[:, 0]
-            dp = do @ vv.T
-            ds = p * (dp - (do * o).sum(1, keepdims=True))
-            dq[b, t, h] = scale * ds @ kk
-            dk[b, t, h] = scale * ds.T @ qq
-            dv[b, t, h] = p.T @ do
+            out[b, t, h], lse[b, h, t], dq[b, t, h], dk[b, t, h], dv[b, t, h] = attention64(
+                q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h], scale, causal, window)
     return out, lse, dq, dk, dv
 
 

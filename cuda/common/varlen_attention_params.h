@@ -19,19 +19,29 @@ namespace pit {
 // window_right >= 0; -1: no bound) limits query i to the keys j with i - window_left <= j
 // <= i + window_right (positions among the valid tokens), as jax.nn.dot_product_attention's
 // local_window_size does.
+//
+// Packed rows (cu_seqlens set): each of the batch rows of `tokens` tokens holds `segments`
+// sequences one after another, sequence i of row b its tokens [cu_seqlens[b, i],
+// cu_seqlens[b, i + 1]) (clamped to the row; cu_seqlens [batch, segments + 1],
+// nondecreasing), of which at most `seq` are valid; every other token of the row
+// (before the first sequence, after the last, and past `seq` of a longer one) is padding.
+// Padded rows: sequence b is row b, seq = tokens.
 struct VarlenAttentionParams {
   DType dtype = DType::kBF16;
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  int64_t tokens = 0;               // a row's tokens (q's dim 1)
+  const int32_t* cu_seqlens = nullptr;  // packed rows: [batch, segments + 1]
+  int64_t segments = 0;
   int64_t kv_heads = 0;
   float scale = 1.f;                // on q k^T, before the softmax
   bool causal = false;
   bool left_padded = false;
   int64_t window_left = -1, window_right = -1;
-  const int32_t* lengths = nullptr;  // [batch]
+  const int32_t* lengths = nullptr;  // [batch]; padded rows
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  // Forward results: out, and lse [batch, heads, seq] float32, each valid query's
+  // Forward results: out, and lse [batch, heads, tokens] float32, each valid query's
   // log-sum-exp of its scaled scores (natural log; 0 on padding rows).
   void* out = nullptr;
   float* lse = nullptr;
@@ -44,6 +54,11 @@ struct VarlenAttentionParams {
   void* dv = nullptr;
 };
 
+// The sequences of the call: one a row, or `segments` a packed row.
+inline int64_t VarlenSequences(const VarlenAttentionParams& p) {
+  return p.cu_seqlens != nullptr ? p.batch * p.segments : p.batch;
+}
+
 // What the kernels take: 16-bit dtypes, head_dim 64, 80, 96 or 128, sequences of at most
 // kVarlenAttentionMaxSeq tokens. Up to kVarlenAttentionShortSeq one CTA holds a whole
 // sequence's keys (varlen_attention.cu); longer ones run in blocks of 128 tokens with an
@@ -53,5 +68,6 @@ constexpr bool VarlenAttentionHeadDimOk(int64_t head_dim) {
 }
 constexpr int64_t kVarlenAttentionShortSeq = 128;
 constexpr int64_t kVarlenAttentionMaxSeq = 65536;
+constexpr int64_t kVarlenAttentionMaxPackedRow = int64_t{1} << 24;  // a packed row's tokens (int indexing)
 
 }  // namespace pit

@@ -286,14 +286,15 @@ auto VarlenAttention(B b) {
   return std::move(b).template Arg<AnyBuffer>()  // q [batch, seq, heads, head_dim]
       .template Arg<AnyBuffer>()  // k
       .template Arg<AnyBuffer>()  // v
-      .template Arg<S32>()  // lengths [batch]
+      .template Arg<S32>()  // lengths [batch], or with max_seqlen > 0 cu_seqlens [batch, segments + 1]
       .template Ret<AnyBuffer>()  // out (q's shape)
       .template Ret<AnyBuffer>()  // lse float32 [batch, heads, seq]
       .template Attr<float>("scale")
       .template Attr<bool>("causal")
       .template Attr<bool>("left_padded")
       .template Attr<int64_t>("window_left")  // -1: no bound
-      .template Attr<int64_t>("window_right");
+      .template Attr<int64_t>("window_right")
+      .template Attr<int64_t>("max_seqlen");  // 0: padded rows; > 0: packed rows, their longest sequence
 }
 
 template <class B>
@@ -312,7 +313,8 @@ auto VarlenAttentionBwd(B b) {
       .template Attr<bool>("causal")
       .template Attr<bool>("left_padded")
       .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right");
+      .template Attr<int64_t>("window_right")
+      .template Attr<int64_t>("max_seqlen");
 }
 
 }  // namespace bind

@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   uint16_t* vs = ks + s16 * kRowPitch;
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
   Stage<kD, 3, 1>({p.q, p.k, p.v}, {qs, ks, vs}, s);
-  ZeroPadding(p.out, s, 0, seq - s.len);
-  for (int i = threadIdx.x; i < seq - s.len; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
+  ZeroPadding(p.out, s, 0, s.pad);
+  for (int i = threadIdx.x; i < s.pad; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
@@ -146,9 +146,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
   uint16_t* os = dss;  // read before phase 1 writes dS
   Stage<kD, 5, 3>({p.q, p.dout, p.o, p.k, p.v}, {qs, dos, os, ks, vs}, s);
-  ZeroPadding(p.dq, s, 0, seq - s.len);
-  ZeroPadding(p.dk, s, 0, seq - s.len);
-  ZeroPadding(p.dv, s, 0, seq - s.len);
+  ZeroPadding(p.dq, s, 0, s.pad);
+  ZeroPadding(p.dk, s, 0, s.pad);
+  ZeroPadding(p.dv, s, 0, s.pad);
   __syncthreads();
   for (int r = threadIdx.x; r < s.rows; r += kThreads) {
     float dl = 0.f;
@@ -226,7 +226,8 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD, kWindow> : VarlenAttentionKernel<T, kD, kWindow>;
   const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
-  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch)), kThreads, smem, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(VarlenSequences(p))), kThreads, smem,
+           stream>>>(p);
   return cudaGetLastError();
 }
 

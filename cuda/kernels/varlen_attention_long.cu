@@ -80,21 +80,31 @@ __device__ __forceinline__ void RowDots(const uint16_t* os, const uint16_t* dos,
   }
 }
 
-// The CTA's block and its share of the padding tokens, [first, first + kBlock) of the
-// sequence's seq - len. Blocks are numbered from the grid's last: the blocks far into the
-// sequence exist only for long sequences, the ones with the most work, so they start
-// first and the short sequences' blocks fill the tail.
+// The CTA's block of the sequence, [first, first + kBlock), and its share of the padding
+// tokens: [first, first + kBlock) of the sequence's pad, and every `step` tokens further
+// (a packed row's tail may be longer than the sequences). Blocks are numbered from the
+// grid's last: the blocks far into the sequence exist only for long sequences, the ones
+// with the most work, so they start first and the short sequences' blocks fill the tail.
 template <int kD>
 struct Block {
-  int first;      // the block's first row (from the first valid token)
-  int pad_first;  // its share of the padding tokens
-  int pad_last;
-  __device__ Block(const Seq<kD>& s, int seq, int index, int count) {
-    first = kBlock * (count - 1 - index);
-    pad_first = min(first, seq - s.len);
-    pad_last = min(first + kBlock, seq - s.len);
-  }
+  int first;  // the block's first row (from the first valid token)
+  int step;   // the grid's blocks of a sequence, in tokens
+  __device__ Block(int index, int count) : first(kBlock * (count - 1 - index)), step(kBlock * count) {}
 };
+
+// Zeros on the block's share of the padding rows of `dst` (in q's layout, or in k's and
+// v's with kKv), and 0 in `lse` (when given) on them.
+template <int kD, bool kKv = false>
+__device__ __forceinline__ void ZeroBlockPadding(void* dst, const Seq<kD>& s, const Block<kD>& blk,
+                                                 float* lse = nullptr) {
+  for (int f = blk.first; f < s.pad; f += blk.step) {
+    const int last = min(f + kBlock, s.pad);
+    ZeroPadding<kD, kKv>(dst, s, f, last);
+    if (lse != nullptr) {
+      for (int i = f + threadIdx.x; i < last; i += kThreads) lse[s.lse_base + s.PadRow(i)] = 0.f;
+    }
+  }
+}
 
 // The key chunks [begin, end) a block of queries walks (causal: to its last query's; a
 // local window: from its first query's window on), and the copies of chunk c's k and v
@@ -123,9 +133,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];  // stages [2][k, v][kChunk][kPitch]; first q [kBlock][kPitch]
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
-  const Block<kD> blk(s, static_cast<int>(p.seq), blockIdx.z, gridDim.z);
-  ZeroPadding(p.out, s, blk.pad_first, blk.pad_last);
-  for (int i = blk.pad_first + threadIdx.x; i < blk.pad_last; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
+  const Block<kD> blk(blockIdx.z, gridDim.z);
+  ZeroBlockPadding(p.out, s, blk, p.lse);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -206,8 +215,8 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
   float* lse2 = reinterpret_cast<float*>(smem + 3 * kBlock * kPitch);  // [kBlock], log2 units
   float* delta = lse2 + kBlock;                                        // [kBlock]
   const Seq<kD> s(p, blockIdx.y, blockIdx.x);
-  const Block<kD> blk(s, static_cast<int>(p.seq), index, count);
-  ZeroPadding(p.dq, s, blk.pad_first, blk.pad_last);
+  const Block<kD> blk(index, count);
+  ZeroBlockPadding(p.dq, s, blk);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -285,9 +294,9 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   float* delta = lse2 + 2 * kChunk;                          // [2][kChunk]
   const int group = static_cast<int>(p.heads / p.kv_heads);
   const Seq<kD> s(p, blockIdx.y, kv_head * group);  // the group's first query head
-  const Block<kD> blk(s, static_cast<int>(p.seq), index, count);
-  ZeroPadding<kD, true>(p.dk, s, blk.pad_first, blk.pad_last);
-  ZeroPadding<kD, true>(p.dv, s, blk.pad_first, blk.pad_last);
+  const Block<kD> blk(index, count);
+  ZeroBlockPadding<kD, true>(p.dk, s, blk);
+  ZeroBlockPadding<kD, true>(p.dv, s, blk);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -310,7 +319,7 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   const int n = (min(s.len, blk.first + kBlock + s.left) + kChunk - 1) / kChunk - c_begin;
   const int steps = group * n;
   auto stage = [&](int i) {
-    const Seq<kD> sh = s.Head(i / n, p.seq);
+    const Seq<kD> sh = s.Head(i / n, p.tokens);
     const int r = (c_begin + i % n) * kChunk;
     uint16_t* buf = smem + (i & 1) * 3 * kTile;
     StageAsync<kD, kChunk>(p.q, buf, sh, r);
@@ -326,7 +335,7 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   for (int i = 0; i < steps; ++i) {
     NextChunk(i, steps, stage);
     const int query0 = (c_begin + i % n) * kChunk;
-    const int64_t lse_base = s.Head(i / n, p.seq).lse_base;
+    const int64_t lse_base = s.Head(i / n, p.tokens).lse_base;
     const uint16_t* qs = smem + (i & 1) * 3 * kTile;
     const uint16_t* dos = qs + kTile;
     float* lse2_c = lse2 + (i & 1) * kChunk;
@@ -396,7 +405,8 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
-  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), blocks), kThreads, smem, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(VarlenSequences(p)), blocks), kThreads, smem,
+           stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -44,35 +44,53 @@ constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
 // The CTA's problem: sequence b, query head h, its valid tokens and row pointers. Rows
-// are counted from the first valid token (token `start`).
+// are counted from the first valid token (token `start` of the sequence's tokens). Padded
+// rows: sequence b is row b. Packed rows (p.cu_seqlens): sequence b is sequence b %
+// segments of row b / segments, its tokens [cu[i], cu[i + 1]) of the row (clamped to it;
+// at most p.seq valid, the rest padding), the row's tokens before cu[0] the padding of its
+// first sequence and those after cu[segments] of its last.
 template <int kD>
 struct Seq {
   int len;           // valid tokens, clamped to [0, seq]
   int rows;          // len rounded up to 16: the rows staged (zeros past len)
-  int start;         // the first valid token: 0, or seq - len with left padding
+  int start;         // padding tokens before the first valid one (left padding, or a packed row's lead)
+  int pad;           // padding tokens of the sequence: `start` before its valid ones, the rest after
   // Query i attends to the keys j with i - left <= j <= i + right (right 0: causal; seq:
   // no bound): the causal flag and the local window in one.
   int left, right;
   int64_t stride;    // elements between consecutive tokens of q's layout (heads * kD)
-  int64_t base;      // element offset of (b, token start, h, 0) in q's layout
+  int64_t base;      // element offset of the first valid token of head h in q's layout
   int64_t kv_stride;  // the same in k's and v's layout (kv_heads * kD), at h's kv head
   int64_t kv_base;
-  int64_t lse_base;  // offset of lse[b, h, start]
+  int64_t lse_base;  // offset of lse[row, h, first valid token]
 
   __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
-    const int n = p.lengths[b];
-    len = n < 0 ? 0 : (n > p.seq ? static_cast<int>(p.seq) : n);
+    const int n_seq = static_cast<int>(p.seq), tokens = static_cast<int>(p.tokens);
+    int row = b, origin;
+    if (p.cu_seqlens == nullptr) {
+      const int n = p.lengths[b];
+      len = n < 0 ? 0 : (n > n_seq ? n_seq : n);
+      origin = start = p.left_padded ? tokens - len : 0;
+      pad = tokens - len;
+    } else {
+      const int segments = static_cast<int>(p.segments), i = b % segments;
+      row = b / segments;
+      const int32_t* cu = p.cu_seqlens + static_cast<int64_t>(row) * (segments + 1);
+      origin = min(max(cu[i], 0), tokens);
+      const int end = min(max(cu[i + 1], origin), tokens);
+      len = min(end - origin, n_seq);
+      start = i == 0 ? origin : 0;
+      pad = start + (end - origin - len) + (i == segments - 1 ? tokens - end : 0);
+    }
     rows = (len + 15) & ~15;
-    start = p.left_padded ? static_cast<int>(p.seq) - len : 0;
-    const int n_seq = static_cast<int>(p.seq);
     left = p.window_left < 0 || p.window_left > n_seq ? n_seq : static_cast<int>(p.window_left);
     right = p.causal ? 0 : n_seq;
     if (p.window_right >= 0 && p.window_right < right) right = static_cast<int>(p.window_right);
     stride = p.heads * kD;
-    base = (static_cast<int64_t>(b) * p.seq + start) * stride + static_cast<int64_t>(h) * kD;
+    base = (static_cast<int64_t>(row) * tokens + origin) * stride + static_cast<int64_t>(h) * kD;
     kv_stride = p.kv_heads * kD;
-    kv_base = (static_cast<int64_t>(b) * p.seq + start) * kv_stride + h / (p.heads / p.kv_heads) * kD;
-    lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
+    kv_base = (static_cast<int64_t>(row) * tokens + origin) * kv_stride + h / (p.heads / p.kv_heads) * kD;
+    lse_base = (static_cast<int64_t>(row) * p.heads + h) * tokens + origin;
   }
   // Element offsets of (row, col): in q's layout (q, o, dO and every result) and in k's
   // and v's.
@@ -80,14 +98,15 @@ struct Seq {
   __device__ int64_t AtKv(int row, int col) const { return kv_base + row * kv_stride + col; }
   template <bool kKv>
   __device__ int64_t AtLayout(int row, int col) const { return kKv ? AtKv(row, col) : At(row, col); }
-  // The same sequence at query head h + dh, of the same kv head (a grouped-query walk).
-  __device__ Seq Head(int dh, int64_t seq) const {
+  // The same sequence at query head h + dh, of the same kv head (a grouped-query walk);
+  // `tokens`: a row's (lse's elements between heads).
+  __device__ Seq Head(int dh, int64_t tokens) const {
     Seq o = *this;
     o.base += static_cast<int64_t>(dh) * kD;
-    o.lse_base += dh * seq;
+    o.lse_base += dh * tokens;
     return o;
   }
-  // Padding token i of seq - len, as a row (negative before the valid ones).
+  // Padding token i of the sequence's `pad`, as a row (negative before the valid ones).
   __device__ int PadRow(int i) const { return i < start ? i - start : i - start + len; }
   // The end of the keys (rows) that queries [r0, r0 + 16) attend to, and of the tiles
   // staged for them (a multiple of 16); the start of the first 16-key tile they attend to.
@@ -119,7 +138,7 @@ struct Seq {
   }
 };
 
-// Zeros on the padding tokens [first, last) (of the sequence's seq - len) of `dst` (in q's
+// Zeros on the padding tokens [first, last) (of the sequence's pad) of `dst` (in q's
 // layout, or in k's and v's with kKv).
 template <int kD, bool kKv = false>
 __device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq<kD>& s, int first, int last) {

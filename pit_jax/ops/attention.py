@@ -103,3 +103,67 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
     if config.reference_enabled("varlen_attention") or not _prim.kernel_applies(q.shape, q.dtype):
         return reference(q, k, v, lengths, **params)
     return _prim.varlen_attention_p.bind(q, k, v, lengths, **params)[0]
+
+
+def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, cu_seqlens: jax.Array, *,
+                     max_seqlen: Optional[int] = None, scale: Optional[float] = None, causal: bool = False,
+                     local_window_size=None) -> jax.Array:
+    """Softmax attention of sequences packed one after another into rows, each sequence
+    attending to its own tokens only; zeros on the tokens of no sequence.
+
+    q: [batch, seq, heads, head_dim] (batch packed rows of seq tokens), or [tokens, heads,
+    head_dim] (one row, as flash-attention's varlen API takes it); k, v: q's shape, or
+    fewer heads dividing q's (grouped-query attention); one float dtype. cu_seqlens:
+    integers [batch, n + 1] ([n + 1] with one row), nondecreasing: row b's sequence i is its
+    tokens [cu_seqlens[b, i], cu_seqlens[b, i + 1]) (clamped to the row); the tokens before
+    cu_seqlens[b, 0] and after cu_seqlens[b, n] are padding. max_seqlen: a static bound on
+    the sequences' lengths (default seq), which sizes the kernels' grid as
+    flash-attention's does: a sequence's tokens past it are padding (zeros), so give the
+    true bound. causal, local_window_size, scale: as in `varlen_attention`, on positions
+    within each sequence. The cu_seqlens are read on the device (no host sync, inside jit);
+    they cannot be checked there: decreasing ones leave the overlapping tokens' results
+    unspecified (no fault). Returns q's shape and dtype.
+
+    The kernels are varlen_attention's (bf16 / f16, head_dim 64, 80, 96 or 128, max_seqlen
+    <= 65536, rows up to 2^24 tokens): a CTA takes one sequence (or 128 tokens of it), so
+    packing costs nothing over padded rows of the same lengths. Elsewhere a masked softmax
+    in XLA. Differentiable, vmap-able, as varlen_attention.
+    """
+    q, k, v, cu = (jnp.asarray(a) for a in (q, k, v, cu_seqlens))
+    flat = q.ndim == 3
+    if flat:  # [tokens, heads, head_dim]: one packed row
+        if k.ndim != 3 or v.ndim != 3 or cu.ndim != 1:
+            raise ValueError(f"packed_attention: with q [tokens, heads, head_dim], k and v must be [tokens, "
+                             f"kv_heads, head_dim] and cu_seqlens [n + 1]; got k {tuple(k.shape)}, v "
+                             f"{tuple(v.shape)}, cu_seqlens {tuple(cu.shape)}")
+        q, k, v, cu = q[None], k[None], v[None], cu[None]
+    _prim.check_qkv(q, k, v, where="packed_attention")
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        raise TypeError(f"packed_attention: q must be a float array, got {q.dtype}")
+    if cu.ndim != 2 or cu.shape[0] != q.shape[0] or cu.shape[1] < 1 or not jnp.issubdtype(cu.dtype, jnp.integer):
+        raise ValueError(f"packed_attention: cu_seqlens must be integers [batch, n + 1] = [{q.shape[0]}, n + 1] "
+                         f"(or [n + 1] with q [tokens, heads, head_dim]), got {cu.dtype} {tuple(cu.shape)}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"packed_attention: causal must be a Python bool, got {type(causal).__name__}")
+    seq = q.shape[1]
+    if max_seqlen is None:
+        max_seqlen = seq
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, np.integer)) or max_seqlen < 1:
+        raise ValueError(f"packed_attention: max_seqlen must be a static int >= 1 (the longest sequence's "
+                         f"tokens), got {max_seqlen!r}")
+    max_seqlen = min(int(max_seqlen), max(seq, 1))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    window_left, window_right = _window(local_window_size)
+    params = dict(scale=scale, causal=bool(causal), max_seqlen=max_seqlen)
+    if (window_left, window_right) != (-1, -1):
+        params.update(window_left=window_left, window_right=window_right)
+    cu = cu.astype(jnp.int32)
+    if cu.shape[1] < 2 or 0 in q.shape:  # no sequence (or nothing to attend): all padding
+        out = jnp.zeros(q.shape, q.dtype)
+    elif (config.reference_enabled("varlen_attention")
+          or not _prim.kernel_applies(q.shape, q.dtype, max_seqlen)
+          or q.shape[0] * (cu.shape[1] - 1) > 65535):  # the kernels' grid: one sequence a CTA row
+        out = reference(q, k, v, cu, **params)
+    else:
+        out = _prim.varlen_attention_p.bind(q, k, v, cu, **params)[0]
+    return out[0] if flat else out

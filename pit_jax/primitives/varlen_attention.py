@@ -10,7 +10,9 @@ sequence's keys, longer sequences run in blocks of 128 tokens with an online sof
 h // (H // H_kv), addressed by the kernels, no copy; H_kv = H is multi-head attention),
 lengths [B] int32 (clamped to [0, S]): sequence b's first lengths[b] tokens are valid, or
 its last with `left_padded`. Params: scale, causal, left_padded, window_left and window_right
-(-1: no bound). Two primitives, each one
+(-1: no bound), max_seqlen (0: padded rows; > 0: packed rows, `lengths` then cu_seqlens
+[B, n + 1] int32: row b's sequence i is its tokens [cu[b, i], cu[b, i + 1]), at most
+max_seqlen <= 65536 of them valid, a row up to 2^24 tokens). Two primitives, each one
 FFI target:
 `varlen_attention_p` (q, k, v, lengths) -> (out, lse) with lse [B, H, S] float32, each
 valid query's log-sum-exp (0 on padding rows), and `varlen_attention_bwd_p` (q, k, v,
@@ -49,12 +51,15 @@ varlen_attention_tangent_p.multiple_results = True
 HEAD_DIMS = (64, 80, 96, 128)  # cuda/common/varlen_attention_params.h
 SHORT_SEQ = 128  # up to here one CTA holds a whole sequence (cuda/kernels/varlen_attention.cu)
 MAX_SEQ = 65536  # beyond SHORT_SEQ: blocks of 128 tokens (cuda/kernels/varlen_attention_long.cu)
+MAX_PACKED_ROW = 1 << 24  # a packed row's tokens (kVarlenAttentionMaxPackedRow)
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def kernel_applies(shape, dtype) -> bool:
-    """Whether q of this [B, S, H, D] shape and dtype runs the kernels (else the op's jnp path)."""
-    return len(shape) == 4 and shape[3] in HEAD_DIMS and shape[1] <= MAX_SEQ and jnp.dtype(dtype) in DTYPES
+def kernel_applies(shape, dtype, max_seqlen=0) -> bool:
+    """Whether q of this [B, S, H, D] shape and dtype runs the kernels (else the op's jnp
+    path); max_seqlen > 0: packed rows whose sequences have at most that many tokens."""
+    longest_ok = 0 < max_seqlen <= MAX_SEQ and shape[1] <= MAX_PACKED_ROW if max_seqlen else shape[1] <= MAX_SEQ
+    return len(shape) == 4 and shape[3] in HEAD_DIMS and longest_ok and jnp.dtype(dtype) in DTYPES
 
 
 def check_qkv(q, k, v, where="varlen_attention", like_k=None, **like_q):
@@ -79,27 +84,34 @@ def check_qkv(q, k, v, where="varlen_attention", like_k=None, **like_q):
                                  f"got {tuple(a.shape)} {a.dtype}")
 
 
-def check(q, k, v, lengths, where="varlen_attention", like_k=None, **like_q):
+def check(q, k, v, lengths, where="varlen_attention", like_k=None, max_seqlen=0, **like_q):
     """Trace-time checks of the kernels' operands (`check_qkv`, the kernels' shapes and
-    dtypes, int32 lengths); errors name the argument."""
+    dtypes, int32 lengths, or cu_seqlens [batch, n + 1] for packed rows); errors name the
+    argument."""
     check_qkv(q, k, v, where, like_k, **like_q)
-    if not kernel_applies(q.shape, q.dtype):
+    if not kernel_applies(q.shape, q.dtype, max_seqlen):
         raise ValueError(f"{where}: the kernels take bfloat16 or float16, head_dim in {HEAD_DIMS} and seq <= "
-                         f"{MAX_SEQ}; got {q.dtype} {tuple(q.shape)}")
-    if tuple(lengths.shape) != (q.shape[0],) or lengths.dtype != jnp.int32:
+                         f"{MAX_SEQ} (packed rows: max_seqlen <= {MAX_SEQ}, seq <= {MAX_PACKED_ROW}); got "
+                         f"{q.dtype} {tuple(q.shape)}, max_seqlen {max_seqlen}")
+    if max_seqlen:
+        if lengths.ndim != 2 or lengths.shape[0] != q.shape[0] or lengths.shape[1] < 2 or lengths.dtype != jnp.int32:
+            raise ValueError(f"{where}: cu_seqlens must be int32 [batch, segments + 1] = [{q.shape[0]}, >= 2], "
+                             f"got {lengths.dtype} {tuple(lengths.shape)}")
+    elif tuple(lengths.shape) != (q.shape[0],) or lengths.dtype != jnp.int32:
         raise ValueError(f"{where}: lengths must be int32 [batch] = [{q.shape[0]}], got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")
 
 
-def _abstract_eval(q, k, v, lengths, **params):
-    check(q, k, v, lengths)
+def _abstract_eval(q, k, v, lengths, max_seqlen=0, **params):
+    check(q, k, v, lengths, max_seqlen=max_seqlen)
     b, s, h, _ = q.shape
     return ShapedArray(q.shape, q.dtype), ShapedArray((b, h, s), jnp.float32)
 
 
-def _attrs(scale, causal=False, left_padded=False, window_left=-1, window_right=-1):
+def _attrs(scale, causal=False, left_padded=False, window_left=-1, window_right=-1, max_seqlen=0):
     return dict(scale=np.float32(scale), causal=bool(causal), left_padded=bool(left_padded),
-                window_left=np.int64(window_left), window_right=np.int64(window_right))
+                window_left=np.int64(window_left), window_right=np.int64(window_right),
+                max_seqlen=np.int64(max_seqlen))
 
 
 def _native(q, k, v, lengths, **params):
@@ -139,12 +151,13 @@ def _checked_on_cuda(fn, backward):
     def lower(q, k, *args, **params):
         device = _lowering._first_cuda_device()
         cc = None if device is None else _lowering._capability(device)
-        need = shared_memory_bytes(q.shape[1], q.shape[-1], backward, grouped=k.shape[2] != q.shape[2])
+        seq = min(params.get("max_seqlen") or q.shape[1], q.shape[1])  # a packed row's longest sequence
+        need = shared_memory_bytes(seq, q.shape[-1], backward, grouped=k.shape[2] != q.shape[2])
         have = None if cc is None else SMEM_OPTIN.get(cc, SMEM_OPTIN_OTHER)
         if have is not None and need > have:
             what = "backward" if backward else "forward"
             raise NotImplementedError(
-                f"varlen_attention: the {what} of seq {q.shape[1]} at head_dim {q.shape[-1]} stages "
+                f"varlen_attention: the {what} of seq {seq} at head_dim {q.shape[-1]} stages "
                 f"{need // 1024} KB of shared memory per block, more than the {have // 1024} KB of "
                 f"{getattr(device, 'device_kind', 'this GPU')} (compute capability {cc[0]}.{cc[1]}). "
                 f"Use shorter sequences or a narrower head, or set PIT_JAX_REFERENCE=varlen_attention "
@@ -154,8 +167,8 @@ def _checked_on_cuda(fn, backward):
     return lower
 
 
-def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, **params):
-    check(q, k, v, lengths, "varlen_attention_bwd", o=o, dout=dout)
+def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, max_seqlen=0, **params):
+    check(q, k, v, lengths, "varlen_attention_bwd", max_seqlen=max_seqlen, o=o, dout=dout)
     b, s, h, _ = q.shape
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
         raise ValueError(f"varlen_attention_bwd: lse must be float32 [batch, heads, seq] = [{b}, {h}, {s}], "
@@ -195,8 +208,8 @@ def _jvp(primals, tangents, **params):
     return [out, lse], varlen_attention_tangent_p.bind(q, k, v, out, lse, lengths, dq, dk, dv, **params)
 
 
-def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, **params):
-    check(q, k, v, lengths, "varlen_attention_tangent", dict(dk=dk, dv=dv), o=o, dq=dq)
+def _tangent_abstract_eval(q, k, v, o, lse, lengths, dq, dk, dv, max_seqlen=0, **params):
+    check(q, k, v, lengths, "varlen_attention_tangent", dict(dk=dk, dv=dv), max_seqlen=max_seqlen, o=o, dq=dq)
     b, s, h, _ = q.shape
     if tuple(lse.shape) != (b, h, s) or lse.dtype != jnp.float32:
         raise ValueError(f"varlen_attention_tangent: lse must be float32 [batch, heads, seq] = [{b}, {h}, {s}], "
@@ -249,19 +262,29 @@ def _bwd_jvp(primals, tangents, **params):
     return outs, jax.jvp(lambda *a: bwd_reference(*a, **params), tuple(primals), tangents)[1]
 
 
+def _core(*ranks):
+    """The operands' ranks without the batch dim (`_partition`), the lengths' (None in
+    `ranks`, else last) 0, or 1 for packed rows' cu_seqlens [batch, n + 1]."""
+    def core(max_seqlen=0, **_):
+        lengths = 1 if max_seqlen else 0
+        out = [lengths if r is None else r for r in ranks]
+        return tuple(out) if None in ranks else (*out, lengths)
+    return core
+
+
 varlen_attention_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_p, *args, **params))
 varlen_attention_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[varlen_attention_p] = _jvp
 batching.primitive_batchers[varlen_attention_p] = _batch
 _lowering.register_traced_lowering(varlen_attention_p, _native, ("pit_varlen_attention",),
-                                   _checked_on_cuda(_native, False), core=((3, 3, 3, 0), (3, 2)))
+                                   _checked_on_cuda(_native, False), core=(_core(3, 3, 3), (3, 2)))
 
 varlen_attention_bwd_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_bwd_p, *args, **params))
 varlen_attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[varlen_attention_bwd_p] = _bwd_jvp
 batching.primitive_batchers[varlen_attention_bwd_p] = _bwd_batch
 _lowering.register_traced_lowering(varlen_attention_bwd_p, _bwd_native, ("pit_varlen_attention_bwd",),
-                                   _checked_on_cuda(_bwd_native, True), core=((3, 3, 3, 3, 2, 3, 0), (3, 3, 3)))
+                                   _checked_on_cuda(_bwd_native, True), core=(_core(3, 3, 3, 3, 2, 3), (3, 3, 3)))
 
 varlen_attention_tangent_p.def_impl(
     lambda *args, **params: xla.apply_primitive(varlen_attention_tangent_p, *args, **params))
@@ -270,4 +293,4 @@ ad.primitive_jvps[varlen_attention_tangent_p] = _tangent_jvp
 ad.primitive_transposes[varlen_attention_tangent_p] = typed_cotangents(_tangent_transpose)
 batching.primitive_batchers[varlen_attention_tangent_p] = _tangent_batch
 _lowering.register_traced_lowering(varlen_attention_tangent_p, _tangent_map, (),
-                                   core=((3, 3, 3, 3, 2, 0, 3, 3, 3), (3, 2)))
+                                   core=(_core(3, 3, 3, 3, 2, None, 3, 3, 3), (3, 2)))

@@ -13,20 +13,35 @@
 namespace pit {
 namespace {
 
+// Sequence j of the call: its row, its first valid token in the row and its valid tokens
+// (cuda/common/varlen_attention_params.h: a padded row, or one of a packed row's).
+struct Span {
+  int64_t row, origin;
+  int len;
+};
+
 struct Heads {
   const VarlenAttentionParams& p;
-  int Length(int64_t b) const {
-    const int64_t n = p.lengths[b];
-    return static_cast<int>(n < 0 ? 0 : (n > p.seq ? p.seq : n));
+  Span Sequence(int64_t j) const {
+    if (p.cu_seqlens == nullptr) {
+      const int64_t n = p.lengths[j];
+      const int len = static_cast<int>(n < 0 ? 0 : (n > p.seq ? p.seq : n));
+      return {j, p.left_padded ? p.tokens - len : 0, len};  // left padding puts the valid tokens last
+    }
+    const int64_t row = j / p.segments, i = j % p.segments;
+    const int32_t* cu = p.cu_seqlens + row * (p.segments + 1);
+    const int64_t origin = std::clamp<int64_t>(cu[i], 0, p.tokens);
+    const int64_t end = std::clamp<int64_t>(cu[i + 1], origin, p.tokens);
+    return {row, origin, static_cast<int>(std::min(end - origin, p.seq))};
   }
-  // The sequence's first valid token: left padding puts its len valid tokens last.
-  int64_t Start(int len) const { return p.left_padded ? p.seq - len : 0; }
   // Element offset of valid token s (counted from the first valid one) of head h, in a
   // layout of `heads` heads (q's, or k's and v's).
-  int64_t Offset(int64_t b, int len, int64_t s, int64_t h, int64_t heads) const {
-    return ((b * p.seq + Start(len) + s) * heads + h) * p.head_dim;
+  int64_t Offset(const Span& q, int64_t s, int64_t h, int64_t heads) const {
+    return ((q.row * p.tokens + q.origin + s) * heads + h) * p.head_dim;
   }
-  int64_t LseOffset(int64_t b, int len, int64_t h, int64_t s) const { return (b * p.heads + h) * p.seq + Start(len) + s; }
+  int64_t LseOffset(const Span& q, int64_t h, int64_t s) const {
+    return (q.row * p.heads + h) * p.tokens + q.origin + s;
+  }
   // Keys a valid query attends to: [KeyBegin, KeyEnd) (causal: up to itself; a local
   // window: within window_left before and window_right after it).
   int KeyBegin(int query) const {
@@ -41,15 +56,15 @@ struct Heads {
   int64_t KvHead(int64_t h) const { return h / (p.heads / p.kv_heads); }
   // The valid rows of head h as floats [len, head_dim], and back: h a head of q's layout,
   // or with kv of k's and v's.
-  std::vector<float> Load(const void* src, int64_t b, int64_t h, int len, bool kv = false) const {
-    std::vector<float> out(static_cast<size_t>(len) * p.head_dim);
-    for (int s = 0; s < len; ++s)
-      cpu::LoadRow(p.dtype, src, Offset(b, len, s, h, kv ? p.kv_heads : p.heads), p.head_dim, &out[s * p.head_dim]);
+  std::vector<float> Load(const void* src, const Span& q, int64_t h, bool kv = false) const {
+    std::vector<float> out(static_cast<size_t>(q.len) * p.head_dim);
+    for (int s = 0; s < q.len; ++s)
+      cpu::LoadRow(p.dtype, src, Offset(q, s, h, kv ? p.kv_heads : p.heads), p.head_dim, &out[s * p.head_dim]);
     return out;
   }
-  void Store(const std::vector<float>& rows, void* dst, int64_t b, int64_t h, int len, bool kv = false) const {
-    for (int s = 0; s < len; ++s)
-      cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(b, len, s, h, kv ? p.kv_heads : p.heads));
+  void Store(const std::vector<float>& rows, void* dst, const Span& q, int64_t h, bool kv = false) const {
+    for (int s = 0; s < q.len; ++s)
+      cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(q, s, h, kv ? p.kv_heads : p.heads));
   }
 };
 
@@ -62,13 +77,14 @@ float Dot(const float* a, const float* b, int64_t n) {
 void VarlenAttentionFwd(const VarlenAttentionParams& p) {
   const Heads hd{p};
   const int64_t d = p.head_dim;
-  cpu::Zero(p.out, p.batch * p.seq * p.heads * d * DTypeBytes(p.dtype));  // padding rows
-  for (int64_t i = 0; i < p.batch * p.heads * p.seq; ++i) p.lse[i] = 0.f;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int len = hd.Length(b);
+  cpu::Zero(p.out, p.batch * p.tokens * p.heads * d * DTypeBytes(p.dtype));  // padding rows
+  for (int64_t i = 0; i < p.batch * p.heads * p.tokens; ++i) p.lse[i] = 0.f;
+  for (int64_t j = 0; j < VarlenSequences(p); ++j) {
+    const Span sq = hd.Sequence(j);
+    const int len = sq.len;
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
-      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, hd.KvHead(h), len, true),
-                 v = hd.Load(p.v, b, hd.KvHead(h), len, true);
+      const auto q = hd.Load(p.q, sq, h), k = hd.Load(p.k, sq, hd.KvHead(h), true),
+                 v = hd.Load(p.v, sq, hd.KvHead(h), true);
       std::vector<float> o(static_cast<size_t>(len) * d, 0.f), s(len);
       for (int i = 0; i < len; ++i) {
         const int first = hd.KeyBegin(i), keys = hd.KeyEnd(i, len);
@@ -77,30 +93,31 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
         float l = 0.f;
         for (int j = first; j < keys; ++j) l += s[j] = std::exp(s[j] - m);
         for (int j = first; j < keys; ++j) cpu::Axpy(s[j] / l, &v[j * d], &o[i * d], d);
-        p.lse[hd.LseOffset(b, len, h, i)] = m + std::log(l);
+        p.lse[hd.LseOffset(sq, h, i)] = m + std::log(l);
       }
-      hd.Store(o, p.out, b, h, len);
+      hd.Store(o, p.out, sq, h);
     }
   }
 }
 
 void VarlenAttentionBwd(const VarlenAttentionParams& p) {
   const Heads hd{p};
-  const int64_t d = p.head_dim, row_bytes = p.batch * p.seq * d * DTypeBytes(p.dtype);
+  const int64_t d = p.head_dim, row_bytes = p.batch * p.tokens * d * DTypeBytes(p.dtype);
   const int64_t group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;  // kv_heads 0: no heads at all
   cpu::Zero(p.dq, row_bytes * p.heads);  // padding rows
   for (void* r : {p.dk, p.dv}) cpu::Zero(r, row_bytes * p.kv_heads);
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int len = hd.Length(b);
+  for (int64_t j = 0; j < VarlenSequences(p); ++j) {
+    const Span sq = hd.Sequence(j);
+    const int len = sq.len;
     std::vector<float> dk, dv;  // a kv head's, summed over its group's query heads in order
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
-      const auto q = hd.Load(p.q, b, h, len), k = hd.Load(p.k, b, hd.KvHead(h), len, true),
-                 v = hd.Load(p.v, b, hd.KvHead(h), len, true);
-      const auto o = hd.Load(p.o, b, h, len), dout = hd.Load(p.dout, b, h, len);
+      const auto q = hd.Load(p.q, sq, h), k = hd.Load(p.k, sq, hd.KvHead(h), true),
+                 v = hd.Load(p.v, sq, hd.KvHead(h), true);
+      const auto o = hd.Load(p.o, sq, h), dout = hd.Load(p.dout, sq, h);
       std::vector<float> dq(static_cast<size_t>(len) * d, 0.f);
       if (h % group == 0) dk = dv = dq;
       for (int i = 0; i < len; ++i) {
-        const float lse = p.lse_in[hd.LseOffset(b, len, h, i)];
+        const float lse = p.lse_in[hd.LseOffset(sq, h, i)];
         const float delta = Dot(&dout[i * d], &o[i * d], d);
         for (int j = hd.KeyBegin(i); j < hd.KeyEnd(i, len); ++j) {
           const float pr = std::exp(p.scale * Dot(&q[i * d], &k[j * d], d) - lse);
@@ -110,10 +127,10 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
           cpu::Axpy(p.scale * ds, &q[i * d], &dk[j * d], d);
         }
       }
-      hd.Store(dq, p.dq, b, h, len);
+      hd.Store(dq, p.dq, sq, h);
       if (h % group == group - 1) {
-        hd.Store(dk, p.dk, b, hd.KvHead(h), len, true);
-        hd.Store(dv, p.dv, b, hd.KvHead(h), len, true);
+        hd.Store(dk, p.dk, sq, hd.KvHead(h), true);
+        hd.Store(dv, p.dv, sq, hd.KvHead(h), true);
       }
     }
   }
@@ -121,10 +138,9 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
 
 ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, S32Buffer lengths,
                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float scale, bool causal,
-                               bool left_padded, int64_t window_left,
-                               int64_t window_right) {
-  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded, window_left,
-                                 window_right);
+                              bool left_padded, int64_t window_left, int64_t window_right, int64_t max_seqlen) {
+  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded, window_left, window_right,
+                                 max_seqlen);
   if (p.has_error()) return p.error();
   cpu::Poison(out->untyped_data(), out->size_bytes());
   cpu::Poison(lse->untyped_data(), lse->size_bytes());
@@ -135,11 +151,10 @@ ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
 ffi::Error VarlenAttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
                                  ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
                                  ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                                 ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal,
-                                  bool left_padded, int64_t window_left,
-                                  int64_t window_right) {
+                                 ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal, bool left_padded,
+                                 int64_t window_left, int64_t window_right, int64_t max_seqlen) {
   auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale, causal,
-                                    left_padded, window_left, window_right);
+                                    left_padded, window_left, window_right, max_seqlen);
   if (p.has_error()) return p.error();
   for (auto* r : {&dq, &dk, &dv}) cpu::Poison((*r)->untyped_data(), (*r)->size_bytes());
   VarlenAttentionBwd(*p);
