@@ -642,7 +642,7 @@ def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8), win
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(out_shape, q.dtype),
                                                      jax.ShapeDtypeStruct(lse_shape, jnp.float32)))(
         q, k, v, lengths, scale=np.float32(0.125), causal=False, left_padded=False,
-        window_left=np.int64(window[0]), window_right=np.int64(window[1]))
+        window_left=np.int64(window[0]), window_right=np.int64(window[1]), max_seqlen=np.int64(0))
 
 
 def _raw_bwd(lse):
@@ -651,7 +651,8 @@ def _raw_bwd(lse):
     return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(q, q, q, q, lse, q, _L,
                                                                           scale=np.float32(0.125), causal=False,
                                                                           left_padded=False, window_left=np.int64(-1),
-                                                                          window_right=np.int64(-1))
+                                                                          window_right=np.int64(-1),
+                                                                          max_seqlen=np.int64(0))
 
 
 RAW_BAD = {
