@@ -58,9 +58,9 @@ struct Seq {
   // Query i attends to the keys j with i - left <= j <= i + right (right 0: causal; seq:
   // no bound): the causal flag and the local window in one.
   int left, right;
-  int64_t stride;    // elements between consecutive tokens of q's layout (heads * kD)
+  int stride;        // elements between consecutive tokens of q's layout (heads * kD)
   int64_t base;      // element offset of the first valid token of head h in q's layout
-  int64_t kv_stride;  // the same in k's and v's layout (kv_heads * kD), at h's kv head
+  int kv_stride;     // the same in k's and v's layout (kv_heads * kD), at h's kv head
   int64_t kv_base;
   int64_t lse_base;  // offset of lse[row, h, first valid token]
 
@@ -86,16 +86,19 @@ struct Seq {
     left = p.window_left < 0 || p.window_left > n_seq ? n_seq : static_cast<int>(p.window_left);
     right = p.causal ? 0 : n_seq;
     if (p.window_right >= 0 && p.window_right < right) right = static_cast<int>(p.window_right);
-    stride = p.heads * kD;
-    base = (static_cast<int64_t>(row) * tokens + origin) * stride + static_cast<int64_t>(h) * kD;
-    kv_stride = p.kv_heads * kD;
-    kv_base = (static_cast<int64_t>(row) * tokens + origin) * kv_stride + h / (p.heads / p.kv_heads) * kD;
+    stride = static_cast<int>(p.heads) * kD;
+    const int64_t token0 = static_cast<int64_t>(row) * tokens + origin;
+    base = token0 * stride + static_cast<int64_t>(h) * kD;
+    kv_stride = static_cast<int>(p.kv_heads) * kD;
+    kv_base = token0 * kv_stride + h / (p.heads / p.kv_heads) * kD;
     lse_base = (static_cast<int64_t>(row) * p.heads + h) * tokens + origin;
   }
   // Element offsets of (row, col): in q's layout (q, o, dO and every result) and in k's
   // and v's.
-  __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
-  __device__ int64_t AtKv(int row, int col) const { return kv_base + row * kv_stride + col; }
+  __device__ int64_t At(int row, int col) const { return base + static_cast<int64_t>(row) * stride + col; }
+  __device__ int64_t AtKv(int row, int col) const {
+    return kv_base + static_cast<int64_t>(row) * kv_stride + col;
+  }
   template <bool kKv>
   __device__ int64_t AtLayout(int row, int col) const { return kKv ? AtKv(row, col) : At(row, col); }
   // The same sequence at query head h + dh, of the same kv head (a grouped-query walk);
