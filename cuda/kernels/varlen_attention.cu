@@ -65,7 +65,7 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
 }
 
 // Forward: warp w computes query rows [16 w, 16 w + 16) against all keys at once.
-template <typename T, int kD, bool kWindow>
+template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
   constexpr int kRowPitch = RowPitch<kD>();
   extern __shared__ __align__(16) uint16_t smem[];
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   uint16_t* qs = smem;                  // [s16][kRowPitch] each
   uint16_t* ks = qs + s16 * kRowPitch;
   uint16_t* vs = ks + s16 * kRowPitch;
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
   Stage<kD, 3, 1>({p.q, p.k, p.v}, {qs, ks, vs}, s);
   ZeroPadding(p.out, s, 0, s.pad);
   for (int i = threadIdx.x; i < s.pad; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // own on), phase 2 only the key blocks its queries see; every dS entry phase 2 reads was
 // written in phase 1 (the two ranges are the same 16 x 16 tiles seen from either side).
 // Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one above (123-171 KB).
-template <typename T, int kD, bool kWindow>
+template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
   constexpr int kRowPitch = RowPitch<kD>();
   extern __shared__ __align__(16) uint16_t smem[];
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   uint16_t* dss = dos + s16 * kRowPitch;  // [s16][pitch_ds]: dS[query][key]; first o, [s16][kRowPitch]
   float* lse2 = reinterpret_cast<float*>(dss + s16 * max(pitch_ds, kRowPitch));  // [s16]: lse in log2 units
   float* delta = lse2 + s16;                                                     // [s16]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
   uint16_t* os = dss;  // read before phase 1 writes dS
   Stage<kD, 5, 3>({p.q, p.dout, p.o, p.k, p.v}, {qs, dos, os, ks, vs}, s);
   ZeroPadding(p.dq, s, 0, s.pad);
@@ -219,11 +219,11 @@ size_t BwdSmem(int64_t seq) {
   return static_cast<size_t>(4 * s16 * kRowPitch + ds) * 2 + 2 * s16 * sizeof(float);
 }
 
-template <typename T, int kD, bool kBwd, bool kWindow>
+template <typename T, int kD, bool kBwd, bool kWindow, bool kPacked>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
   if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
-  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD, kWindow> : VarlenAttentionKernel<T, kD, kWindow>;
+  constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD, kWindow, kPacked> : VarlenAttentionKernel<T, kD, kWindow, kPacked>;
   const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(VarlenSequences(p))), kThreads, smem,
@@ -235,9 +235,9 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchVarlenAttention(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.seq > kVarlenAttentionShortSeq) return LaunchVarlenAttentionLong(p, stream);
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false, decltype(window)::value>(
-        p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window, auto packed) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false, decltype(window)::value,
+                  decltype(packed)::value>(p, stream);
   });
 }
 
@@ -245,9 +245,9 @@ cudaError_t LaunchVarlenAttentionBwd(const VarlenAttentionParams& p, cudaStream_
   // The short backward sums dK / dV over one query head's queries in a CTA; grouped kv
   // heads take the long one, whose dK / dV blocks walk the group's heads.
   if (p.seq > kVarlenAttentionShortSeq || p.kv_heads != p.heads) return LaunchVarlenAttentionLongBwd(p, stream);
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true, decltype(window)::value>(
-        p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window, auto packed) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true, decltype(window)::value,
+                  decltype(packed)::value>(p, stream);
   });
 }
 

@@ -93,8 +93,9 @@ struct Block {
 };
 
 // Zeros on the block's share of the padding rows of `dst` (in q's layout, or in k's and
-// v's with kKv), and 0 in `lse` (when given) on them.
-template <int kD, bool kKv = false>
+// v's with kKv), and 0 in `lse` (when given) on them. Padded rows have at most the grid's
+// blocks of padding; a packed row's tail may have more (kPacked: every `step` further).
+template <int kD, bool kPacked, bool kKv = false>
 __device__ __forceinline__ void ZeroBlockPadding(void* dst, const Seq<kD>& s, const Block<kD>& blk,
                                                  float* lse = nullptr) {
   for (int f = blk.first; f < s.pad; f += blk.step) {
@@ -103,6 +104,7 @@ __device__ __forceinline__ void ZeroBlockPadding(void* dst, const Seq<kD>& s, co
     if (lse != nullptr) {
       for (int i = f + threadIdx.x; i < last; i += kThreads) lse[s.lse_base + s.PadRow(i)] = 0.f;
     }
+    if constexpr (!kPacked) break;  // padded rows: one range at most
   }
 }
 
@@ -128,13 +130,13 @@ __device__ __forceinline__ void StageKeyChunk(const VarlenAttentionParams& p, ui
 }
 
 // Forward: warp w's queries are rows [first + 16 w, + 16). Two CTAs an SM at head_dim 64.
-template <typename T, int kD, bool kWindow>
+template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongKernel(VarlenAttentionParams p) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];  // stages [2][k, v][kChunk][kPitch]; first q [kBlock][kPitch]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
   const Block<kD> blk(blockIdx.z, gridDim.z);
-  ZeroBlockPadding(p.out, s, blk, p.lse);
+  ZeroBlockPadding<kD, kPacked>(p.out, s, blk, p.lse);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -208,15 +210,15 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
 
 // dQ: warp w's queries are rows [first + 16 w, + 16); per 16 keys P = exp(s - lse),
 // dS = P (dP - delta), dQ += dS K.
-template <typename T, int kD, bool kWindow>
+template <typename T, int kD, bool kWindow, bool kPacked>
 __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t* smem, int index, int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   // smem: stages [2][k, v][kChunk][kPitch]; first q, dO, o [kBlock][kPitch]
   float* lse2 = reinterpret_cast<float*>(smem + 3 * kBlock * kPitch);  // [kBlock], log2 units
   float* delta = lse2 + kBlock;                                        // [kBlock]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x);
+  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
   const Block<kD> blk(index, count);
-  ZeroBlockPadding(p.dq, s, blk);
+  ZeroBlockPadding<kD, kPacked>(p.dq, s, blk);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -285,7 +287,7 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
 // dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
 // queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
 // (the group's sum in the float32 accumulators).
-template <typename T, int kD, bool kWindow>
+template <typename T, int kD, bool kWindow, bool kPacked>
 __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int kv_head, int index,
                                         int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
@@ -293,10 +295,10 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   float* lse2 = reinterpret_cast<float*>(smem + 6 * kTile);  // [2][kChunk], log2 units
   float* delta = lse2 + 2 * kChunk;                          // [2][kChunk]
   const int group = static_cast<int>(p.heads / p.kv_heads);
-  const Seq<kD> s(p, blockIdx.y, kv_head * group);  // the group's first query head
+  const Seq<kD> s(p, blockIdx.y, kv_head * group, std::bool_constant<kPacked>{});  // the group's first query head
   const Block<kD> blk(index, count);
-  ZeroBlockPadding<kD, true>(p.dk, s, blk);
-  ZeroBlockPadding<kD, true>(p.dv, s, blk);
+  ZeroBlockPadding<kD, kPacked, true>(p.dk, s, blk);
+  ZeroBlockPadding<kD, kPacked, true>(p.dv, s, blk);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -369,14 +371,14 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
 // two are independent), so the two fill each other's tails. dK / dV blocks are per kv
 // head: with grouped-query attention the first kv_heads of the grid's heads take them,
 // the rest return. Two CTAs an SM at head_dim 64.
-template <typename T, int kD, bool kWindow>
+template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongBwdKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int count = gridDim.z / 2, z = blockIdx.z;
   if (z < count) {
-    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow>(p, smem, blockIdx.x, z, count);
+    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow, kPacked>(p, smem, blockIdx.x, z, count);
   } else {
-    LongDq<T, kD, kWindow>(p, smem, z - count, count);
+    LongDq<T, kD, kWindow, kPacked>(p, smem, z - count, count);
   }
 }
 
@@ -396,12 +398,12 @@ constexpr size_t DkvSmem() {
 static_assert(4 * kChunk >= kBlock && 6 * kChunk >= 2 * kBlock && 3 * kBlock >= 4 * kChunk,
               "the first tiles fit the stages' space");
 
-template <typename T, int kD, bool kBwd, bool kWindow>
+template <typename T, int kD, bool kBwd, bool kWindow, bool kPacked>
 cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seq == 0) return cudaSuccess;
   if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
   constexpr auto kernel =
-      kBwd ? VarlenAttentionLongBwdKernel<T, kD, kWindow> : VarlenAttentionLongKernel<T, kD, kWindow>;
+      kBwd ? VarlenAttentionLongBwdKernel<T, kD, kWindow, kPacked> : VarlenAttentionLongKernel<T, kD, kWindow, kPacked>;
   constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
@@ -413,16 +415,16 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchVarlenAttentionLong(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false, decltype(window)::value>(
-        p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window, auto packed) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, false, decltype(window)::value,
+                  decltype(packed)::value>(p, stream);
   });
 }
 
 cudaError_t LaunchVarlenAttentionLongBwd(const VarlenAttentionParams& p, cudaStream_t stream) {
-  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window) {
-    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true, decltype(window)::value>(
-        p, stream);
+  return ForDtypeAndHeadDim(p, [&](auto type, auto dim, auto window, auto packed) {
+    return Launch<std::remove_pointer_t<decltype(type)>, decltype(dim)::value, true, decltype(window)::value,
+                  decltype(packed)::value>(p, stream);
   });
 }
 

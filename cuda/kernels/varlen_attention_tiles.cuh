@@ -58,47 +58,51 @@ struct Seq {
   // Query i attends to the keys j with i - left <= j <= i + right (right 0: causal; seq:
   // no bound): the causal flag and the local window in one.
   int left, right;
-  int stride;        // elements between consecutive tokens of q's layout (heads * kD)
+  int64_t stride;    // elements between consecutive tokens of q's layout (heads * kD)
   int64_t base;      // element offset of the first valid token of head h in q's layout
-  int kv_stride;     // the same in k's and v's layout (kv_heads * kD), at h's kv head
+  int64_t kv_stride;  // the same in k's and v's layout (kv_heads * kD), at h's kv head
   int64_t kv_base;
   int64_t lse_base;  // offset of lse[row, h, first valid token]
 
-  __device__ Seq(const VarlenAttentionParams& p, int b, int h) {
-    const int n_seq = static_cast<int>(p.seq), tokens = static_cast<int>(p.tokens);
-    int row = b, origin;
-    if (p.cu_seqlens == nullptr) {
-      const int n = p.lengths[b];
-      len = n < 0 ? 0 : (n > n_seq ? n_seq : n);
-      origin = start = p.left_padded ? tokens - len : 0;
-      pad = tokens - len;
-    } else {
-      const int segments = static_cast<int>(p.segments), i = b % segments;
-      row = b / segments;
+  // kPacked: p.cu_seqlens' rows (the kernels' packed instantiation, so the padded ones
+  // keep their registers: a runtime branch here cost the head-64 long forward 28-36
+  // bytes of spill and ~10 % of its time on the H200).
+  template <bool kPacked>
+  __device__ Seq(const VarlenAttentionParams& p, int b, int h, std::bool_constant<kPacked>) {
+    const int n_seq = static_cast<int>(p.seq);
+    int64_t token0;  // the first valid token among all rows' tokens
+    if constexpr (kPacked) {
+      const int tokens = static_cast<int>(p.tokens), segments = static_cast<int>(p.segments);
+      const int i = b % segments, row = b / segments;
       const int32_t* cu = p.cu_seqlens + static_cast<int64_t>(row) * (segments + 1);
-      origin = min(max(cu[i], 0), tokens);
+      const int origin = min(max(cu[i], 0), tokens);
       const int end = min(max(cu[i + 1], origin), tokens);
       len = min(end - origin, n_seq);
       start = i == 0 ? origin : 0;
       pad = start + (end - origin - len) + (i == segments - 1 ? tokens - end : 0);
+      token0 = static_cast<int64_t>(row) * tokens + origin;
+      lse_base = (static_cast<int64_t>(row) * p.heads + h) * tokens + origin;
+    } else {
+      const int n = p.lengths[b];
+      len = n < 0 ? 0 : (n > p.seq ? n_seq : n);
+      start = p.left_padded ? n_seq - len : 0;
+      pad = n_seq - len;
+      token0 = static_cast<int64_t>(b) * p.seq + start;
+      lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
     }
     rows = (len + 15) & ~15;
     left = p.window_left < 0 || p.window_left > n_seq ? n_seq : static_cast<int>(p.window_left);
     right = p.causal ? 0 : n_seq;
     if (p.window_right >= 0 && p.window_right < right) right = static_cast<int>(p.window_right);
-    stride = static_cast<int>(p.heads) * kD;
-    const int64_t token0 = static_cast<int64_t>(row) * tokens + origin;
+    stride = p.heads * kD;
     base = token0 * stride + static_cast<int64_t>(h) * kD;
-    kv_stride = static_cast<int>(p.kv_heads) * kD;
+    kv_stride = p.kv_heads * kD;
     kv_base = token0 * kv_stride + h / (p.heads / p.kv_heads) * kD;
-    lse_base = (static_cast<int64_t>(row) * p.heads + h) * tokens + origin;
   }
   // Element offsets of (row, col): in q's layout (q, o, dO and every result) and in k's
   // and v's.
-  __device__ int64_t At(int row, int col) const { return base + static_cast<int64_t>(row) * stride + col; }
-  __device__ int64_t AtKv(int row, int col) const {
-    return kv_base + static_cast<int64_t>(row) * kv_stride + col;
-  }
+  __device__ int64_t At(int row, int col) const { return base + row * stride + col; }
+  __device__ int64_t AtKv(int row, int col) const { return kv_base + row * kv_stride + col; }
   template <bool kKv>
   __device__ int64_t AtLayout(int row, int col) const { return kKv ? AtKv(row, col) : At(row, col); }
   // The same sequence at query head h + dh, of the same kv head (a grouped-query walk);
@@ -363,15 +367,20 @@ inline cudaError_t VarlenLaunchable(const VarlenAttentionParams& p) {
   return p.kv_heads > 0 && p.heads % p.kv_heads == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// launch(T*, std::integral_constant<int, kD>, std::bool_constant<kWindow>) for the call's
-// dtype T, head dim kD and whether it has a local window.
+// launch(T*, std::integral_constant<int, kD>, std::bool_constant<kWindow>,
+// std::bool_constant<kPacked>) for the call's dtype T, head dim kD, whether it has a local
+// window and whether its rows are packed (cu_seqlens).
 template <typename F>
 cudaError_t ForDtypeAndHeadDim(const VarlenAttentionParams& p, F&& launch) {
   // A window bounds more than causal does: the windowed instantiation (its masks and
   // guards cost the unwindowed kernels 2-19 % when they were runtime checks).
   const bool windowed = p.window_left >= 0 || (p.window_right >= 0 && !p.causal);
+  auto by_packed = [&](auto type, auto dim, auto window) -> cudaError_t {
+    return p.cu_seqlens != nullptr ? launch(type, dim, window, std::true_type{})
+                                   : launch(type, dim, window, std::false_type{});
+  };
   auto by_window = [&](auto type, auto dim) -> cudaError_t {
-    return windowed ? launch(type, dim, std::true_type{}) : launch(type, dim, std::false_type{});
+    return windowed ? by_packed(type, dim, std::true_type{}) : by_packed(type, dim, std::false_type{});
   };
   auto by_dim = [&](auto type) -> cudaError_t {
     switch (p.head_dim) {
