@@ -11,20 +11,27 @@ over right padding, at a Llama-like 32 query heads sharing 8 kv heads of 128
 ("document_gqa"), and those heads on the GLUE-like lengths causal over left padding
 ("decoder_gqa"), and the documents' grouped heads in a sliding window of 256 keys
 ("document_window", local_window_size (256, 0): Mistral-style local attention; and
-"document_window_left", the same window causal over left padding). Per case,
+"document_window_left", the same window causal over left padding); and the documents packed
+one after another into one row of their total tokens ("document_packed", bidirectional,
+each attending to its own tokens: flash-attention's varlen layout, [1, T, H, D]). Per case,
 forward alone and forward + backward (a vjp with a fixed cotangent), each through:
   pit_jax     pit_jax.varlen_attention (valid tokens only)
   pit_jax_repeat  (grouped cases) k and v repeated to q's heads, then pit_jax.varlen_attention:
               the route before the kernels read the shared heads in place
+              (packed: pit_jax.packed_attention with the rows' cu_seqlens and max_seqlen)
   cudnn       jax.nn.dot_product_attention(implementation="cudnn") with sequence lengths
               (decoder: is_causal and the left padding as an additive bias, since cuDNN
-              takes padding as right-padded lengths only; grouped k, v as given)
+              takes padding as right-padded lengths only; grouped k, v as given; packed:
+              jax's cuDNN wrapper with segment offsets, jax._src.cudnn.fused_attention_stablehlo,
+              the one packed-sequence attention jax has, private API; one row, since with
+              several rows its results on the rows after the first were wrong on the H200,
+              jax 0.11.2)
   xla         jax.nn.dot_product_attention(implementation="xla") with sequence lengths
-              (decoder: is_causal and the padding mask)
+              (decoder: is_causal and the padding mask; packed: the segments' block-diagonal mask)
 Inputs rotated so nothing sits in L2; wall time of jitted calls (median of repeats) and
 the device time of their kernels from a profiler trace.
 
-    python -m benchmarks.bench_attention [--out DIR] [--small] [--cases glue document ...]
+    python -m benchmarks.bench_attention [--out DIR] [--small] [--cases glue document ...] [--impls pit_jax ...]
 """
 
 from __future__ import annotations
@@ -43,6 +50,42 @@ from benchmarks import common
 
 sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from pit_models import common as mcommon  # noqa: E402
+
+
+def packed_row(lengths):
+    """cu_seqlens [1, n + 1] of the sequences one after another in one row."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)[None]
+
+
+def segment_ids(cu, seq):
+    """[rows, seq]: a token's sequence within its row, -1 on the tokens of none."""
+    t = jnp.arange(seq)
+    seg = jnp.sum(t[None, :, None] >= cu[:, None, 1:], axis=-1)
+    return jnp.where((t[None, :] >= cu[:, :1]) & (t[None, :] < cu[:, -1:]), seg, -1)
+
+
+def packed_impls(max_seqlen):
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+
+    def pit(q, k, v, cu):
+        return pit_jax.packed_attention(q, k, v, cu, max_seqlen=max_seqlen)
+
+    def cudnn(q, k, v, cu):
+        # cuDNN's offsets / lengths mark a row's unused segments with -1
+        used = jnp.concatenate([jnp.ones_like(cu[:, :1], bool), cu[:, 1:] > cu[:, :-1]], axis=1)
+        offsets = jnp.where(used, cu, -1)
+        seqlen = jnp.where(used[:, 1:], cu[:, 1:] - cu[:, :-1], -1)
+        return cudnn_fa.dot_product_attention(q, k, v, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
+                                              kv_offsets=offsets, scale=1.0 / np.sqrt(q.shape[-1]),
+                                              mask_type=cudnn_fa.MaskType.PADDING)
+
+    def xla(q, k, v, cu):
+        seg = segment_ids(cu, q.shape[1])
+        mask = (seg[:, None, :, None] == seg[:, None, None, :]) & (seg[:, None, :, None] >= 0)
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+        return jnp.where((seg >= 0)[:, :, None, None], out, 0).astype(out.dtype)
+
+    return {"pit_jax": pit, "cudnn": cudnn, "xla": xla}
 
 
 def impls(mode="encoder", grouped=False, window=None):
@@ -89,6 +132,7 @@ def main(argv=None):
     common.add_out_argument(ap)
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
     ap.add_argument("--cases", nargs="+", help="only these cases (default: all)")
+    ap.add_argument("--impls", nargs="+", help="only these implementations (default: all)")
     args = ap.parse_args(argv)
     meta = common.device_info()
     b, s, h, d = (4, 32, 2, 64) if args.small else (32, 128, 12, 64)
@@ -106,7 +150,8 @@ def main(argv=None):
              "document_gqa": (docs, s_doc, h_gqa, 128, "causal", kv_gqa),
              "decoder_gqa": (glue, s, h_gqa, 128, "decoder", kv_gqa),
              "document_window": (docs, s_doc, h_gqa, 128, "causal", kv_gqa, window),
-             "document_window_left": (docs, s_doc, h_gqa, 128, "decoder", kv_gqa, window)}
+             "document_window_left": (docs, s_doc, h_gqa, 128, "decoder", kv_gqa, window),
+             "document_packed": (packed_row(docs), int(docs.sum()), h, d, "packed", h)}
     n_sets = common.rotations(5 * max(b * s * h_dec * 128, b_doc * s_doc * h_gqa * 128) * 2)
     # the CPU smoke run: few repeats and rotations, no profiler trace
     n_sets, reps, device_calls = (2, 3, 0) if args.small else (n_sets, 15, 20)
@@ -115,8 +160,11 @@ def main(argv=None):
     cases = {c: v for c, v in cases.items() if not args.cases or c in args.cases}
     for case, (lengths, s, h, d, mode, kv_heads, *win) in cases.items():
         b = len(lengths)
-        ln = jnp.asarray(lengths, jnp.int32)
-        mask = np.asarray((mcommon.left_padding_mask if mode == "decoder" else mcommon.right_padding_mask)(lengths, s))
+        ln = jnp.asarray(lengths, jnp.int32)  # packed: the rows' cu_seqlens
+        if mode == "packed":
+            mask = np.asarray(segment_ids(ln, s) >= 0)
+        else:
+            mask = np.asarray((mcommon.left_padding_mask if mode == "decoder" else mcommon.right_padding_mask)(lengths, s))
         sets = []
         for i in range(n_sets):
             ks = jax.random.split(jax.random.fold_in(key, i), 4)
@@ -126,9 +174,13 @@ def main(argv=None):
             # anything), and their gradients would reach the valid keys
             dout = jnp.where(jnp.asarray(mask)[:, :, None, None], dout, 0).astype(dout.dtype)
             sets.append((q, k, v, ln, dout))
-        valid = float(lengths.sum()) / (b * s)
+        valid = float(mask.sum()) / (b * s)
         ref = None
-        for name, f in impls(mode, grouped=kv_heads != h, window=win[0] if win else None).items():
+        fs = (packed_impls(int(np.diff(lengths, axis=1).max())) if mode == "packed"
+              else impls(mode, grouped=kv_heads != h, window=win[0] if win else None))
+        for name, f in fs.items():
+            if args.impls and name not in args.impls:
+                continue
             for pass_, fn in (("forward", lambda q, k, v, ln, do, f=f: f(q, k, v, ln)),
                               ("forward+backward", lambda *a, f=f: with_backward(f)(*a))):
                 row = {"case": case, "valid": valid, "pass": pass_, "impl": name, "shape": [b, s, h, d],

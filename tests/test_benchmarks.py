@@ -161,7 +161,7 @@ def test_bench_attention_smoke(tmp_path):
 
     rows = bench_attention.main(["--small", "--out", str(tmp_path)])
     pit = [r for r in rows if r["impl"] == "pit_jax"]
-    assert len(pit) == 20 and all(r["median_ms"] > 0 for r in pit)  # 10 cases x forward, forward + backward
+    assert len(pit) == 22 and all(r["median_ms"] > 0 for r in pit)  # 11 cases x forward, forward + backward
     xla = [r for r in rows if r["impl"] in ("xla", "pit_jax_repeat") and r["pass"] == "forward+backward"]
     assert all(r["max_rel_diff_vs_pit"] < 5e-2 for r in xla), xla
     assert {r["case"] for r in xla if r["impl"] == "pit_jax_repeat"} == {"document_gqa", "decoder_gqa", "document_window",
