@@ -217,7 +217,7 @@ def test_raw_target_refuses_bad_packed_input(platform):
                     window_right=np.int64(-1), max_seqlen=np.int64(16))
         return lambda q: jax.ffi.ffi_call("pit_varlen_attention", (
             jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((2, 2, 16), jnp.float32)))(
-                q, q, q, cu, **{**base, **attrs})
+                q, q, q, cu, jnp.zeros((0,), jnp.int32), **{**base, **attrs})
 
     cu, qd = put(platform, np.array([[0, 5, 16], [0, 16, 16]], np.int32), q)
     assert_call_raises(platform, r"packed rows take cu_seqlens int32 \[batch = 2, segments \+ 1\]",

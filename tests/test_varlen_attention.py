@@ -636,19 +636,20 @@ def test_bad_input_is_a_clear_error():
 
 _B = lambda *s: jnp.ones(s, jnp.bfloat16)  # noqa: E731
 _L = jnp.zeros((2,), jnp.int32)
+_NO_ORDER = jnp.zeros((0,), jnp.int32)  # the launch order operand, empty: grid order
 
 
-def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8), window=(-1, -1)):
+def _raw_fwd(q, k, v, lengths, out_shape=(2, 8, 1, 64), lse_shape=(2, 1, 8), window=(-1, -1), order=_NO_ORDER):
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(out_shape, q.dtype),
                                                      jax.ShapeDtypeStruct(lse_shape, jnp.float32)))(
-        q, k, v, lengths, scale=np.float32(0.125), causal=False, left_padded=False,
+        q, k, v, lengths, order, scale=np.float32(0.125), causal=False, left_padded=False,
         window_left=np.int64(window[0]), window_right=np.int64(window[1]), max_seqlen=np.int64(0))
 
 
 def _raw_bwd(lse):
     q = _B(2, 8, 1, 64)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(q, q, q, q, lse, q, _L,
+    return jax.ffi.ffi_call("pit_varlen_attention_bwd", (out, out, out))(q, q, q, q, lse, q, _L, _NO_ORDER,
                                                                           scale=np.float32(0.125), causal=False,
                                                                           left_padded=False, window_left=np.int64(-1),
                                                                           window_right=np.int64(-1),
@@ -673,6 +674,8 @@ RAW_BAD = {
         _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), _L, lse_shape=(2, 8, 1)),
     ("pit_varlen_attention", "window_left and window_right must be >= 0 \\(or -1"): lambda: _raw_fwd(
         _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), _L, window=(3, -2)),
+    ("pit_varlen_attention", "order must be int32 \\[2\\] \\(the sequences\\) or \\[0\\]"): lambda: _raw_fwd(
+        _B(2, 8, 1, 64), _B(2, 8, 1, 64), _B(2, 8, 1, 64), _L, order=jnp.zeros((3,), jnp.int32)),
     ("pit_varlen_attention_bwd", "lse must be float32"): lambda: _raw_bwd(jnp.zeros((2, 8), jnp.float32)),
 }
 
@@ -681,6 +684,53 @@ RAW_BAD = {
 @pytest.mark.parametrize("case_", list(RAW_BAD), ids=lambda c: c[1][:30])
 def test_raw_targets_refuse_bad_input(platform, case_):
     assert_call_raises(platform, case_[0] + ": .*" + case_[1], RAW_BAD[case_])
+
+
+def test_launch_order():
+    """The CUDA lowering's order operand: the sequences longest first (ties in index order,
+    lengths clamped as the kernels clamp them) where the long kernels run bidirectionally;
+    empty where causal or short (one CTA a sequence) but for the grouped backward."""
+    from pit_jax.primitives.varlen_attention import launch_order
+
+    q, k1 = jnp.zeros((4, 300, 4, 64)), jnp.zeros((4, 300, 1, 64))
+    ln = jnp.array([5, 400, -3, 200], jnp.int32)
+    assert launch_order(q, q, ln, False).tolist() == [1, 3, 0, 2]
+    assert launch_order(q, q, ln, True, causal=True).shape == (0,)
+    short = jnp.zeros((4, 128, 4, 64))
+    assert launch_order(short, short, ln, False).shape == (0,)
+    assert launch_order(short, k1[:, :128], ln, True).tolist() == [1, 3, 0, 2]  # grouped: the long backward
+    # packed rows: row-major sequences, each clamped to its row and to max_seqlen
+    cu = jnp.array([[0, 100, 300, 300], [-5, 150, 160, 400]], jnp.int32)
+    qp = jnp.zeros((2, 300, 4, 64))
+    assert launch_order(qp, qp, cu, False, max_seqlen=180).tolist() == [1, 3, 5, 0, 4, 2]
+
+
+@pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
+@pytest.mark.parametrize("backward", [False, True])
+def test_launch_order_changes_no_result_gpu(backward):
+    """The long kernels with any launch order give grid order's bits: a random permutation
+    of the sequences, the lengths' own order, and none."""
+    rng, _ = fresh_rng()
+    b, s, h, d = 5, 300, 2, 64
+    q, k, v, dout = (jnp.asarray(randn(rng, (b, s, h, d), jnp.bfloat16)) for _ in range(4))
+    ln = jnp.asarray(rng.integers(0, s + 1, size=b), jnp.int32)
+    attrs = dict(scale=np.float32(d ** -0.5), causal=False, left_padded=False, window_left=np.int64(-1),
+                 window_right=np.int64(-1), max_seqlen=np.int64(0))
+    shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, s), jnp.float32))
+
+    def call(order):
+        out, lse = jax.ffi.ffi_call("pit_varlen_attention", shapes)(q, k, v, ln, order, **attrs)
+        if not backward:
+            return out, lse
+        return jax.ffi.ffi_call("pit_varlen_attention_bwd", (shapes[0],) * 3)(q, k, v, out, lse, dout, ln, order,
+                                                                            **attrs)
+
+    with jax.default_device(jax.devices("gpu")[0]):
+        base = jax.jit(call)(jnp.zeros((0,), jnp.int32))
+        for order in (rng.permutation(b), np.argsort(-np.asarray(ln), kind="stable")):
+            got = jax.jit(call)(jnp.asarray(order, jnp.int32))
+            for g, r in zip(got, base):
+                np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
 
 
 def test_primitives_are_registered():

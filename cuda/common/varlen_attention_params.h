@@ -38,6 +38,10 @@ struct VarlenAttentionParams {
   bool left_padded = false;
   int64_t window_left = -1, window_right = -1;
   const int32_t* lengths = nullptr;  // [batch]; padded rows
+  // The long kernels' launch order (or null): the sequences, longest first. Bidirectional,
+  // every block of a sequence walks all its keys (or queries), so the blocks of the
+  // longest sequences are the longest; launched first, the short ones fill the tail.
+  const int32_t* order = nullptr;   // [VarlenSequences(p)], a permutation
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;

@@ -287,6 +287,7 @@ auto VarlenAttention(B b) {
       .template Arg<AnyBuffer>()  // k
       .template Arg<AnyBuffer>()  // v
       .template Arg<S32>()  // lengths [batch], or with max_seqlen > 0 cu_seqlens [batch, segments + 1]
+      .template Arg<S32>()  // order: [sequences], the long kernels' launch order (longest first), or [0]
       .template Ret<AnyBuffer>()  // out (q's shape)
       .template Ret<AnyBuffer>()  // lse float32 [batch, heads, seq]
       .template Attr<float>("scale")
@@ -306,6 +307,7 @@ auto VarlenAttentionBwd(B b) {
       .template Arg<AnyBuffer>()  // lse (the forward's)
       .template Arg<AnyBuffer>()  // dout
       .template Arg<S32>()  // lengths
+      .template Arg<S32>()  // order
       .template Ret<AnyBuffer>()  // dq
       .template Ret<AnyBuffer>()  // dk
       .template Ret<AnyBuffer>()  // dv

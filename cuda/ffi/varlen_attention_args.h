@@ -19,7 +19,8 @@ namespace pit {
 // sequence max_seqlen <= 65536 tokens, a row at most kVarlenAttentionMaxPackedRow tokens, no left padding.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std::string& target, ffi::AnyBuffer q,
                                                                       ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                                                      S32Buffer lengths, float scale, bool causal,
+                                                                      S32Buffer lengths, S32Buffer order,
+                                                                      float scale, bool causal,
                                                                       bool left_padded, int64_t window_left,
                                                                       int64_t window_right, int64_t max_seqlen) {
   const auto d = q.dimensions();
@@ -78,6 +79,13 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionCommon(const std
   } else {
     p.lengths = lengths.typed_data();
   }
+  // order: the sequences' launch order, a permutation (its values are clamped on the device,
+  // so a wrong one cannot fault), or empty.
+  const auto od = order.dimensions();
+  if (od.size() != 1 || (od[0] != 0 && od[0] != VarlenSequences(p)))
+    return InvalidArg(target + ": order must be int32 [" + std::to_string(VarlenSequences(p)) +
+                      "] (the sequences) or [0], got " + DimsString(od));
+  if (od[0] != 0) p.order = order.typed_data();
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
@@ -104,15 +112,16 @@ inline ffi::Error CheckLse(const std::string& target, const char* name, ffi::Any
   return ffi::Error::Success();
 }
 
-// pit_varlen_attention: q, k, v, lengths -> out, lse.
+// pit_varlen_attention: q, k, v, lengths, order -> out, lse.
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                                                S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& out,
+                                                                S32Buffer lengths, S32Buffer order,
+                                                                ffi::Result<ffi::AnyBuffer>& out,
                                                                 ffi::Result<ffi::AnyBuffer>& lse, float scale,
                                                                 bool causal, bool left_padded,
                                                                 int64_t window_left, int64_t window_right,
                                                                 int64_t max_seqlen) {
   const std::string target = "pit_varlen_attention";
-  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded, window_left,
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, order, scale, causal, left_padded, window_left,
                                        window_right, max_seqlen);
   if (p.has_error()) return p;
   if (auto e = CheckLike(target, "the result", out->dimensions(), out->element_type(), *p, "q", q.dimensions());
@@ -125,14 +134,14 @@ inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttention(ffi::AnyBuffer 
   return p;
 }
 
-// pit_varlen_attention_bwd: q, k, v, o, lse, dout, lengths -> dq, dk, dv (q's, k's, v's shapes).
+// pit_varlen_attention_bwd: q, k, v, o, lse, dout, lengths, order -> dq, dk, dv (q's, k's, v's shapes).
 inline ffi::ErrorOr<VarlenAttentionParams> DecodeVarlenAttentionBwd(
     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-    S32Buffer lengths, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
+    S32Buffer lengths, S32Buffer order, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
     ffi::Result<ffi::AnyBuffer>& dv, float scale, bool causal, bool left_padded, int64_t window_left,
     int64_t window_right, int64_t max_seqlen) {
   const std::string target = "pit_varlen_attention_bwd";
-  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, scale, causal, left_padded, window_left,
+  auto p = DecodeVarlenAttentionCommon(target, q, k, v, lengths, order, scale, causal, left_padded, window_left,
                                        window_right, max_seqlen);
   if (p.has_error()) return p;
   const auto qd = q.dimensions(), kd = k.dimensions();

@@ -12,7 +12,8 @@
 //   computed where it is read: for the block's queries (dQ) and for each staged query
 //   chunk (dK, dV).
 // The grid covers every block of the padded sequence: a block past the valid tokens only
-// writes its share of the padding rows' zeros. Causal attention skips the chunks past a
+// writes its share of the padding rows' zeros. With p.order (bidirectional) it runs the
+// sequences in that order, longest first (GridPlace). Causal attention skips the chunks past a
 // block's last query (forward, dQ) and before its first key (dK, dV), and within them a
 // warp's tiles on the far side of its diagonal.
 #include "cuda/kernels/varlen_attention_long.h"
@@ -108,6 +109,20 @@ __device__ __forceinline__ void ZeroBlockPadding(void* dst, const Seq<kD>& s, co
   }
 }
 
+// The CTA's sequence and the index of its block among `count`. With p.order the grid is
+// (heads, blocks, sequences) and runs the sequences in that order, every block of one
+// together (bidirectional: longest first); else (heads, sequences, blocks).
+struct Place {
+  int seq, index, count;
+};
+__device__ __forceinline__ Place GridPlace(const VarlenAttentionParams& p) {
+  if (p.order != nullptr) {
+    const int n = static_cast<int>(gridDim.z);
+    return {min(max(p.order[blockIdx.z], 0), n - 1), static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y)};
+  }
+  return {static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z)};
+}
+
 // The key chunks [begin, end) a block of queries walks (causal: to its last query's; a
 // local window: from its first query's window on), and the copies of chunk c's k and v
 // rows into stage c % 2 ([2][k, v][kChunk][kPitch]).
@@ -134,8 +149,9 @@ template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongKernel(VarlenAttentionParams p) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];  // stages [2][k, v][kChunk][kPitch]; first q [kBlock][kPitch]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
-  const Block<kD> blk(blockIdx.z, gridDim.z);
+  const Place at = GridPlace(p);
+  const Seq<kD> s(p, at.seq, blockIdx.x, std::bool_constant<kPacked>{});
+  const Block<kD> blk(at.index, at.count);
   ZeroBlockPadding<kD, kPacked>(p.out, s, blk, p.lse);
   if (blk.first >= s.len) return;
 
@@ -211,12 +227,13 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
 // dQ: warp w's queries are rows [first + 16 w, + 16); per 16 keys P = exp(s - lse),
 // dS = P (dP - delta), dQ += dS K.
 template <typename T, int kD, bool kWindow, bool kPacked>
-__device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t* smem, int index, int count) {
+__device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t* smem, int seq, int index,
+                                       int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   // smem: stages [2][k, v][kChunk][kPitch]; first q, dO, o [kBlock][kPitch]
   float* lse2 = reinterpret_cast<float*>(smem + 3 * kBlock * kPitch);  // [kBlock], log2 units
   float* delta = lse2 + kBlock;                                        // [kBlock]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
+  const Seq<kD> s(p, seq, blockIdx.x, std::bool_constant<kPacked>{});
   const Block<kD> blk(index, count);
   ZeroBlockPadding<kD, kPacked>(p.dq, s, blk);
   if (blk.first >= s.len) return;
@@ -288,14 +305,14 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
 // queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
 // (the group's sum in the float32 accumulators).
 template <typename T, int kD, bool kWindow, bool kPacked>
-__device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int kv_head, int index,
-                                        int count) {
+__device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int seq, int kv_head,
+                                        int index, int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   // smem: stages [2][q, dO, o][kChunk][kPitch]; first k, v [kBlock][kPitch]
   float* lse2 = reinterpret_cast<float*>(smem + 6 * kTile);  // [2][kChunk], log2 units
   float* delta = lse2 + 2 * kChunk;                          // [2][kChunk]
   const int group = static_cast<int>(p.heads / p.kv_heads);
-  const Seq<kD> s(p, blockIdx.y, kv_head * group, std::bool_constant<kPacked>{});  // the group's first query head
+  const Seq<kD> s(p, seq, kv_head * group, std::bool_constant<kPacked>{});  // the group's first query head
   const Block<kD> blk(index, count);
   ZeroBlockPadding<kD, kPacked, true>(p.dk, s, blk);
   ZeroBlockPadding<kD, kPacked, true>(p.dv, s, blk);
@@ -374,11 +391,12 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
 template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongBwdKernel(VarlenAttentionParams p) {
   extern __shared__ __align__(16) uint16_t smem[];
-  const int count = gridDim.z / 2, z = blockIdx.z;
+  const Place at = GridPlace(p);
+  const int count = at.count / 2, z = at.index;
   if (z < count) {
-    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow, kPacked>(p, smem, blockIdx.x, z, count);
+    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow, kPacked>(p, smem, at.seq, blockIdx.x, z, count);
   } else {
-    LongDq<T, kD, kWindow, kPacked>(p, smem, z - count, count);
+    LongDq<T, kD, kWindow, kPacked>(p, smem, at.seq, z - count, count);
   }
 }
 
@@ -407,8 +425,9 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
-  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(VarlenSequences(p)), blocks), kThreads, smem,
-           stream>>>(p);
+  const unsigned heads = static_cast<unsigned>(p.heads), seqs = static_cast<unsigned>(VarlenSequences(p));
+  const dim3 grid = p.order != nullptr ? dim3(heads, blocks, seqs) : dim3(heads, seqs, blocks);  // GridPlace
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

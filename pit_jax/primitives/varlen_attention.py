@@ -13,7 +13,8 @@ its last with `left_padded`. Params: scale, causal, left_padded, window_left and
 (-1: no bound), max_seqlen (0: padded rows; > 0: packed rows, `lengths` then cu_seqlens
 [B, n + 1] int32: row b's sequence i is its tokens [cu[b, i], cu[b, i + 1]), at most
 max_seqlen <= 65536 of them valid, a row up to 2^24 tokens). Two primitives, each one
-FFI target:
+FFI target, whose CUDA lowering adds an operand `order` (`launch_order`: the long
+bidirectional kernels run the sequences longest first; [0] elsewhere):
 `varlen_attention_p` (q, k, v, lengths) -> (out, lse) with lse [B, H, S] float32, each
 valid query's log-sum-exp (0 on padding rows), and `varlen_attention_bwd_p` (q, k, v,
 out, lse, dout, lengths) -> (dq, dk, dv) in q's, k's and v's shapes (with grouped kv heads
@@ -30,6 +31,8 @@ forward's results of the same q, k, v).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -114,11 +117,30 @@ def _attrs(scale, causal=False, left_padded=False, window_left=-1, window_right=
                 max_seqlen=np.int64(max_seqlen))
 
 
-def _native(q, k, v, lengths, **params):
+def launch_order(q, k, lengths, backward, causal=False, max_seqlen=0, **_):
+    """The kernels' launch order operand: int32 [sequences], the sequences longest first,
+    where the long kernels run bidirectionally (there every block of a sequence walks all
+    of its keys or queries, so the longest sequences' blocks are the longest work: started
+    first, the short ones fill the tail; grid order alone left the H200's SMs idle a third
+    of the long documents' forward); else [0] (causal blocks already run farthest first)."""
+    seq = min(max_seqlen or q.shape[1], q.shape[1])
+    long_kernels = seq > SHORT_SEQ or (backward and k.shape[2] != q.shape[2])
+    if causal or not long_kernels:
+        return jnp.zeros((0,), jnp.int32)
+    if max_seqlen:  # cu_seqlens [B, n + 1]: the sequences' lengths as the kernels clamp them
+        origin = jnp.clip(lengths[:, :-1], 0, q.shape[1])
+        n = jnp.minimum(jnp.clip(lengths[:, 1:], origin, q.shape[1]) - origin, seq).reshape(-1)
+    else:
+        n = jnp.clip(lengths, 0, seq)
+    return jnp.argsort(-n, stable=True).astype(jnp.int32)
+
+
+def _native(q, k, v, lengths, ordered=False, **params):
     b, s, h, _ = q.shape
+    order = launch_order(q, k, lengths, False, **params) if ordered else jnp.zeros((0,), jnp.int32)
     return jax.ffi.ffi_call("pit_varlen_attention", (jax.ShapeDtypeStruct(q.shape, q.dtype),
                                                      jax.ShapeDtypeStruct((b, h, s), jnp.float32)))(
-        q, k, v, lengths, **_attrs(**params))
+        q, k, v, lengths, order, **_attrs(**params))
 
 
 def shared_memory_bytes(seq: int, head_dim: int, backward: bool, grouped: bool = False) -> int:
@@ -176,10 +198,11 @@ def _bwd_abstract_eval(q, k, v, o, lse, dout, lengths, max_seqlen=0, **params):
     return ShapedArray(q.shape, q.dtype), ShapedArray(k.shape, k.dtype), ShapedArray(v.shape, v.dtype)
 
 
-def _bwd_native(q, k, v, o, lse, dout, lengths, **params):
+def _bwd_native(q, k, v, o, lse, dout, lengths, ordered=False, **params):
     dq, dk = jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)
+    order = launch_order(q, k, lengths, True, **params) if ordered else jnp.zeros((0,), jnp.int32)
     return jax.ffi.ffi_call("pit_varlen_attention_bwd", (dq, dk, dk))(
-        q, k, v, o, lse, dout, lengths, **_attrs(**params))
+        q, k, v, o, lse, dout, lengths, order, **_attrs(**params))
 
 
 def _folded(prim, args, dims, **params):
@@ -277,14 +300,16 @@ varlen_attention_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[varlen_attention_p] = _jvp
 batching.primitive_batchers[varlen_attention_p] = _batch
 _lowering.register_traced_lowering(varlen_attention_p, _native, ("pit_varlen_attention",),
-                                   _checked_on_cuda(_native, False), core=(_core(3, 3, 3), (3, 2)))
+                                   _checked_on_cuda(functools.partial(_native, ordered=True), False),
+                                   core=(_core(3, 3, 3), (3, 2)))
 
 varlen_attention_bwd_p.def_impl(lambda *args, **params: xla.apply_primitive(varlen_attention_bwd_p, *args, **params))
 varlen_attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[varlen_attention_bwd_p] = _bwd_jvp
 batching.primitive_batchers[varlen_attention_bwd_p] = _bwd_batch
 _lowering.register_traced_lowering(varlen_attention_bwd_p, _bwd_native, ("pit_varlen_attention_bwd",),
-                                   _checked_on_cuda(_bwd_native, True), core=(_core(3, 3, 3, 3, 2, 3), (3, 3, 3)))
+                                   _checked_on_cuda(functools.partial(_bwd_native, ordered=True), True),
+                                   core=(_core(3, 3, 3, 3, 2, 3), (3, 3, 3)))
 
 varlen_attention_tangent_p.def_impl(
     lambda *args, **params: xla.apply_primitive(varlen_attention_tangent_p, *args, **params))

@@ -136,11 +136,13 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
   }
 }
 
+// `order` (the GPU kernels' launch order) is checked and unused: the CPU walks the sequences in turn.
 ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, S32Buffer lengths,
+                              S32Buffer order,
                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float scale, bool causal,
                               bool left_padded, int64_t window_left, int64_t window_right, int64_t max_seqlen) {
-  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded, window_left, window_right,
-                                 max_seqlen);
+  auto p = DecodeVarlenAttention(q, k, v, lengths, order, out, lse, scale, causal, left_padded, window_left,
+                                 window_right, max_seqlen);
   if (p.has_error()) return p.error();
   cpu::Poison(out->untyped_data(), out->size_bytes());
   cpu::Poison(lse->untyped_data(), lse->size_bytes());
@@ -149,11 +151,11 @@ ffi::Error VarlenAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
 }
 
 ffi::Error VarlenAttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
-                                 ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
+                                 ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths, S32Buffer order,
                                  ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                  ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal, bool left_padded,
                                  int64_t window_left, int64_t window_right, int64_t max_seqlen) {
-  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale, causal,
+  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, order, dq, dk, dv, scale, causal,
                                     left_padded, window_left, window_right, max_seqlen);
   if (p.has_error()) return p.error();
   for (auto* r : {&dq, &dk, &dv}) cpu::Poison((*r)->untyped_data(), (*r)->size_bytes());

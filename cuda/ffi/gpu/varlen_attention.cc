@@ -12,12 +12,12 @@ namespace pit {
 namespace {
 
 ffi::Error VarlenAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                               S32Buffer lengths, ffi::Result<ffi::AnyBuffer> out,
+                               S32Buffer lengths, S32Buffer order, ffi::Result<ffi::AnyBuffer> out,
                                ffi::Result<ffi::AnyBuffer> lse, float scale, bool causal, bool left_padded,
                                int64_t window_left, int64_t window_right, int64_t max_seqlen) {
   ++HandlerCalls();
-  auto p = DecodeVarlenAttention(q, k, v, lengths, out, lse, scale, causal, left_padded, window_left, window_right,
-                                 max_seqlen);
+  auto p = DecodeVarlenAttention(q, k, v, lengths, order, out, lse, scale, causal, left_padded, window_left,
+                                 window_right, max_seqlen);
   if (p.has_error()) return p.error();
   cudaError_t status = gpu::Poison(out->untyped_data(), out->size_bytes(), stream);
   if (status == cudaSuccess) status = gpu::Poison(lse->untyped_data(), lse->size_bytes(), stream);
@@ -27,11 +27,12 @@ ffi::Error VarlenAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
 
 ffi::Error VarlenAttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                   ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout, S32Buffer lengths,
+                                  S32Buffer order,
                                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                   ffi::Result<ffi::AnyBuffer> dv, float scale, bool causal, bool left_padded,
                                   int64_t window_left, int64_t window_right, int64_t max_seqlen) {
   ++HandlerCalls();
-  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, dq, dk, dv, scale, causal,
+  auto p = DecodeVarlenAttentionBwd(q, k, v, o, lse, dout, lengths, order, dq, dk, dv, scale, causal,
                                     left_padded, window_left, window_right, max_seqlen);
   if (p.has_error()) return p.error();
   cudaError_t status = cudaSuccess;
