@@ -385,13 +385,19 @@ def valid_tokens(lengths, seq, left_padded=False):
     return i >= seq - n if left_padded else i < n
 
 
-def packed_tokens(cu_seqlens, tokens, max_seqlen):
-    """(valid, segment, position) [B, tokens] of packed rows: row b's sequence i is its
-    tokens [cu_seqlens[b, i], cu_seqlens[b, i + 1]) (clamped to the row), at most
-    max_seqlen of them valid; a valid token's sequence and its position in it."""
+def packed_sequences(cu_seqlens, tokens, max_seqlen):
+    """(origin, length) [B, n] of packed rows' sequences: row b's sequence i is its tokens
+    [cu_seqlens[b, i], cu_seqlens[b, i + 1]) clamped to the row, at most max_seqlen of them
+    valid (the kernels' `Seq` clamps them so)."""
     cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
-    origin = jnp.clip(cu[:, :-1], 0, tokens)                              # [B, n]
-    length = jnp.minimum(jnp.clip(cu[:, 1:], origin, tokens) - origin, max_seqlen)
+    origin = jnp.clip(cu[:, :-1], 0, tokens)
+    return origin, jnp.minimum(jnp.clip(cu[:, 1:], origin, tokens) - origin, max_seqlen)
+
+
+def packed_tokens(cu_seqlens, tokens, max_seqlen):
+    """(valid, segment, position) [B, tokens] of packed rows (`packed_sequences`): whether a
+    token is valid, its sequence and its position in it."""
+    origin, length = packed_sequences(cu_seqlens, tokens, max_seqlen)  # [B, n]
     t = jnp.arange(tokens)[None, :, None]
     member = (t >= origin[:, None, :]) & (t < (origin + length)[:, None, :])  # [B, tokens, n]
     segment = jnp.argmax(member, axis=-1)

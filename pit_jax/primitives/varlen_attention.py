@@ -128,8 +128,7 @@ def launch_order(q, k, lengths, backward, causal=False, max_seqlen=0, **_):
     if causal or not long_kernels:
         return jnp.zeros((0,), jnp.int32)
     if max_seqlen:  # cu_seqlens [B, n + 1]: the sequences' lengths as the kernels clamp them
-        origin = jnp.clip(lengths[:, :-1], 0, q.shape[1])
-        n = jnp.minimum(jnp.clip(lengths[:, 1:], origin, q.shape[1]) - origin, seq).reshape(-1)
+        n = _ref.packed_sequences(lengths, q.shape[1], seq)[1].reshape(-1)
     else:
         n = jnp.clip(lengths, 0, seq)
     return jnp.argsort(-n, stable=True).astype(jnp.int32)
