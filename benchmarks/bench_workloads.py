@@ -29,11 +29,13 @@ Variants (`impl`):
                 per batch (+ K-axis fc2 for opt; W-axis linears for prune); bert: residual
                 adds and layer norms on the valid rows (their gradient too:
                 pit_row_layer_norm_bwd), attention by pit_jax.varlen_attention where its
-                kernels take the shapes (batch 32 x 128; the long documents keep cuDNN)
+                kernels take the shapes (batch 32 x 128; the long documents' inference
+                too, their training keeps cuDNN, whose backward is the faster)
   pit_unspecified  (bert, inference) the PIT model with dead_rows="unspecified": the
                 products after the attention and the live-row layer norms leave the
                 padding rows unwritten (q, k, v too where the attention is
                 pit_jax.varlen_attention, which reads the valid rows only)
+  pit_train_attention  (bert_long, inference) pit with training's attention (cuDNN)
   pit_xla_norm  (bert, training) the PIT model with XLA's residual adds and layer norms
                 over every row (live_norm=False)
   pit_rownorm   (prune) pit's routes with the residual adds and layer norms by pit_jax's
@@ -340,11 +342,17 @@ def bert_case(suite, workload, small):
     # "infer": the float32 parameters of training, cast to bf16 inside every call (Flax's
     # mixed precision); "infer_bf16w": the weight matrices (kernels, embeddings) stored in
     # bf16 once, as a server holds them, with biases and norm parameters left in float32.
+    # Inference calls pass train=False (the attention past 128 tokens: the kernels, whose
+    # forward is the faster); bert_long's "pit_train_attention" is "pit" with training's
+    # choice (cuDNN there), for comparison.
+    variants = [(impl, models[impl], False) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified")]
+    if long:
+        variants.append(("pit_train_attention", models["pit"], True))
     for mode, p_in in (("infer", params), ("infer_bf16w", bf16_weights(params))):
         store, check = _reference_check(lambda ref: _check_rows(tol, ref, valid))
         suite.run_interleaved(dict(base, mode=mode), [
-            (impl, lambda p, t, ln, m=models[impl]: m.apply(p, t, ln)[1], (p_in, tokens, lengths),
-             store if impl == "dense" else check) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified")])
+            (impl, lambda p, t, ln, m=m, tr=tr: m.apply(p, t, ln, train=tr)[1], (p_in, tokens, lengths),
+             store if impl == "dense" else check) for impl, m, tr in variants])
     # Training: "pit" is the inference model (live-row norms, whose gradient runs the
     # backward target on the valid rows); "pit_unspecified" the same with the padding rows
     # left unwritten (the same gradients); "pit_xla_norm" keeps XLA's residual adds and

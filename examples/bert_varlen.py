@@ -88,9 +88,11 @@ def main(argv=None):
     tokens, lengths, labels = sample()
     density = float(np.asarray(lengths).sum()) / (batch * seq)
     attn = common.resolve_attention(args.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)
-    pit_attn = "pit_jax.varlen_attention" if common.varlen_kernels_apply(batch, seq, cfg, attn) else attn
-    print(f"valid tokens {density:.1%} (mean length {float(np.mean(lengths)):.1f}); attention: pit {pit_attn}, "
-          f"dense_cudnn {attn}")
+    kernels = {mode: common.varlen_kernels_apply(batch, seq, cfg, attn, train=mode == "train")
+               for mode in ("infer", "train")}
+    pit_attn = {mode: "pit_jax.varlen_attention" if k else attn for mode, k in kernels.items()}
+    print(f"valid tokens {density:.1%} (mean length {float(np.mean(lengths)):.1f}); attention: pit "
+          f"{pit_attn['infer']} (inference) / {pit_attn['train']} (training), dense_cudnn {attn}")
     models = {
         # The padding rows are left unwritten after the attention (nothing reads them, in
         # the forward or the backward: the gradients are those of dead_rows="zeros").
@@ -116,7 +118,8 @@ def main(argv=None):
 
     # 1. outputs on valid tokens, 2. gradients of every parameter: pit == dense.
     valid = np.asarray(common.right_padding_mask(lengths, seq)).reshape(-1)
-    out = {n: jax.jit(models[n].apply)(params, tokens, lengths) for n in ("pit", "dense")}
+    out = {n: jax.jit(functools.partial(models[n].apply, train=False))(params, tokens, lengths)
+           for n in ("pit", "dense")}
     err_logits = common.max_rel_err(out["pit"][0], out["dense"][0])
     err_hidden = common.max_rel_err(out["pit"][1], out["dense"][1], valid)
     bar.step(f"outputs: logits err {err_logits:.2e}, hidden (valid rows) err {err_hidden:.2e}")
@@ -136,7 +139,8 @@ def main(argv=None):
     if not args.no_timing:
         for name, model in models.items():
             try:
-                infer[name] = common.latency_ms(lambda p, t, ln, m=model: m.apply(p, t, ln), (params, tokens, lengths))["median_ms"]
+                infer[name] = common.latency_ms(lambda p, t, ln, m=model: m.apply(p, t, ln, train=False),
+                                                (params, tokens, lengths))["median_ms"]
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the others
                 infer[name] = None
                 print(f"  {name} inference failed: {type(e).__name__}: {e}", file=sys.stderr)

@@ -153,6 +153,31 @@ def test_bert_varlen_attention_matches_dense(dtype):
     assert err < 0.01, err
 
 
+def test_bert_attention_by_train():
+    """Past 128 tokens with cuDNN as the model's attention, inference (train=False) attends
+    by pit_jax.varlen_attention (the long kernels' forward is the faster) and training by
+    cuDNN (its backward is); at most 128 tokens, or causal, the kernels either way."""
+    cfg = bert.BertConfig.tiny(layers=1, hidden=128, heads=2, ffn=256, dtype=jnp.bfloat16, max_len=256)
+    assert common.varlen_kernels_apply(2, 200, cfg, "cudnn", train=False)
+    assert not common.varlen_kernels_apply(2, 200, cfg, "cudnn", train=True)
+    assert common.varlen_kernels_apply(2, 200, cfg, "xla", train=True)
+    assert common.varlen_kernels_apply(2, 128, cfg, "cudnn", train=True)
+    assert common.varlen_kernels_apply(2, 200, cfg, "cudnn", causal=True, train=True)
+    # the model passes `train` through: with attention="cudnn" its inference traces the
+    # kernels; its training step takes cuDNN (here, with no GPU, cuDNN refuses to trace)
+    tokens, lengths, _ = _batch(cfg, 2, 200, 1)
+    params = jax.jit(bert.BertClassifier(cfg, "pit", "xla").init)(jax.random.PRNGKey(1), tokens, lengths)
+    model = bert.BertClassifier(cfg, "pit", "cudnn")
+    jaxpr = str(jax.make_jaxpr(functools.partial(model.apply, train=False))(params, tokens, lengths))
+    assert "pit_varlen_attention" in jaxpr
+    if jax.default_backend() == "cpu":
+        with pytest.raises(RuntimeError, match="cuDNN"):
+            jax.make_jaxpr(functools.partial(model.apply, train=True))(params, tokens, lengths)
+    else:
+        jaxpr = str(jax.make_jaxpr(functools.partial(model.apply, train=True))(params, tokens, lengths))
+        assert "pit_varlen_attention" not in jaxpr
+
+
 def test_bert_finetune_step_jitted_loss_decreases(bert_setup):
     cfg, params, (tokens, lengths, labels) = bert_setup
     model = bert.BertClassifier(cfg, "pit")

@@ -210,7 +210,8 @@ class BertClassifier(nn.Module):
     dead_rows: str = "zeros"
     # pit mode with skip_padding: attention by `pit_jax.varlen_attention` (valid tokens only)
     # where its kernels take the shapes (16-bit, head_dim 64, 80, 96 or 128) and are the
-    # faster (`common.varlen_kernels_apply`: cuDNN past 128 tokens where it runs), else `attention`.
+    # faster (`common.varlen_kernels_apply`: past 128 tokens, cuDNN where it runs when the
+    # call is differentiated, `train`), else `attention`.
     varlen_attention: bool = True
     # The layers on flax's path (nn.LayerNorm, the dense and W-axis products' bias adds) by
     # `tied`'s, whose parameter-gradient column sums are tied to the cotangent they read:
@@ -218,7 +219,9 @@ class BertClassifier(nn.Module):
     tied_sums: bool = False
 
     @nn.compact
-    def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None):
+    def __call__(self, tokens, lengths, weight_index: Optional[Mapping] = None, train: bool = True):
+        """train: whether the call is differentiated (False: inference), which picks the
+        attention past 128 tokens (`varlen_attention`); the result is the same either way."""
         cfg = self.cfg
         if self.mode not in MODES:
             raise ValueError(f"BertClassifier: mode must be one of {MODES}, got {self.mode!r}")
@@ -231,7 +234,7 @@ class BertClassifier(nn.Module):
         if rows is None and self.row_norms and self.mode == "pit":
             norm_rows = row_index(mask)
         if rows is not None and self.varlen_attention and common.varlen_kernels_apply(batch, seq, cfg,
-                                                                                       self.attention):
+                                                                                       self.attention, train=train):
             impl = "pit"
         else:
             impl = common.resolve_attention(self.attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype)

@@ -67,20 +67,20 @@ def attention(q, k, v, *, lengths=None, key_mask=None, causal=False, padding="ri
     return out.astype(dtype)
 
 
-def varlen_kernels_apply(batch, seq, cfg, attention=None, causal=False) -> bool:
+def varlen_kernels_apply(batch, seq, cfg, attention=None, causal=False, train=True) -> bool:
     """Whether a model attends by `pit_jax.varlen_attention`'s kernels for a batch of this
     config (its heads, head_dim and dtype), rather than by `attention` (the implementation
     it would use otherwise: "auto", "cudnn" or "xla"; resolved only where it decides).
-    Past 128 tokens, bidirectional, cuDNN's backward is faster than the long kernels' (8
-    documents of max 2048 on the H200: 301 against 405 us forward + backward, the
-    forwards tied; docs/notes/varlen_attention.md), so there cuDNN serves where it runs;
-    the kernels beat XLA's masked softmax ~11x, and cuDNN with a causal mask over left
-    padding ~5x."""
+    Past 128 tokens, bidirectional, the long kernels' forward is faster than cuDNN's and
+    their backward slower (8 documents of max 2048 on the H200: 87 against 116 us forward,
+    355 against 301 forward + backward; docs/notes/varlen_attention.md), so there cuDNN
+    serves where it runs when the call is differentiated (`train`); the kernels beat XLA's
+    masked softmax ~11x, and cuDNN with a causal mask over left padding ~5x."""
     from pit_jax.primitives.varlen_attention import SHORT_SEQ, kernel_applies
 
     if not kernel_applies((batch, seq, cfg.heads, cfg.head_dim), cfg.dtype):
         return False
-    if seq <= SHORT_SEQ or causal or attention is None:
+    if seq <= SHORT_SEQ or causal or attention is None or not train:
         return True
     return resolve_attention(attention, batch, seq, cfg.heads, cfg.head_dim, cfg.dtype) != "cudnn"
 
