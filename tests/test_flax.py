@@ -319,6 +319,58 @@ def test_varlen_self_attention_grouped_heads_and_window(platform, dtype, d, head
     _check_attention(y, theirs(params), np.asarray(valid), dtype, f"nnx seed={seed}")
 
 
+# Packed rows: Flax's layer with the segments' block-diagonal mask (and its causal mask and
+# the window's band: positions within a sequence differ as the row's do).
+PACKED_IDS = ["f32-xla", "bf16-kernels-gqa", "bf16-kernels-long-window-max_seqlen"]
+PACKED_CASES = [
+    # (dtype, D, heads, kv_heads, qkv_features, out_features, seq, window, max_seqlen)
+    (jnp.float32, 24, 4, 2, 32, 16, 37, None, None),
+    (jnp.bfloat16, 128, 4, 2, 256, 96, 45, None, None),
+    (jnp.bfloat16, 64, 2, 2, 128, 64, 300, (40, 7), 150),
+]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("dtype,d,heads,kv_heads,feats,out,seq,window,max_seqlen", PACKED_CASES, ids=PACKED_IDS)
+def test_varlen_self_attention_packed_rows(platform, dtype, d, heads, kv_heads, feats, out, seq, window,
+                                           max_seqlen, causal):
+    from pit_jax.flax import VarlenSelfAttention
+
+    rng, seed = fresh_rng()
+    # three rows: sequences of random lengths with a gap before the first and a tail;
+    # one row of a single sequence; one with none (cu all equal)
+    cuts = np.sort(rng.integers(1, seq, size=3))
+    cu = np.array([[cuts[0] // 2, *cuts], [0, seq, seq, seq], [5, 5, 5, 5]], np.int32)
+    x = jnp.asarray(rng.standard_normal((3, seq, d)).astype(np.float32), dtype)
+    valid, segment, _ = ref.packed_tokens(jnp.asarray(cu), seq, max_seqlen or seq)
+    x, cu_d, valid = (put(platform, a) for a in (x, jnp.asarray(cu), valid))
+    group = heads // kv_heads
+    layer = VarlenSelfAttention(num_heads=heads, num_kv_heads=kv_heads, qkv_features=feats, out_features=out,
+                                dtype=dtype, causal=causal, local_window_size=window)
+    flax_layer = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=feats, out_features=out, dtype=dtype)
+    params = layer.init(jax.random.PRNGKey(seed % 1000), x, cu_seqlens=cu_d, max_seqlen=max_seqlen)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, a: jnp.asarray(rng.standard_normal(a.shape) * 0.1, a.dtype) if "bias" in jax.tree_util.keystr(
+            path) else a, params)
+    same = np.asarray(segment)[:, :, None] == np.asarray(segment)[:, None, :]
+    mask = nn.combine_masks(nn.make_attention_mask(valid, valid), jnp.asarray(same)[:, None],
+                            nn.make_causal_mask(valid) if causal else None, _band(seq, window, causal))
+
+    ours = lambda p: layer.apply(p, x, cu_seqlens=cu_d, max_seqlen=max_seqlen)  # noqa: E731
+    theirs = lambda p: flax_layer.apply(_repeat_kv(p, group), x, x, mask=mask)  # noqa: E731
+    _check_attention(jax.jit(ours)(params), theirs(params), np.asarray(valid), dtype, f"seed={seed}")
+    _check_attention_grads(ours, theirs, params, valid, dtype, f"seed={seed}")
+    layer_nnx = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, num_kv_heads=kv_heads,
+                                            local_window_size=window, rngs=nnx.Rngs(0))
+    for name in ("query", "key", "value", "out"):
+        module = getattr(layer_nnx, name)
+        module.kernel[...] = params["params"][name]["kernel"]
+        module.bias[...] = params["params"][name]["bias"]
+    y = nnx.jit(lambda m, x, cu: m(x, cu_seqlens=cu, max_seqlen=max_seqlen))(layer_nnx, x, cu_d)
+    _check_attention(y, theirs(params), np.asarray(valid), dtype, f"nnx seed={seed}")
+
+
 def test_varlen_self_attention_bad_configuration():
     from pit_jax.flax import VarlenSelfAttention
 
@@ -335,6 +387,15 @@ def test_varlen_self_attention_bad_configuration():
         VarlenSelfAttention(num_heads=4, dead_rows="dense").init(jax.random.PRNGKey(0), x, lengths)
     with pytest.raises(ValueError, match="padding must be 'right' or 'left', got 'both'"):
         VarlenSelfAttention(num_heads=4, padding="both").init(jax.random.PRNGKey(0), x, lengths)
+    cu = jnp.array([[0, 3, 8], [1, 2, 2]])
+    with pytest.raises(ValueError, match="give lengths .* or cu_seqlens .*, exactly one; got both"):
+        VarlenSelfAttention(num_heads=4).init(jax.random.PRNGKey(0), x, lengths, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="exactly one; got neither"):
+        VarlenSelfAttention(num_heads=4).init(jax.random.PRNGKey(0), x)
+    with pytest.raises(ValueError, match="cu_seqlens must be integers \\[batch, n \\+ 1\\] = \\[2, n \\+ 1\\]"):
+        VarlenSelfAttention(num_heads=4).init(jax.random.PRNGKey(0), x, cu_seqlens=cu[0])
+    with pytest.raises(ValueError, match="packed rows \\(cu_seqlens\\) take no padding='left'"):
+        VarlenSelfAttention(num_heads=4, padding="left").init(jax.random.PRNGKey(0), x, cu_seqlens=cu)
     with pytest.raises(ValueError, match="num_kv_heads must be a positive int dividing num_heads \\(4\\), got 3"):
         VarlenSelfAttention(num_heads=4, num_kv_heads=3).init(jax.random.PRNGKey(0), x, lengths)
     with pytest.raises(ValueError, match="num_kv_heads must be a positive int dividing num_heads \\(4\\), got 0"):

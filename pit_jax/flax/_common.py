@@ -126,7 +126,8 @@ def attention_heads(num_heads, num_kv_heads, features):
 
 
 def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_bias, *, dtype, precision,
-                          index=None, dead_rows="zeros", causal=False, padding="right", local_window_size=None):
+                          index=None, dead_rows="zeros", causal=False, padding="right", local_window_size=None,
+                          cu_seqlens=None, max_seqlen=None):
     """Multi-head self-attention of x [B, S, D] over each sequence's valid tokens (its
     first lengths[b], or its last with padding "left"; causal: each query over the keys
     at or before it; local_window_size as in `pit_jax.varlen_attention`), from Flax's
@@ -138,15 +139,31 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     `pit_jax.varlen_attention` (scale 1/sqrt(hd), as Flax's), the output projection an
     M-axis product; `index` is the row index of the valid tokens of x as [B * S, D]
     (built from lengths when None). Result [B, S, O]; padding rows per `dead_rows`
-    ("zeros" or "unspecified")."""
+    ("zeros" or "unspecified"). Packed rows: `cu_seqlens` [B, n + 1] in place of lengths
+    (and `max_seqlen`), each row's sequences attending each to its own tokens, as
+    `pit_jax.packed_attention`."""
     from flax.linen.dtypes import promote_dtype
 
-    x, lengths = jnp.asarray(x), jnp.asarray(lengths)
+    x = jnp.asarray(x)
     if x.ndim != 3:
         raise ValueError(f"VarlenSelfAttention: inputs must be [batch, seq, features], got shape {tuple(x.shape)}")
-    if tuple(lengths.shape) != x.shape[:1] or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(f"VarlenSelfAttention: lengths must be integers [batch] = [{x.shape[0]}], got "
-                         f"{lengths.dtype} {tuple(lengths.shape)}")
+    packed = cu_seqlens is not None
+    if packed == (lengths is not None):
+        raise ValueError("VarlenSelfAttention: give lengths (padded sequences) or cu_seqlens (packed rows), "
+                         f"exactly one; got {'both' if packed else 'neither'}")
+    if packed:
+        cu = jnp.asarray(cu_seqlens)
+        if cu.ndim != 2 or cu.shape[0] != x.shape[0] or cu.shape[1] < 1 or not jnp.issubdtype(cu.dtype, jnp.integer):
+            raise ValueError(f"VarlenSelfAttention: cu_seqlens must be integers [batch, n + 1] = [{x.shape[0]}, "
+                             f"n + 1], got {cu.dtype} {tuple(cu.shape)}")
+        if padding != "right":
+            raise ValueError(f"VarlenSelfAttention: packed rows (cu_seqlens) take no padding={padding!r}: a "
+                             "row's tokens outside its sequences are padding wherever they are")
+    else:
+        lengths = jnp.asarray(lengths)
+        if tuple(lengths.shape) != x.shape[:1] or not jnp.issubdtype(lengths.dtype, jnp.integer):
+            raise ValueError(f"VarlenSelfAttention: lengths must be integers [batch] = [{x.shape[0]}], got "
+                             f"{lengths.dtype} {tuple(lengths.shape)}")
     if dead_rows not in ("zeros", "unspecified"):
         raise ValueError(f"VarlenSelfAttention: dead_rows must be 'zeros' or 'unspecified', got {dead_rows!r}")
     if padding not in ("right", "left"):
@@ -158,7 +175,11 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     x, w_out, out_bias_p, *promoted = promote_dtype(x, out_kernel, out_bias, *qkv_kernels, *flat_biases, dtype=dtype)
     out_bias = keep_float32_bias(out_bias, out_bias_p)
     if index is None:
-        index = pit_jax.index(reference.valid_tokens(lengths, s, padding == "left").reshape(b * s, 1), "row")
+        if packed:
+            valid = reference.packed_tokens(cu.astype(jnp.int32), s, min(max_seqlen or s, s))[0]
+        else:
+            valid = reference.valid_tokens(lengths, s, padding == "left")
+        index = pit_jax.index(valid.reshape(b * s, 1), "row")
     rows = x.reshape(b * s, d)
 
     def project(parts):
@@ -178,8 +199,13 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     # one product for q, k and v; with grouped heads their widths differ, and the parts of
     # one product are equal: q in one, k and v in another
     q, k, v = project((0, 1, 2)) if kv_heads == heads else project((0,)) + project((1, 2))
-    att = pit_jax.varlen_attention(q.reshape(b, s, heads, hd), *(t.reshape(b, s, kv_heads, hd) for t in (k, v)),
-                                   lengths, causal=causal, padding=padding, local_window_size=local_window_size)
+    q, k, v = q.reshape(b, s, heads, hd), k.reshape(b, s, kv_heads, hd), v.reshape(b, s, kv_heads, hd)
+    if packed:
+        att = pit_jax.packed_attention(q, k, v, cu, max_seqlen=max_seqlen, causal=causal,
+                                       local_window_size=local_window_size)
+    else:
+        att = pit_jax.varlen_attention(q, k, v, lengths, causal=causal, padding=padding,
+                                       local_window_size=local_window_size)
     y = pit_jax.sparse_dense(att.reshape(b * s, widths[0]), w_out.reshape(widths[0], -1), index, axis="m",
                              bias=out_bias, dead_rows=dead_rows, precision=precision)
     return y.reshape(b, s, -1)

@@ -154,6 +154,12 @@ class VarlenSelfAttention(nn.Module):
     groups; Flax's layer with each kv head repeated over its group gives the same result);
     `local_window_size` (None, w or (left, right)) attends within a sliding window, as in
     `pit_jax.varlen_attention`.
+
+    Packed rows: `__call__(x, cu_seqlens=cu, max_seqlen=None, index=None)` with `cu`
+    [B, n + 1] in place of lengths: row b holds n sequences one after another, each
+    attending to its own tokens only (`pit_jax.packed_attention`; Flax's layer with the
+    segments' block-diagonal mask gives the same result on their tokens); the row's other
+    tokens are padding.
     """
 
     num_heads: int
@@ -172,7 +178,7 @@ class VarlenSelfAttention(nn.Module):
     local_window_size: Any = None
 
     @nn.compact
-    def __call__(self, x, lengths, index=None):
+    def __call__(self, x, lengths=None, index=None, *, cu_seqlens=None, max_seqlen=None):
         d = jnp.shape(x)[-1]
         feats = self.qkv_features or d
         heads, kv_heads = attention_heads(self.num_heads, self.num_kv_heads, feats)
@@ -184,4 +190,5 @@ class VarlenSelfAttention(nn.Module):
         return varlen_self_attention(x, lengths, [k for k, _ in qkv], [b for _, b in qkv] if self.use_bias else None,
                                      out_kernel, out_bias, dtype=self.dtype, precision=self.precision, index=index,
                                      dead_rows=self.dead_rows, causal=self.causal, padding=self.padding,
-                                     local_window_size=self.local_window_size)
+                                     local_window_size=self.local_window_size, cu_seqlens=cu_seqlens,
+                                     max_seqlen=max_seqlen)

@@ -133,9 +133,10 @@ class VarlenSelfAttention(nnx.Module):
     `pit_jax.varlen_attention`; as `pit_jax.flax.VarlenSelfAttention`
     (linen), whose docstring has the details.
 
-    `__call__(x [B, S, D], lengths [B], index=None)`. `num_kv_heads` (grouped-query
-    attention: `key` and `value` with that many heads) and `local_window_size` (a sliding
-    window) as in the linen layer.
+    `__call__(x [B, S, D], lengths [B], index=None)`, or for packed rows `__call__(x,
+    cu_seqlens=[B, n + 1], max_seqlen=None)`. `num_kv_heads` (grouped-query attention:
+    `key` and `value` with that many heads) and `local_window_size` (a sliding window) as
+    in the linen layer.
     """
 
     def __init__(
@@ -171,13 +172,13 @@ class VarlenSelfAttention(nnx.Module):
         self.query, self.key, self.value = (proj(in_features, (h, hd)) for h in (heads, kv_heads, kv_heads))
         self.out = proj((heads, hd), self.out_features, axis=(-2, -1))
 
-    def __call__(self, x, lengths, index=None):
+    def __call__(self, x, lengths=None, index=None, *, cu_seqlens=None, max_seqlen=None):
         qkv = (self.query, self.key, self.value)
         return varlen_self_attention(
             x, lengths, [m.kernel[...] for m in qkv], [m.bias[...] for m in qkv] if self.use_bias else None,
             self.out.kernel[...], self.out.bias[...] if self.use_bias else None, dtype=self.dtype,
             precision=self.precision, index=index, dead_rows=self.dead_rows, causal=self.causal, padding=self.padding,
-            local_window_size=self.local_window_size)
+            local_window_size=self.local_window_size, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
 
 SparseLinear = SparseDense
