@@ -279,6 +279,16 @@ def _band(seq, window, causal):
     return jnp.asarray((j >= i - left) & (j <= i + (0 if causal else right)))[None, None]
 
 
+def _nnx_layer(params, heads, d, feats, out, **kw):
+    """The nnx layer holding the linen layer's `params` (the same state)."""
+    layer = pit_nnx.VarlenSelfAttention(heads, d, feats, out, rngs=nnx.Rngs(0), **kw)
+    for name in ("query", "key", "value", "out"):
+        module = getattr(layer, name)
+        module.kernel[...] = params["params"][name]["kernel"]
+        module.bias[...] = params["params"][name]["bias"]
+    return layer
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("causal,padding", [(False, "right"), (True, "left")], ids=["bidirectional-right",
                                                                                     "causal-left"])
@@ -309,12 +319,8 @@ def test_varlen_self_attention_grouped_heads_and_window(platform, dtype, d, head
     # the gradient of a shared kv head is its group's sum (through _repeat_kv)
     _check_attention_grads(ours, theirs, params, valid, dtype, f"seed={seed}")
     # nnx: the same state and result
-    layer_nnx = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, padding=padding,
-                                            num_kv_heads=kv_heads, local_window_size=window, rngs=nnx.Rngs(0))
-    for name in ("query", "key", "value", "out"):
-        module = getattr(layer_nnx, name)
-        module.kernel[...] = params["params"][name]["kernel"]
-        module.bias[...] = params["params"][name]["bias"]
+    layer_nnx = _nnx_layer(params, heads, d, feats, out, dtype=dtype, causal=causal, padding=padding,
+                           num_kv_heads=kv_heads, local_window_size=window)
     y = nnx.jit(lambda m, x, ln: m(x, ln))(layer_nnx, x, lengths)
     _check_attention(y, theirs(params), np.asarray(valid), dtype, f"nnx seed={seed}")
 
@@ -361,12 +367,8 @@ def test_varlen_self_attention_packed_rows(platform, dtype, d, heads, kv_heads, 
     theirs = lambda p: flax_layer.apply(_repeat_kv(p, group), x, x, mask=mask)  # noqa: E731
     _check_attention(jax.jit(ours)(params), theirs(params), np.asarray(valid), dtype, f"seed={seed}")
     _check_attention_grads(ours, theirs, params, valid, dtype, f"seed={seed}")
-    layer_nnx = pit_nnx.VarlenSelfAttention(heads, d, feats, out, dtype=dtype, causal=causal, num_kv_heads=kv_heads,
-                                            local_window_size=window, rngs=nnx.Rngs(0))
-    for name in ("query", "key", "value", "out"):
-        module = getattr(layer_nnx, name)
-        module.kernel[...] = params["params"][name]["kernel"]
-        module.bias[...] = params["params"][name]["bias"]
+    layer_nnx = _nnx_layer(params, heads, d, feats, out, dtype=dtype, causal=causal, num_kv_heads=kv_heads,
+                           local_window_size=window)
     y = nnx.jit(lambda m, x, cu: m(x, cu_seqlens=cu, max_seqlen=max_seqlen))(layer_nnx, x, cu_d)
     _check_attention(y, theirs(params), np.asarray(valid), dtype, f"nnx seed={seed}")
 
