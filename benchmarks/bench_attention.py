@@ -47,6 +47,7 @@ import numpy as np
 
 import pit_jax
 from benchmarks import common
+from pit_jax.reference import packed_tokens
 
 sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from pit_models import common as mcommon  # noqa: E402
@@ -55,13 +56,6 @@ from pit_models import common as mcommon  # noqa: E402
 def packed_row(lengths):
     """cu_seqlens [1, n + 1] of the sequences one after another in one row."""
     return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)[None]
-
-
-def segment_ids(cu, seq):
-    """[rows, seq]: a token's sequence within its row, -1 on the tokens of none."""
-    t = jnp.arange(seq)
-    seg = jnp.sum(t[None, :, None] >= cu[:, None, 1:], axis=-1)
-    return jnp.where((t[None, :] >= cu[:, :1]) & (t[None, :] < cu[:, -1:]), seg, -1)
 
 
 def packed_impls(max_seqlen):
@@ -80,10 +74,10 @@ def packed_impls(max_seqlen):
                                               mask_type=cudnn_fa.MaskType.PADDING)
 
     def xla(q, k, v, cu):
-        seg = segment_ids(cu, q.shape[1])
-        mask = (seg[:, None, :, None] == seg[:, None, None, :]) & (seg[:, None, :, None] >= 0)
+        valid, seg, _ = packed_tokens(cu, q.shape[1], max_seqlen)
+        mask = (seg[:, None, :, None] == seg[:, None, None, :]) & valid[:, None, :, None] & valid[:, None, None, :]
         out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-        return jnp.where((seg >= 0)[:, :, None, None], out, 0).astype(out.dtype)
+        return jnp.where(valid[:, :, None, None], out, 0).astype(out.dtype)
 
     return {"pit_jax": pit, "cudnn": cudnn, "xla": xla}
 
@@ -162,7 +156,7 @@ def main(argv=None):
         b = len(lengths)
         ln = jnp.asarray(lengths, jnp.int32)  # packed: the rows' cu_seqlens
         if mode == "packed":
-            mask = np.asarray(segment_ids(ln, s) >= 0)
+            mask = np.asarray(packed_tokens(ln, s, s)[0])
         else:
             mask = np.asarray((mcommon.left_padding_mask if mode == "decoder" else mcommon.right_padding_mask)(lengths, s))
         sets = []
