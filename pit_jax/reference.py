@@ -398,6 +398,9 @@ def packed_tokens(cu_seqlens, tokens, max_seqlen):
     """(valid, segment, position) [B, tokens] of packed rows (`packed_sequences`): whether a
     token is valid, its sequence and its position in it."""
     origin, length = packed_sequences(cu_seqlens, tokens, max_seqlen)  # [B, n]
+    if origin.shape[1] == 0:  # no sequence (cu_seqlens [B, 1]): every token padding
+        none = jnp.zeros((origin.shape[0], tokens), jnp.int32)
+        return none.astype(bool), none, none + jnp.arange(tokens)[None, :]
     t = jnp.arange(tokens)[None, :, None]
     member = (t >= origin[:, None, :]) & (t < (origin + length)[:, None, :])  # [B, tokens, n]
     segment = jnp.argmax(member, axis=-1)

@@ -373,6 +373,17 @@ def test_varlen_self_attention_packed_rows(platform, dtype, d, heads, kv_heads, 
     _check_attention(y, theirs(params), np.asarray(valid), dtype, f"nnx seed={seed}")
 
 
+def test_varlen_self_attention_packed_rows_without_sequences():
+    """cu_seqlens [B, 1] (no sequence in any row): every token is padding, zeros out."""
+    from pit_jax.flax import VarlenSelfAttention
+
+    x, cu = jnp.ones((2, 8, 24)), jnp.zeros((2, 1), jnp.int32)
+    layer = VarlenSelfAttention(num_heads=4)
+    params = layer.init(jax.random.PRNGKey(0), x, cu_seqlens=cu)
+    y = jax.jit(lambda p: layer.apply(p, x, cu_seqlens=cu))(params)
+    assert y.shape == (2, 8, 24) and not np.asarray(y).any()
+
+
 def test_varlen_self_attention_bad_configuration():
     from pit_jax.flax import VarlenSelfAttention
 
