@@ -183,11 +183,18 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
       // Scores in log2 units, in 16-key blocks up to the warp's last key.
       float sc[kChunk / 8][4] = {};
       float c0 = -INFINITY, c1 = -INFINITY;
+      if (s.template AttendsAll<kWindow>(r0, 16, key0, kChunk)) {  // most chunks: no masks
 #pragma unroll
-      for (int j = 0; j < kChunk / 8; j += 2) {
-        if (key0 + 8 * j >= warp_key_end) break;
-        if (kWindow && key0 + 8 * j < warp_key_begin) continue;
-        MaskedScores<T, kD, kWindow>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
+        for (int j = 0; j < kChunk / 8; j += 2) {
+          MaskedScores<T, kD, kWindow, false>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kChunk / 8; j += 2) {
+          if (key0 + 8 * j >= warp_key_end) break;
+          if (kWindow && key0 + 8 * j < warp_key_begin) continue;
+          MaskedScores<T, kD, kWindow>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
+        }
       }
       c0 = RowMax4(c0);
       c1 = RowMax4(c1);
@@ -275,26 +282,35 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
     const int key0 = c * kChunk;
     const uint16_t* ks = smem + (c & 1) * 2 * kTile;
     const uint16_t* vs = ks + kTile;
+    // kMasked false: every query of the warp sees every key of the chunk (no masks).
+    auto walk = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) {
-      if (key0 + 16 * kb >= warp_key_end) break;
-      if (kWindow && key0 + 16 * kb < warp_key_begin) continue;
-      float st[2][4] = {}, dp[2][4] = {};
-      MmaDimB<T, kD>(st[0], st[1], qa, ks, 16 * kb, lane);
-      MmaDimB<T, kD>(dp[0], dp[1], da, vs, 16 * kb, lane);
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        if (kMasked && key0 + 16 * kb >= warp_key_end) break;
+        if (kMasked && kWindow && key0 + 16 * kb < warp_key_begin) continue;
+        float st[2][4] = {}, dp[2][4] = {};
+        MmaDimB<T, kD>(st[0], st[1], qa, ks, 16 * kb, lane);
+        MmaDimB<T, kD>(dp[0], dp[1], da, vs, 16 * kb, lane);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 16 * kb + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
-          const bool live = query < s.len && key < s.len && s.template Attends<kWindow>(query, key);
-          const float pr = live ? exp2f(st[h][e] * sl - (e < 2 ? lse_a : lse_b)) : 0.f;
-          dp[h][e] = pr * (dp[h][e] - (e < 2 ? delta_a : delta_b));  // dS
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + 16 * kb + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
+            const bool live = !kMasked || (query < s.len && key < s.len && s.template Attends<kWindow>(query, key));
+            const float pr = live ? exp2f(st[h][e] * sl - (e < 2 ? lse_a : lse_b)) : 0.f;
+            dp[h][e] = pr * (dp[h][e] - (e < 2 ? delta_a : delta_b));  // dS
+          }
         }
+        uint32_t dsa[4];
+        PackA<T>(dp[0], dp[1], dsa);
+        MmaTokensB<T, kD>(dq, dsa, ks, 16 * kb, lane);
       }
-      uint32_t dsa[4];
-      PackA<T>(dp[0], dp[1], dsa);
-      MmaTokensB<T, kD>(dq, dsa, ks, 16 * kb, lane);
+    };
+    if (s.template AttendsAll<kWindow>(r0, 16, key0, kChunk)) {
+      walk(std::false_type{});
+    } else {
+      walk(std::true_type{});
     }
     __syncthreads();
   }
@@ -374,7 +390,12 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
         continue;
       }
       float dst[2][4];
-      DkvStep<T, kD, kWindow>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s, lane);
+      if (s.template AttendsAll<kWindow>(qb0, 16, k0, 16)) {  // no masks
+        DkvStep<T, kD, kWindow, false>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s,
+                                       lane);
+      } else {
+        DkvStep<T, kD, kWindow>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s, lane);
+      }
     }
     __syncthreads();
   }

@@ -133,6 +133,13 @@ struct Seq {
   __device__ int QueryBegin(int k0) const { return kWindow ? max(0, k0 - right) & ~15 : (right == 0 ? k0 : 0); }
   template <bool kWindow>
   __device__ int QueryEnd(int k0) const { return kWindow ? min(len, k0 + 16 + left) : len; }
+  // Whether every query of [q0, q0 + nq) attends to every key of [k0, k0 + nk), all of
+  // them valid: a tile between them needs no mask. Never with a window (its instantiation
+  // keeps the masks).
+  template <bool kWindow>
+  __device__ bool AttendsAll(int q0, int nq, int k0, int nk) const {
+    return !kWindow && q0 + nq <= len && k0 + nk <= len && (right != 0 || k0 + nk <= q0 + 1);
+  }
   // Whether query i attends to key j (both valid). kWindow: the kernels' windowed
   // instantiation; without a window right is 0 (causal) or seq, and one compare does.
   template <bool kWindow>
@@ -275,8 +282,9 @@ __device__ __forceinline__ float RowSum4(float v) {
 // The scaled scores (log2 units) of a warp's 16 queries (this lane's rows r0 + g, + 8)
 // against 16 keys: tiles [n0, n0 + 16) of the key tile ks, key positions key0 + n0 + ...;
 // -inf where a key is padding or outside the query's window (causal: after it); m0, m1
-// take the rows' maxima over this lane's columns.
-template <typename T, int kD, bool kWindow>
+// take the rows' maxima over this lane's columns. kMasked false: the caller knows every
+// query attends to every key of the tile (an interior one), and no mask is applied.
+template <typename T, int kD, bool kWindow, bool kMasked = true>
 __device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], const uint32_t (&qa)[kD / 16][4],
                                              const uint16_t* ks, int n0, int key0, int r0, float sl,
                                              const Seq<kD>& s, int lane, float& m0, float& m1) {
@@ -288,7 +296,7 @@ __device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], con
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = key0 + n0 + 8 * h + 2 * t + (e & 1), query = r0 + g + (e < 2 ? 0 : 8);
-      const bool live = key < s.len && s.template Attends<kWindow>(query, key);
+      const bool live = !kMasked || (key < s.len && s.template Attends<kWindow>(query, key));
       c[e] = live ? c[e] * sl : -INFINITY;
     }
     m0 = fmaxf(m0, fmaxf(c[0], c[1]));
@@ -322,8 +330,9 @@ __device__ __forceinline__ void StoreNormalized(float (&o)[kD / 8][4], float m0,
 // key_a + 8): P^T and dS^T = P^T (dP^T - delta) from k q^T and v dO^T over the rows
 // [r0, r0 + 16) of the tiles qs, dos (tile row r is query position q_base + r; lse2 and
 // delta are indexed by tile row), then dV += P^T dO and dK += dS^T Q. dS^T is left in
-// dst (C fragments) for a caller that keeps it.
-template <typename T, int kD, bool kWindow>
+// dst (C fragments) for a caller that keeps it. kMasked false: every query of the step
+// sees every key (no masks).
+template <typename T, int kD, bool kWindow, bool kMasked = true>
 __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], float (&dst)[2][4],
                                         const uint32_t (&ka)[kD / 16][4], const uint32_t (&va)[kD / 16][4],
                                         const uint16_t* qs, const uint16_t* dos, const float* lse2,
@@ -343,7 +352,7 @@ __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD /
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = r0 + 8 * h + 2 * t + (e & 1), q = q_base + r, key = key_a + (e < 2 ? 0 : 8);
-      const bool live = q < s.len && key < s.len && s.template Attends<kWindow>(q, key);
+      const bool live = !kMasked || (q < s.len && key < s.len && s.template Attends<kWindow>(q, key));
       const float pr = live ? exp2f(st[h][e] * sl - lse2[r]) : 0.f;
       st[h][e] = pr;                          // P^T
       dst[h][e] = pr * (dst[h][e] - delta[r]);  // dS^T
