@@ -2,10 +2,12 @@
 // valid tokens only: the flash-attention scheme on mma.sync m16n8k16 tiles (sm_80 and up),
 // with the fragments, rows and padding of the short kernels (varlen_attention_tiles.cuh).
 //
-// A CTA of 8 warps takes a block of 128 tokens of one (head, sequence); its warps hold
-// their 16 rows' fragments in registers and walk the other operand in chunks of 64
-// tokens, double-buffered by cp.async (zeros past the valid tokens).
-// - Forward: a block of queries walks the key chunks with a running max and sum.
+// A CTA takes a block of 128 tokens of one (head, sequence); its warps hold their rows'
+// fragments in registers and walk the other operand in chunks of 64 tokens,
+// double-buffered by cp.async (zeros past the valid tokens).
+// - Forward: a block of queries walks the key chunks with a running max and sum, in 8
+//   warps of 16 rows, or at head_dim 64 in 4 warps of 32 (two tiles sharing each K and V
+//   fragment).
 // - Backward, one launch of two independent kinds of blocks, no atomics, every sum in a
 //   fixed order: dK, dV (a block of keys walks the query chunks) and dQ (a block of
 //   queries walks the key chunks, recomputing P and dS). delta = rowsum(dO o) is
@@ -37,13 +39,13 @@ constexpr int kChunk = 64;           // the walked operand's tokens per stage
 
 // Issues cp.async copies of rows [r_begin, r_begin + kRows) x kD of `src` (rows counted
 // from the sequence's first valid token; zeros past s.len; in k's and v's layout with
-// kKv) into the row-major tile `dst`. Consecutive threads copy consecutive 16 bytes of a
-// row.
-template <int kD, int kRows, bool kKv = false>
+// kKv) into the row-major tile `dst`, by the CTA's kN threads. Consecutive threads copy
+// consecutive 16 bytes of a row.
+template <int kD, int kRows, bool kKv = false, int kN = kThreads>
 __device__ __forceinline__ void StageAsync(const void* src, uint16_t* dst, const Seq<kD>& s, int r_begin) {
   constexpr int kUnits = kD / 8;  // 16-byte units a row
 #pragma unroll
-  for (int i = threadIdx.x; i < kRows * kUnits; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * kUnits; i += kN) {
     const int r = i / kUnits, c = (i % kUnits) * 8;
     const bool valid = r_begin + r < s.len;
     const int row_at = valid ? r_begin + r : 0;
@@ -96,14 +98,14 @@ struct Block {
 // Zeros on the block's share of the padding rows of `dst` (in q's layout, or in k's and
 // v's with kKv), and 0 in `lse` (when given) on them. Padded rows have at most the grid's
 // blocks of padding; a packed row's tail may have more (kPacked: every `step` further).
-template <int kD, bool kPacked, bool kKv = false>
+template <int kD, bool kPacked, bool kKv = false, int kN = kThreads>
 __device__ __forceinline__ void ZeroBlockPadding(void* dst, const Seq<kD>& s, const Block<kD>& blk,
                                                  float* lse = nullptr) {
   for (int f = blk.first; f < s.pad; f += blk.step) {
     const int last = min(f + kBlock, s.pad);
-    ZeroPadding<kD, kKv>(dst, s, f, last);
+    ZeroPadding<kD, kKv, kN>(dst, s, f, last);
     if (lse != nullptr) {
-      for (int i = f + threadIdx.x; i < last; i += kThreads) lse[s.lse_base + s.PadRow(i)] = 0.f;
+      for (int i = f + threadIdx.x; i < last; i += kN) lse[s.lse_base + s.PadRow(i)] = 0.f;
     }
     if constexpr (!kPacked) break;  // padded rows: one range at most
   }
@@ -134,45 +136,67 @@ __device__ __forceinline__ Chunks KeyChunks(const Seq<kD>& s, const Block<kD>& b
   const int end = min(s.len, blk.first + kBlock + s.right);
   return {s.template KeyBegin<kWindow>(blk.first) / kChunk, (end + kChunk - 1) / kChunk};
 }
-template <int kD>
+template <int kD, int kN = kThreads>
 __device__ __forceinline__ void StageKeyChunk(const VarlenAttentionParams& p, uint16_t* smem, const Seq<kD>& s,
                                               int c) {
   constexpr int kTile = kChunk * RowPitch<kD>();
   uint16_t* buf = smem + (c & 1) * 2 * kTile;
-  StageAsync<kD, kChunk, true>(p.k, buf, s, c * kChunk);
-  StageAsync<kD, kChunk, true>(p.v, buf + kTile, s, c * kChunk);
+  StageAsync<kD, kChunk, true, kN>(p.k, buf, s, c * kChunk);
+  StageAsync<kD, kChunk, true, kN>(p.v, buf + kTile, s, c * kChunk);
   gemm::CpAsyncCommit();
 }
 
-// Forward: warp w's queries are rows [first + 16 w, + 16). Two CTAs an SM at head_dim 64.
+// Forward: warp w's queries are rows [first + 16 kM w, + 16 kM), kM tiles of 16 rows that
+// share each K and V fragment the warp loads. kM = 2 at head_dim 64 (flash-attention 2's
+// layout: 4 warps, two CTAs an SM; half the shared-memory reads a FLOP of 16-row warps,
+// whose ~16 FLOP a byte is where an SM's mma.sync rate and its shared-memory bandwidth
+// meet), else 1 (8 warps; two tiles' accumulators of wider heads spill).
+template <int kD>
+constexpr int FwdTiles() {
+  return kD == 64 ? 2 : 1;
+}
+template <int kD>
+constexpr int FwdThreads() {
+  return kThreads / FwdTiles<kD>();
+}
+
 template <typename T, int kD, bool kWindow, bool kPacked>
-__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLongKernel(VarlenAttentionParams p) {
+__global__ void __launch_bounds__(FwdThreads<kD>(), kD <= 64 ? 2 : 1) VarlenAttentionLongKernel(VarlenAttentionParams p) {
+  constexpr int kM = FwdTiles<kD>(), kN = FwdThreads<kD>();
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];  // stages [2][k, v][kChunk][kPitch]; first q [kBlock][kPitch]
   const Place at = GridPlace(p);
   const Seq<kD> s(p, at.seq, blockIdx.x, std::bool_constant<kPacked>{});
   const Block<kD> blk(at.index, at.count);
-  ZeroBlockPadding<kD, kPacked>(p.out, s, blk, p.lse);
+  ZeroBlockPadding<kD, kPacked, false, kN>(p.out, s, blk, p.lse);
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  StageAsync<kD, kBlock>(p.q, smem, s, blk.first);
+  StageAsync<kD, kBlock, false, kN>(p.q, smem, s, blk.first);
   gemm::CpAsyncCommit();
   gemm::CpAsyncWait<0>();
   __syncthreads();
-  uint32_t qa[kD / 16][4];
+  uint32_t qa[kM][kD / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[kk], smem, kPitch, 16 * warp, 16 * kk, lane);
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) LoadA(qa[m][kk], smem, kPitch, 16 * (kM * warp + m), 16 * kk, lane);
+  }
   __syncthreads();  // q's tile is the stages' space
 
   const Chunks chunks = KeyChunks<kWindow>(s, blk);
-  auto stage = [&](int c) { StageKeyChunk(p, smem, s, c); };
+  auto stage = [&](int c) { StageKeyChunk<kD, kN>(p, smem, s, c); };
   stage(chunks.begin);
-  const int r0 = blk.first + 16 * warp, warp_key_end = r0 < s.len ? s.template KeyEnd<kWindow>(r0) : 0;
+  // The warp's keys: from its first tile's first to its last tile's last (the masks take
+  // each tile's own).
+  const int r0 = blk.first + 16 * kM * warp;
+  const int warp_key_end = r0 < s.len ? s.template KeyEnd<kWindow>(r0 + 16 * (kM - 1)) : 0;
   const int warp_key_begin = s.template KeyBegin<kWindow>(r0);
   const float sl = p.scale * kLog2e;
-  float o[kD / 8][4] = {};
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per lane: rows g, g + 8
+  float o[kM][kD / 8][4] = {};
+  float mx[kM][2], l[kM][2] = {};  // [tile][rows g, g + 8]
+#pragma unroll
+  for (int m = 0; m < kM; ++m) mx[m][0] = mx[m][1] = -INFINITY;
 #pragma unroll 1
   for (int c = chunks.begin; c < chunks.end; ++c) {
     NextChunk(c, chunks.end, stage);
@@ -180,55 +204,86 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
     if (key0 < warp_key_end && (!kWindow || key0 + kChunk > warp_key_begin)) {
       const uint16_t* ks = smem + (c & 1) * 2 * kTile;
       const uint16_t* vs = ks + kTile;
-      // Scores in log2 units, in 16-key blocks up to the warp's last key.
-      float sc[kChunk / 8][4] = {};
-      float c0 = -INFINITY, c1 = -INFINITY;
-      if (s.template AttendsAll<kWindow>(r0, 16, key0, kChunk)) {  // most chunks: no masks
+      float sc[kM][kChunk / 8][4] = {};
+      float cm[kM][2];  // the chunk's row maxima
+#pragma unroll
+      for (int m = 0; m < kM; ++m) cm[m][0] = cm[m][1] = -INFINITY;
+      auto scores = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
         for (int j = 0; j < kChunk / 8; j += 2) {
-          MaskedScores<T, kD, kWindow, false>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
+          if (kMasked && key0 + 8 * j >= warp_key_end) break;
+          if (kMasked && kWindow && key0 + 8 * j < warp_key_begin) continue;
+#pragma unroll
+          for (int kk = 0; kk < kD / 16; ++kk) {
+            uint32_t b[4];
+            LoadBNK<kD>(b, ks, 8 * j, 16 * kk, lane);
+#pragma unroll
+            for (int m = 0; m < kM; ++m) {
+              gemm::Mma16816<T>(sc[m][j], qa[m][kk], b[0], b[1]);
+              gemm::Mma16816<T>(sc[m][j + 1], qa[m][kk], b[2], b[3]);
+            }
+          }
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            ScaleAndMask<kD, kWindow, kMasked>(sc[m][j], sc[m][j + 1], 8 * j, key0, r0 + 16 * m, sl, s, lane,
+                                               cm[m][0], cm[m][1]);
+          }
         }
+      };
+      if (s.template AttendsAll<kWindow>(r0, 16 * kM, key0, kChunk)) {  // most chunks: no masks
+        scores(std::false_type{});
       } else {
-#pragma unroll
-        for (int j = 0; j < kChunk / 8; j += 2) {
-          if (key0 + 8 * j >= warp_key_end) break;
-          if (kWindow && key0 + 8 * j < warp_key_begin) continue;
-          MaskedScores<T, kD, kWindow>(sc[j], sc[j + 1], qa, ks, 8 * j, key0, r0, sl, s, lane, c0, c1);
-        }
+        scores(std::true_type{});
       }
-      c0 = RowMax4(c0);
-      c1 = RowMax4(c1);
-      // A row's running max stays -inf until its first key (causal rows see key 0 in the
-      // first chunk; a local window's rows may start later): no rescale while it does
-      // (its sums are 0), and ExpAndSum gives masked keys 0.
-      const float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1);
-      const float a0 = kWindow && n0 == -INFINITY ? 1.f : exp2f(m0 - n0);  // 0 at a row's first key
-      const float a1 = kWindow && n1 == -INFINITY ? 1.f : exp2f(m1 - n1);
-      m0 = n0;
-      m1 = n1;
-      l0 *= a0;
-      l1 *= a1;
 #pragma unroll
-      for (int jd = 0; jd < kD / 8; ++jd) {
-        o[jd][0] *= a0;
-        o[jd][1] *= a0;
-        o[jd][2] *= a1;
-        o[jd][3] *= a1;
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // A row's max stays -inf until its first key (a local window's rows may start
+          // later): no rescale while it does (its sums are 0; ExpAndSum gives masked keys 0).
+          const float n = fmaxf(mx[m][h], RowMax4(cm[m][h]));
+          const float a = kWindow && n == -INFINITY ? 1.f : exp2f(mx[m][h] - n);
+          mx[m][h] = n;
+          l[m][h] *= a;
+#pragma unroll
+          for (int jd = 0; jd < kD / 8; ++jd) {
+            o[m][jd][2 * h] *= a;
+            o[m][jd][2 * h + 1] *= a;
+          }
+        }
       }
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         if (key0 + 16 * kb >= warp_key_end) break;
         if (kWindow && key0 + 16 * kb < warp_key_begin) continue;
+        uint32_t pa[kM][4];
 #pragma unroll
-        for (int j = 2 * kb; j < 2 * kb + 2; ++j) ExpAndSum<kWindow>(sc[j], m0, m1, l0, l1);
-        uint32_t pa[4];
-        PackA<T>(sc[2 * kb], sc[2 * kb + 1], pa);
-        MmaTokensB<T, kD>(o, pa, vs, 16 * kb, lane);
+        for (int m = 0; m < kM; ++m) {
+          ExpAndSum<kWindow>(sc[m][2 * kb], mx[m][0], mx[m][1], l[m][0], l[m][1]);
+          ExpAndSum<kWindow>(sc[m][2 * kb + 1], mx[m][0], mx[m][1], l[m][0], l[m][1]);
+          PackA<T>(sc[m][2 * kb], sc[m][2 * kb + 1], pa[m]);
+        }
+#pragma unroll
+        for (int jd = 0; jd < kD / 8; jd += 2) {
+          uint32_t b[4];
+          LoadBKN<kD>(b, vs, 16 * kb, 8 * jd, lane);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            gemm::Mma16816<T>(o[m][jd], pa[m], b[0], b[1]);
+            gemm::Mma16816<T>(o[m][jd + 1], pa[m], b[2], b[3]);
+          }
+        }
       }
     }
     __syncthreads();  // this stage's buffer is refilled for chunk c + 2
   }
-  if (warp_key_end > 0) StoreNormalized<T, kD>(o, m0, m1, RowSum4(l0), RowSum4(l1), p, s, r0, g, t);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    if (r0 + 16 * m < s.len) {
+      StoreNormalized<T, kD>(o[m], mx[m][0], mx[m][1], RowSum4(l[m][0]), RowSum4(l[m][1]), p, s, r0 + 16 * m, g, t);
+    }
+  }
 }
 
 // dQ: warp w's queries are rows [first + 16 w, + 16); per 16 keys P = exp(s - lse),
@@ -448,7 +503,7 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
   const unsigned heads = static_cast<unsigned>(p.heads), seqs = static_cast<unsigned>(VarlenSequences(p));
   const dim3 grid = p.order != nullptr ? dim3(heads, blocks, seqs) : dim3(heads, seqs, blocks);  // GridPlace
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<grid, kBwd ? kThreads : FwdThreads<kD>(), smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -153,11 +153,11 @@ struct Seq {
 };
 
 // Zeros on the padding tokens [first, last) (of the sequence's pad) of `dst` (in q's
-// layout, or in k's and v's with kKv).
-template <int kD, bool kKv = false>
+// layout, or in k's and v's with kKv), by the CTA's kN threads.
+template <int kD, bool kKv = false, int kN = kThreads>
 __device__ __forceinline__ void ZeroPadding(void* dst_v, const Seq<kD>& s, int first, int last) {
   uint16_t* __restrict__ dst = static_cast<uint16_t*>(dst_v);
-  for (int i = first * (kD / 8) + threadIdx.x; i < last * (kD / 8); i += kThreads) {
+  for (int i = first * (kD / 8) + threadIdx.x; i < last * (kD / 8); i += kN) {
     const int r = s.PadRow(i / (kD / 8)), c = (i % (kD / 8)) * 8;
     *reinterpret_cast<uint4*>(dst + s.template AtLayout<kKv>(r, c)) = make_uint4(0, 0, 0, 0);
   }
@@ -279,17 +279,15 @@ __device__ __forceinline__ float RowSum4(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// The scaled scores (log2 units) of a warp's 16 queries (this lane's rows r0 + g, + 8)
-// against 16 keys: tiles [n0, n0 + 16) of the key tile ks, key positions key0 + n0 + ...;
-// -inf where a key is padding or outside the query's window (causal: after it); m0, m1
-// take the rows' maxima over this lane's columns. kMasked false: the caller knows every
-// query attends to every key of the tile (an interior one), and no mask is applied.
-template <typename T, int kD, bool kWindow, bool kMasked = true>
-__device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], const uint32_t (&qa)[kD / 16][4],
-                                             const uint16_t* ks, int n0, int key0, int r0, float sl,
+// Scores c0, c1 (C fragments) of a warp's 16 queries (this lane's rows r0 + g, + 8)
+// against 16 keys, key positions key0 + n0 + ...: scaled by sl (log2 units), -inf where
+// a key is padding or outside the query's window (causal: after it); m0, m1 take the
+// rows' maxima over this lane's columns. kMasked false: the caller knows every query
+// attends to every key of the tile (an interior one), and no mask is applied.
+template <int kD, bool kWindow, bool kMasked = true>
+__device__ __forceinline__ void ScaleAndMask(float (&c0)[4], float (&c1)[4], int n0, int key0, int r0, float sl,
                                              const Seq<kD>& s, int lane, float& m0, float& m1) {
   const int g = lane / 4, t = lane % 4;
-  MmaDimB<T, kD>(c0, c1, qa, ks, n0, lane);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float(&c)[4] = h == 0 ? c0 : c1;
@@ -302,6 +300,15 @@ __device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], con
     m0 = fmaxf(m0, fmaxf(c[0], c[1]));
     m1 = fmaxf(m1, fmaxf(c[2], c[3]));
   }
+}
+
+// The same (masked) scores of the 16 keys [n0, n0 + 16) of the key tile ks, computed first.
+template <typename T, int kD, bool kWindow>
+__device__ __forceinline__ void MaskedScores(float (&c0)[4], float (&c1)[4], const uint32_t (&qa)[kD / 16][4],
+                                             const uint16_t* ks, int n0, int key0, int r0, float sl,
+                                             const Seq<kD>& s, int lane, float& m0, float& m1) {
+  MmaDimB<T, kD>(c0, c1, qa, ks, n0, lane);
+  ScaleAndMask<kD, kWindow>(c0, c1, n0, key0, r0, sl, s, lane, m0, m1);
 }
 
 // The forward's end for a warp's rows [r0, r0 + 16): o / l stored for the rows < len, and
