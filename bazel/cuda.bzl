@@ -25,14 +25,18 @@ _NVCC_FLAGS = [
     "-Xcompiler=-fPIC,-fvisibility=hidden",
 ]
 
-def cuda_library(name, srcs, hdrs = [], textual_hdrs = [], archs = DEFAULT_ARCHS, use_cutlass = False,
-                 nvcc_flags = [], deps = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], textual_hdrs = [], src_hdrs = {}, archs = DEFAULT_ARCHS,
+                 use_cutlass = False, nvcc_flags = [], deps = [], **kwargs):
     """A cc_library of nvcc-compiled objects; defines nothing where CUDA is not enabled.
 
     Args:
       srcs: .cu files.
       hdrs: headers of this library, exported to dependents and visible to nvcc.
       textual_hdrs: further headers (labels or filegroups) nvcc may include.
+      src_hdrs: per source, the further headers it includes (directly or through others),
+        in place of all of textual_hdrs, so that editing one header recompiles only the
+        sources that include it. nvcc runs in the sandbox of its declared inputs: a
+        header left out fails the build, it cannot go stale.
       archs: nvcc -gencode flags.
       use_cutlass: add CUTLASS/CuTe headers (fails where nvidia-cutlass is missing).
     """
@@ -41,7 +45,7 @@ def cuda_library(name, srcs, hdrs = [], textual_hdrs = [], archs = DEFAULT_ARCHS
     if use_cutlass and not CUTLASS_FOUND:
         fail("%s needs CUTLASS: pip install nvidia-cutlass for $PIT_PYTHON" % name)
     includes = ["-I.", "-I$(GENDIR)"]
-    inputs = list(hdrs) + list(textual_hdrs)
+    inputs = list(hdrs)
     if use_cutlass:
         includes.append("-Iexternal/cutlass/include")
         inputs.append("@cutlass//:headers")
@@ -50,7 +54,7 @@ def cuda_library(name, srcs, hdrs = [], textual_hdrs = [], archs = DEFAULT_ARCHS
         obj = "_objs/%s/%s.pic.o" % (name, src.replace("/", "_"))
         native.genrule(
             name = "%s_%s_nvcc" % (name, src.replace("/", "_").replace(".", "_")),
-            srcs = [src] + inputs,
+            srcs = [src] + inputs + list(src_hdrs.get(src, textual_hdrs)),
             outs = [obj],
             cmd = " ".join(
                 ["$(location @local_config_cuda//:nvcc.sh) -c"] + _NVCC_FLAGS + archs + includes +
