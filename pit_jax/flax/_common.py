@@ -176,7 +176,7 @@ def varlen_self_attention(x, lengths, qkv_kernels, qkv_biases, out_kernel, out_b
     out_bias = keep_float32_bias(out_bias, out_bias_p)
     if index is None:
         if packed:
-            valid = reference.packed_tokens(cu.astype(jnp.int32), s, min(max_seqlen or s, s))[0]
+            valid = reference.packed_tokens(cu.astype(jnp.int32), s, max_seqlen or s)[0]
         else:
             valid = reference.valid_tokens(lengths, s, padding == "left")
         index = pit_jax.index(valid.reshape(b * s, 1), "row")

@@ -117,13 +117,19 @@ def _attrs(scale, causal=False, left_padded=False, window_left=-1, window_right=
                 max_seqlen=np.int64(max_seqlen))
 
 
+def longest_sequence(q_shape, max_seqlen=0) -> int:
+    """The longest sequence the kernels see: a packed row's max_seqlen (clamped to the row),
+    else the padded row (the C++ decoder's `seq`)."""
+    return min(max_seqlen or q_shape[1], q_shape[1])
+
+
 def launch_order(q, k, lengths, backward, causal=False, max_seqlen=0, **_):
     """The kernels' launch order operand: int32 [sequences], the sequences longest first,
     where the long kernels run bidirectionally (there every block of a sequence walks all
     of its keys or queries, so the longest sequences' blocks are the longest work: started
     first, the short ones fill the tail; grid order alone left the H200's SMs idle a third
     of the long documents' forward); else [0] (causal blocks already run farthest first)."""
-    seq = min(max_seqlen or q.shape[1], q.shape[1])
+    seq = longest_sequence(q.shape, max_seqlen)
     long_kernels = seq > SHORT_SEQ or (backward and k.shape[2] != q.shape[2])
     if causal or not long_kernels:
         return jnp.zeros((0,), jnp.int32)
@@ -172,7 +178,7 @@ def _checked_on_cuda(fn, backward):
     def lower(q, k, *args, **params):
         device = _lowering._first_cuda_device()
         cc = None if device is None else _lowering._capability(device)
-        seq = min(params.get("max_seqlen") or q.shape[1], q.shape[1])  # a packed row's longest sequence
+        seq = longest_sequence(q.shape, params.get("max_seqlen", 0))
         need = shared_memory_bytes(seq, q.shape[-1], backward, grouped=k.shape[2] != q.shape[2])
         have = None if cc is None else SMEM_OPTIN.get(cc, SMEM_OPTIN_OTHER)
         if have is not None and need > have:
