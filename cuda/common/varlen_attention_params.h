@@ -2,8 +2,10 @@
 // data shared by the FFI handlers (cuda/ffi/varlen_attention_args.h) and the kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/host_device.h"
 #include "cuda/common/matmul_params.h"
 
 namespace pit {
@@ -61,6 +63,32 @@ struct VarlenAttentionParams {
 // The sequences of the call: one a row, or `segments` a packed row.
 inline int64_t VarlenSequences(const VarlenAttentionParams& p) {
   return p.cu_seqlens != nullptr ? p.batch * p.segments : p.batch;
+}
+
+// Sequence j of the call, as the kernels and the CPU handler read it (one definition of the
+// clamps above): `row` holds it; its tokens are [origin, end) of the row, the first `len`
+// of them valid (a padded row: its valid tokens, after the padding with `left_padded`).
+// `index` is its place in a packed row (0 for padded rows). int: a packed row holds at
+// most kVarlenAttentionMaxPackedRow tokens, and the kernels' grids count sequences in int.
+struct VarlenSpan {
+  int row, index, origin, end, len;
+};
+// Packed rows (cu_seqlens): sequence j is segment j % segments of row j / segments.
+PIT_HOST_DEVICE inline VarlenSpan PackedSpan(const VarlenAttentionParams& p, int j) {
+  const int tokens = static_cast<int>(p.tokens), segments = static_cast<int>(p.segments), n_seq = static_cast<int>(p.seq);
+  const int i = j % segments, row = j / segments;
+  const int32_t* cu = p.cu_seqlens + static_cast<int64_t>(row) * (segments + 1);
+  const int origin = std::min(std::max(cu[i], 0), tokens);
+  const int end = std::min(std::max(cu[i + 1], origin), tokens);
+  const int len = std::min(end - origin, n_seq);
+  return {row, i, origin, end, len};
+}
+// Padded rows: sequence j is row j, lengths[j] valid tokens clamped to [0, seq].
+PIT_HOST_DEVICE inline VarlenSpan PaddedSpan(const VarlenAttentionParams& p, int j) {
+  const int n = p.lengths[j], n_seq = static_cast<int>(p.seq);
+  const int len = n < 0 ? 0 : (n > p.seq ? n_seq : n);
+  const int origin = p.left_padded ? n_seq - len : 0;
+  return {j, 0, origin, origin + len, len};
 }
 
 // What the kernels take: 16-bit dtypes, head_dim 64, 80, 96 or 128, sequences of at most

@@ -72,20 +72,17 @@ struct Seq {
     const int n_seq = static_cast<int>(p.seq);
     int64_t token0;  // the first valid token among all rows' tokens
     if constexpr (kPacked) {
-      const int tokens = static_cast<int>(p.tokens), segments = static_cast<int>(p.segments);
-      const int i = b % segments, row = b / segments;
-      const int32_t* cu = p.cu_seqlens + static_cast<int64_t>(row) * (segments + 1);
-      const int origin = min(max(cu[i], 0), tokens);
-      const int end = min(max(cu[i + 1], origin), tokens);
-      len = min(end - origin, n_seq);
-      start = i == 0 ? origin : 0;
-      pad = start + (end - origin - len) + (i == segments - 1 ? tokens - end : 0);
-      token0 = static_cast<int64_t>(row) * tokens + origin;
-      lse_base = (static_cast<int64_t>(row) * p.heads + h) * tokens + origin;
+      const VarlenSpan sp = PackedSpan(p, b);
+      const int tokens = static_cast<int>(p.tokens);
+      len = sp.len;
+      start = sp.index == 0 ? sp.origin : 0;
+      pad = start + (sp.end - sp.origin - len) + (sp.index == static_cast<int>(p.segments) - 1 ? tokens - sp.end : 0);
+      token0 = static_cast<int64_t>(sp.row) * tokens + sp.origin;
+      lse_base = (static_cast<int64_t>(sp.row) * p.heads + h) * tokens + sp.origin;
     } else {
-      const int n = p.lengths[b];
-      len = n < 0 ? 0 : (n > p.seq ? n_seq : n);
-      start = p.left_padded ? n_seq - len : 0;
+      const VarlenSpan sp = PaddedSpan(p, b);
+      len = sp.len;
+      start = sp.origin;
       pad = n_seq - len;
       token0 = static_cast<int64_t>(b) * p.seq + start;
       lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;

@@ -13,33 +13,20 @@
 namespace pit {
 namespace {
 
-// Sequence j of the call: its row, its first valid token in the row and its valid tokens
-// (cuda/common/varlen_attention_params.h: a padded row, or one of a packed row's).
-struct Span {
-  int64_t row, origin;
-  int len;
-};
-
 struct Heads {
   const VarlenAttentionParams& p;
-  Span Sequence(int64_t j) const {
-    if (p.cu_seqlens == nullptr) {
-      const int64_t n = p.lengths[j];
-      const int len = static_cast<int>(n < 0 ? 0 : (n > p.seq ? p.seq : n));
-      return {j, p.left_padded ? p.tokens - len : 0, len};  // left padding puts the valid tokens last
-    }
-    const int64_t row = j / p.segments, i = j % p.segments;
-    const int32_t* cu = p.cu_seqlens + row * (p.segments + 1);
-    const int64_t origin = std::clamp<int64_t>(cu[i], 0, p.tokens);
-    const int64_t end = std::clamp<int64_t>(cu[i + 1], origin, p.tokens);
-    return {row, origin, static_cast<int>(std::min(end - origin, p.seq))};
+  // Sequence j of the call: its row, its first valid token in the row and its valid tokens,
+  // as the kernels read them (cuda/common/varlen_attention_params.h).
+  VarlenSpan Sequence(int64_t j) const {
+    const int i = static_cast<int>(j);
+    return p.cu_seqlens != nullptr ? PackedSpan(p, i) : PaddedSpan(p, i);
   }
   // Element offset of valid token s (counted from the first valid one) of head h, in a
   // layout of `heads` heads (q's, or k's and v's).
-  int64_t Offset(const Span& q, int64_t s, int64_t h, int64_t heads) const {
+  int64_t Offset(const VarlenSpan& q, int64_t s, int64_t h, int64_t heads) const {
     return ((q.row * p.tokens + q.origin + s) * heads + h) * p.head_dim;
   }
-  int64_t LseOffset(const Span& q, int64_t h, int64_t s) const {
+  int64_t LseOffset(const VarlenSpan& q, int64_t h, int64_t s) const {
     return (q.row * p.heads + h) * p.tokens + q.origin + s;
   }
   // Keys a valid query attends to: [KeyBegin, KeyEnd) (causal: up to itself; a local
@@ -56,13 +43,13 @@ struct Heads {
   int64_t KvHead(int64_t h) const { return h / (p.heads / p.kv_heads); }
   // The valid rows of head h as floats [len, head_dim], and back: h a head of q's layout,
   // or with kv of k's and v's.
-  std::vector<float> Load(const void* src, const Span& q, int64_t h, bool kv = false) const {
+  std::vector<float> Load(const void* src, const VarlenSpan& q, int64_t h, bool kv = false) const {
     std::vector<float> out(static_cast<size_t>(q.len) * p.head_dim);
     for (int s = 0; s < q.len; ++s)
       cpu::LoadRow(p.dtype, src, Offset(q, s, h, kv ? p.kv_heads : p.heads), p.head_dim, &out[s * p.head_dim]);
     return out;
   }
-  void Store(const std::vector<float>& rows, void* dst, const Span& q, int64_t h, bool kv = false) const {
+  void Store(const std::vector<float>& rows, void* dst, const VarlenSpan& q, int64_t h, bool kv = false) const {
     for (int s = 0; s < q.len; ++s)
       cpu::StoreRow(p.dtype, &rows[s * p.head_dim], p.head_dim, dst, Offset(q, s, h, kv ? p.kv_heads : p.heads));
   }
@@ -80,7 +67,7 @@ void VarlenAttentionFwd(const VarlenAttentionParams& p) {
   cpu::Zero(p.out, p.batch * p.tokens * p.heads * d * DTypeBytes(p.dtype));  // padding rows
   for (int64_t i = 0; i < p.batch * p.heads * p.tokens; ++i) p.lse[i] = 0.f;
   for (int64_t j = 0; j < VarlenSequences(p); ++j) {
-    const Span sq = hd.Sequence(j);
+    const VarlenSpan sq = hd.Sequence(j);
     const int len = sq.len;
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
       const auto q = hd.Load(p.q, sq, h), k = hd.Load(p.k, sq, hd.KvHead(h), true),
@@ -107,7 +94,7 @@ void VarlenAttentionBwd(const VarlenAttentionParams& p) {
   cpu::Zero(p.dq, row_bytes * p.heads);  // padding rows
   for (void* r : {p.dk, p.dv}) cpu::Zero(r, row_bytes * p.kv_heads);
   for (int64_t j = 0; j < VarlenSequences(p); ++j) {
-    const Span sq = hd.Sequence(j);
+    const VarlenSpan sq = hd.Sequence(j);
     const int len = sq.len;
     std::vector<float> dk, dv;  // a kv head's, summed over its group's query heads in order
     for (int64_t h = 0; h < p.heads && len > 0; ++h) {
