@@ -375,13 +375,31 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
 // dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
 // queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
 // (the group's sum in the float32 accumulators).
+// Whether the dK / dV walk takes its unmasked query steps two at a time (DkvPairStep: the
+// chains of two steps overlap), and whether it keeps its keys and values in shared memory
+// for that (at head_dim 64, where the registers, 128 a thread at two CTAs an SM, cannot
+// hold their fragments and a second step; 36 KB more a CTA, 93 KB: two still fit an SM).
+// The windowed instantiations keep the masked single steps (no tile skips its masks).
+template <int kD, bool kWindow>
+constexpr bool DkvPairs() {
+  return !kWindow;
+}
+template <int kD, bool kWindow>
+constexpr bool DkvKvInSmem() {
+  return kD == 64 && DkvPairs<kD, kWindow>();
+}
+
 template <typename T, int kD, bool kWindow, bool kPacked>
 __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int seq, int kv_head,
                                         int index, int count) {
   constexpr int kPitch = RowPitch<kD>(), kTile = kChunk * kPitch;
-  // smem: stages [2][q, dO, o][kChunk][kPitch]; first k, v [kBlock][kPitch]
-  float* lse2 = reinterpret_cast<float*>(smem + 6 * kTile);  // [2][kChunk], log2 units
-  float* delta = lse2 + 2 * kChunk;                          // [2][kChunk]
+  constexpr bool kPairs = DkvPairs<kD, kWindow>(), kKvInSmem = DkvKvInSmem<kD, kWindow>();
+  // smem: stages [2][q, dO, o][kChunk][kPitch]; the k, v block [2][kBlock][kPitch] after
+  // them with kKvInSmem, else first in the stages' space
+  uint16_t* kblk = kKvInSmem ? smem + 6 * kTile : smem;
+  uint16_t* vblk = kblk + kBlock * kPitch;
+  float* lse2 = reinterpret_cast<float*>(smem + 6 * kTile + (kKvInSmem ? 2 * kBlock * kPitch : 0));  // [2][kChunk], log2
+  float* delta = lse2 + 2 * kChunk;                                                               // [2][kChunk]
   const int group = static_cast<int>(p.heads / p.kv_heads);
   const Seq<kD> s(p, seq, kv_head * group, std::bool_constant<kPacked>{});  // the group's first query head
   const Block<kD> blk(index, count);
@@ -390,18 +408,37 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   if (blk.first >= s.len) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  StageAsync<kD, kBlock, true>(p.k, smem, s, blk.first);
-  StageAsync<kD, kBlock, true>(p.v, smem + kBlock * kPitch, s, blk.first);
+  StageAsync<kD, kBlock, true>(p.k, kblk, s, blk.first);
+  StageAsync<kD, kBlock, true>(p.v, vblk, s, blk.first);
   gemm::CpAsyncCommit();
-  gemm::CpAsyncWait<0>();
-  __syncthreads();
   uint32_t ka[kD / 16][4], va[kD / 16][4];
+  // The warp's keys' and values' fragments (kKvInSmem: from the block tiles, where a step
+  // needs them).
+  auto load_kv = [&] {
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    LoadA(ka[kk], smem, kPitch, 16 * warp, 16 * kk, lane);
-    LoadA(va[kk], smem + kBlock * kPitch, kPitch, 16 * warp, 16 * kk, lane);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      LoadA(ka[kk], kblk, kPitch, 16 * warp, 16 * kk, lane);
+      LoadA(va[kk], vblk, kPitch, 16 * warp, 16 * kk, lane);
+    }
+  };
+  auto kv_fragments = [&](int kk, uint32_t (&a)[4], uint32_t (&b)[4]) {
+    if constexpr (kKvInSmem) {
+      LoadA(a, kblk, kPitch, 16 * warp, 16 * kk, lane);
+      LoadA(b, vblk, kPitch, 16 * warp, 16 * kk, lane);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        a[e] = ka[kk][e];
+        b[e] = va[kk][e];
+      }
+    }
+  };
+  if constexpr (!kKvInSmem) {
+    gemm::CpAsyncWait<0>();
+    __syncthreads();
+    load_kv();
+    __syncthreads();  // k, v's tiles are the stages' space
   }
-  __syncthreads();  // k, v's tiles are the stages' space
 
   // The query chunks that see the block's keys (causal: none before it; a local window:
   // none past its reach). Step i walks chunk c_begin + i % n of the group's query head i / n.
@@ -423,7 +460,7 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
 #pragma unroll 1
   for (int i = 0; i < steps; ++i) {
-    NextChunk(i, steps, stage);
+    NextChunk(i, steps, stage);  // (kKvInSmem: also waits for the k, v block, committed first)
     const int query0 = (c_begin + i % n) * kChunk;
     const int64_t lse_base = s.Head(i / n, p.tokens).lse_base;
     const uint16_t* qs = smem + (i & 1) * 3 * kTile;
@@ -440,10 +477,18 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
     for (int qb = 0; qb < kChunk / 16; ++qb) {
       const int qb0 = query0 + 16 * qb;
       if (k0 >= s.len || qb0 >= s.len) break;
+      if constexpr (kPairs) {
+        if (qb % 2 == 0 && s.template AttendsAll<kWindow>(qb0, 32, k0, 16)) {  // two steps, no masks
+          DkvPairStep<T, kD>(dv, dk, kv_fragments, qs, dos, lse2_c, delta_c, 16 * qb, sl, lane);
+          ++qb;
+          continue;
+        }
+      }
       // no query of the block sees the warp's keys
       if (qb0 + 16 <= s.template QueryBegin<kWindow>(k0) || (kWindow && qb0 >= s.template QueryEnd<kWindow>(k0))) {
         continue;
       }
+      if constexpr (kKvInSmem) load_kv();
       float dst[2][4];
       if (s.template AttendsAll<kWindow>(qb0, 16, k0, 16)) {  // no masks
         DkvStep<T, kD, kWindow, false>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s,
@@ -485,9 +530,10 @@ template <int kD>
 constexpr size_t DqSmem() {
   return static_cast<size_t>(3 * kBlock * RowPitch<kD>()) * 2 + 2 * kBlock * sizeof(float);
 }
-template <int kD>
+template <int kD, bool kWindow>
 constexpr size_t DkvSmem() {
-  return static_cast<size_t>(6 * kChunk * RowPitch<kD>()) * 2 + 4 * kChunk * sizeof(float);
+  return static_cast<size_t>(6 * kChunk + (DkvKvInSmem<kD, kWindow>() ? 2 * kBlock : 0)) * RowPitch<kD>() * 2 +
+         4 * kChunk * sizeof(float);
 }
 static_assert(4 * kChunk >= kBlock && 6 * kChunk >= 2 * kBlock && 3 * kBlock >= 4 * kChunk,
               "the first tiles fit the stages' space");
@@ -498,7 +544,7 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   if (cudaError_t e = VarlenLaunchable(p); e != cudaSuccess) return e;
   constexpr auto kernel =
       kBwd ? VarlenAttentionLongBwdKernel<T, kD, kWindow, kPacked> : VarlenAttentionLongKernel<T, kD, kWindow, kPacked>;
-  constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD>() ? DqSmem<kD>() : DkvSmem<kD>()) : FwdSmem<kD>();
+  constexpr size_t smem = kBwd ? (DqSmem<kD>() > DkvSmem<kD, kWindow>() ? DqSmem<kD>() : DkvSmem<kD, kWindow>()) : FwdSmem<kD>();
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>((p.seq + kBlock - 1) / kBlock) * (kBwd ? 2 : 1);
   const unsigned heads = static_cast<unsigned>(p.heads), seqs = static_cast<unsigned>(VarlenSequences(p));

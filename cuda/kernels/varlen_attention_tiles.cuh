@@ -369,6 +369,55 @@ __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD /
   MmaTokensB<T, kD>(dk, dsa, qs, r0, lane);
 }
 
+// Two unmasked 16-query steps of a warp's dK / dV walk at once (tile rows [r0, r0 + 32)):
+// the two steps' k q^T and v dO^T chains are independent, so their latencies overlap.
+// kv(kk, ka, va) gives the A fragments of the warp's 16 keys and values at dims [16 kk,
+// 16 kk + 16) (from registers, or from shared memory where the registers cannot hold them
+// and a second step).
+template <typename T, int kD, typename KvFragments>
+__device__ __forceinline__ void DkvPairStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], KvFragments&& kv,
+                                            const uint16_t* qs, const uint16_t* dos, const float* lse2,
+                                            const float* delta, int r0, float sl, int lane) {
+  const int t = lane % 4;
+  float st[2][2][4] = {}, dst[2][2][4] = {};  // [step][8-query half][C fragment]
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t ka[4], va[4];
+    kv(kk, ka, va);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t b[4];
+      LoadBNK<kD>(b, qs, r0 + 16 * q, 16 * kk, lane);
+      gemm::Mma16816<T>(st[q][0], ka, b[0], b[1]);
+      gemm::Mma16816<T>(st[q][1], ka, b[2], b[3]);
+      LoadBNK<kD>(b, dos, r0 + 16 * q, 16 * kk, lane);
+      gemm::Mma16816<T>(dst[q][0], va, b[0], b[1]);
+      gemm::Mma16816<T>(dst[q][1], va, b[2], b[3]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + 16 * q + 8 * h + 2 * t + (e & 1);
+        const float pr = exp2f(st[q][h][e] * sl - lse2[r]);
+        st[q][h][e] = pr;                             // P^T
+        dst[q][h][e] = pr * (dst[q][h][e] - delta[r]);  // dS^T
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    uint32_t pa[4], dsa[4];
+    PackA<T>(st[q][0], st[q][1], pa);
+    PackA<T>(dst[q][0], dst[q][1], dsa);
+    MmaTokensB<T, kD>(dv, pa, dos, r0 + 16 * q, lane);
+    MmaTokensB<T, kD>(dk, dsa, qs, r0 + 16 * q, lane);
+  }
+}
+
 // What a launch checks before any kernel runs, as errors for the handler to report, not
 // faults in a kernel: rows are read 16 bytes at a time (a misaligned buffer: XLA's never
 // are), and the kv heads divide the query heads (the handlers decoded them so).

@@ -153,11 +153,17 @@ def shared_memory_bytes(seq: int, head_dim: int, backward: bool, grouped: bool =
     BwdSmem / DqSmem / DkvSmem). Up to SHORT_SEQ: q, k, v (and dO, and dS over o, backward)
     of a whole sequence. Longer, and the backward of grouped kv heads (`grouped`) at any
     length: two stages of 64-token chunks of k, v (forward, dQ) or q, dO, o (dK, dV), or
-    the 128-token block first staged (dQ: q, dO, o), and a few floats a row; the backward's
-    dK / dV and dQ blocks need the same."""
+    the 128-token block first staged (dQ: q, dO, o), and a few floats a row; the backward
+    takes the larger of its dK / dV and dQ blocks' (the dK / dV blocks' at head_dim 64,
+    which keep their keys and values in shared memory)."""
     pitch = head_dim + 8
     if seq > SHORT_SEQ or (backward and grouped):
-        return 4 * 64 * pitch * 2 if not backward else 6 * 64 * pitch * 2 + 4 * 64 * 4
+        if not backward:
+            return 4 * 64 * pitch * 2
+        # at head_dim 64 the dK / dV blocks keep their 128 keys and values too (DkvPairs;
+        # not with a local window, whose smaller need this bound covers)
+        kv_block = 2 * 128 * pitch * 2 if head_dim == 64 else 0
+        return 6 * 64 * pitch * 2 + kv_block + 4 * 64 * 4
     s16 = -(-seq // 16) * 16
     if not backward:
         return 3 * s16 * pitch * 2
