@@ -72,8 +72,8 @@ def varlen_kernels_apply(batch, seq, cfg, attention=None, causal=False, train=Tr
     config (its heads, head_dim and dtype), rather than by `attention` (the implementation
     it would use otherwise: "auto", "cudnn" or "xla"; resolved only where it decides).
     Past 128 tokens, bidirectional, the long kernels' forward is faster than cuDNN's and
-    their backward slower (8 documents of max 2048 on the H200: 82 against 116 us forward,
-    331 against 302 forward + backward; docs/notes/varlen_attention.md), so there cuDNN
+    their backward slower (8 documents of max 2048 on the H200: 81 against 115 us forward,
+    317 against 301 forward + backward; docs/notes/varlen_attention.md), so there cuDNN
     serves where it runs when the call is differentiated (`train`); the kernels beat XLA's
     masked softmax ~11x, and cuDNN with a causal mask over left padding ~5x."""
     from pit_jax.primitives.varlen_attention import SHORT_SEQ, kernel_applies
