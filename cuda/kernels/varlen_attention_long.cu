@@ -9,8 +9,8 @@
 //   warps of 16 rows, or at head_dim 64 in 4 warps of 32 (two tiles sharing each K and V
 //   fragment).
 // - Backward, one launch of two independent kinds of blocks, no atomics, every sum in a
-//   fixed order: dK, dV (a block of keys walks the query chunks) and dQ (a block of
-//   queries walks the key chunks, recomputing P and dS). delta = rowsum(dO o) is
+//   fixed order: dK, dV (a block of keys walks the query chunks, two unmasked 16-query
+//   steps at a time) and dQ (a block of queries walks the key chunks, recomputing P and dS). delta = rowsum(dO o) is
 //   computed where it is read: for the block's queries (dQ) and for each staged query
 //   chunk (dK, dV).
 // The grid covers every block of the padded sequence: a block past the valid tokens only
@@ -372,9 +372,6 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
   if (warp_key_end > 0) StoreRows<T, kD>(dq, p.scale, p.dq, s, r0, g, t);
 }
 
-// dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
-// queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
-// (the group's sum in the float32 accumulators).
 // Whether the dK / dV walk takes its unmasked query steps two at a time (DkvPairStep: the
 // chains of two steps overlap), and whether it keeps its keys and values in shared memory
 // for that (at head_dim 64, where the registers, 128 a thread at two CTAs an SM, cannot
@@ -389,6 +386,9 @@ constexpr bool DkvKvInSmem() {
   return kD == 64 && DkvPairs<kD, kWindow>();
 }
 
+// dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
+// queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
+// (the group's sum in the float32 accumulators).
 template <typename T, int kD, bool kWindow, bool kPacked>
 __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t* smem, int seq, int kv_head,
                                         int index, int count) {

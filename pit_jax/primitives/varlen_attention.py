@@ -160,7 +160,7 @@ def shared_memory_bytes(seq: int, head_dim: int, backward: bool, grouped: bool =
     if seq > SHORT_SEQ or (backward and grouped):
         if not backward:
             return 4 * 64 * pitch * 2
-        # at head_dim 64 the dK / dV blocks keep their 128 keys and values too (DkvPairs;
+        # at head_dim 64 the dK / dV blocks keep their 128 keys and values too (DkvKvInSmem;
         # not with a local window, whose smaller need this bound covers)
         kv_block = 2 * 128 * pitch * 2 if head_dim == 64 else 0
         return 6 * 64 * pitch * 2 + kv_block + 4 * 64 * 4
