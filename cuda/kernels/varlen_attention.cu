@@ -123,10 +123,11 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   StoreNormalized<T, kD>(o, m0, m1, l0, l1, p, s, r0, g, t);
 }
 
-// Backward. Phase 1: warp w owns keys [16 w, 16 w + 16) and walks the query blocks:
-// P^T and dP^T (from k q^T and v dO^T), dS^T = P^T (dP^T - delta), dV += P^T dO, dK +=
-// dS^T Q, and dS into shared memory. Phase 2: warp w owns queries [16 w, 16 w + 16): dQ =
-// dS K. delta = rowsum(dO o) per query, from the forward's rounded o. Causal and local
+// Backward. Phase 1: warp w owns keys [16 w, 16 w + 16) and walks the query blocks (two
+// unmasked ones at a time): P^T and dP^T (from k q^T and v dO^T), dS^T = P^T (dP^T -
+// delta), dV += P^T dO, dK += dS^T Q, and dS into shared memory. Phase 2: warp w owns
+// queries [16 w, 16 w + 16): dQ = dS K. delta = rowsum(dO o) per query, from the
+// forward's rounded o. Causal and local
 // windows: phase 1 walks only the query blocks that see the warp's keys (causal: from its
 // own on), phase 2 only the key blocks its queries see; every dS entry phase 2 reads was
 // written in phase 1 (the two ranges are the same 16 x 16 tiles seen from either side).
@@ -163,28 +164,59 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   const float sl = p.scale * kLog2e;
   const int k0 = 16 * warp;
   if (k0 < s.len) {
+    // Unmasked query steps two at a time (DkvPairStep), with the keys' and values'
+    // fragments read from their tiles at head_dim 64 (no registers for them and a second
+    // step at two CTAs an SM), as the long backward's dK / dV walk.
+    constexpr bool kPairs = !kWindow, kKvFromSmem = kD == 64 && kPairs;
     uint32_t ka[kD / 16][4], va[kD / 16][4];
+    auto load_kv = [&] {
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      LoadA(ka[kk], ks, kRowPitch, k0, 16 * kk, lane);
-      LoadA(va[kk], vs, kRowPitch, k0, 16 * kk, lane);
-    }
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        LoadA(ka[kk], ks, kRowPitch, k0, 16 * kk, lane);
+        LoadA(va[kk], vs, kRowPitch, k0, 16 * kk, lane);
+      }
+    };
+    auto kv_fragments = [&](int kk, uint32_t (&a)[4], uint32_t (&b)[4]) {
+      if constexpr (kKvFromSmem) {
+        LoadA(a, ks, kRowPitch, k0, 16 * kk, lane);
+        LoadA(b, vs, kRowPitch, k0, 16 * kk, lane);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          a[e] = ka[kk][e];
+          b[e] = va[kk][e];
+        }
+      }
+    };
+    if constexpr (!kKvFromSmem) load_kv();
     float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
     const int key_a = k0 + g, key_b = key_a + 8;
     const int query_end = s.template QueryEnd<kWindow>(k0);
-#pragma unroll 1
-    for (int qb = s.template QueryBegin<kWindow>(k0) / 16; 16 * qb < query_end; ++qb) {
-      float dpt[2][4];
-      DkvStep<T, kD, kWindow>(dv, dk, dpt, ka, va, qs, dos, lse2, delta, 16 * qb, 0, key_a, sl, s, lane);
-      // dS[query][key], rounded as in DkvStep's product, for phase 2.
+    // dS[query][key] of a step whose tile rows start at r (DkvStep's dS^T, rounded as in
+    // its product), for phase 2.
+    auto keep_ds = [&](int r, const float (&dpt)[2][4]) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int q = 16 * qb + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
+          const int q = r + 8 * h + 2 * t + (e & 1), key = e < 2 ? key_a : key_b;
           dss[q * pitch_ds + key] = gemm::Elem<T>::FromFloat(dpt[h][e]);
         }
       }
+    };
+#pragma unroll 1
+    for (int qb = s.template QueryBegin<kWindow>(k0) / 16; 16 * qb < query_end; ++qb) {
+      if constexpr (kPairs) {
+        if (s.template AttendsAll<kWindow>(16 * qb, 32, k0, 16)) {  // two steps, no masks
+          DkvPairStep<T, kD>(dv, dk, kv_fragments, qs, dos, lse2, delta, 16 * qb, sl, lane, keep_ds);
+          ++qb;
+          continue;
+        }
+        if constexpr (kKvFromSmem) load_kv();
+      }
+      float dpt[2][4];
+      DkvStep<T, kD, kWindow>(dv, dk, dpt, ka, va, qs, dos, lse2, delta, 16 * qb, 0, key_a, sl, s, lane);
+      keep_ds(16 * qb, dpt);
     }
     StoreRows<T, kD>(dv, 1.f, p.dv, s, k0, g, t);
     StoreRows<T, kD>(dk, p.scale, p.dk, s, k0, g, t);

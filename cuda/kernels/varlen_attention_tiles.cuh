@@ -369,15 +369,21 @@ __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD /
   MmaTokensB<T, kD>(dk, dsa, qs, r0, lane);
 }
 
+// What DkvPairStep does with each step's dS^T: nothing (the short backward's phase 2 keeps it).
+struct DropDs {
+  __device__ void operator()(int, const float (&)[2][4]) const {}
+};
+
 // Two unmasked 16-query steps of a warp's dK / dV walk at once (tile rows [r0, r0 + 32)):
 // the two steps' k q^T and v dO^T chains are independent, so their latencies overlap.
 // kv(kk, ka, va) gives the A fragments of the warp's 16 keys and values at dims [16 kk,
 // 16 kk + 16) (from registers, or from shared memory where the registers cannot hold them
-// and a second step).
-template <typename T, int kD, typename KvFragments>
+// and a second step); ds(rows, dst) gets each step's dS^T (C fragments, as DkvStep leaves
+// it) with its first tile row.
+template <typename T, int kD, typename KvFragments, typename KeepDs = DropDs>
 __device__ __forceinline__ void DkvPairStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], KvFragments&& kv,
                                             const uint16_t* qs, const uint16_t* dos, const float* lse2,
-                                            const float* delta, int r0, float sl, int lane) {
+                                            const float* delta, int r0, float sl, int lane, KeepDs&& ds = {}) {
   const int t = lane % 4;
   float st[2][2][4] = {}, dst[2][2][4] = {};  // [step][8-query half][C fragment]
 #pragma unroll
@@ -410,6 +416,7 @@ __device__ __forceinline__ void DkvPairStep(float (&dv)[kD / 8][4], float (&dk)[
   }
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
+    ds(r0 + 16 * q, dst[q]);
     uint32_t pa[4], dsa[4];
     PackA<T>(st[q][0], st[q][1], pa);
     PackA<T>(dst[q][0], dst[q][1], dsa);
