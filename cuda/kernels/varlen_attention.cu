@@ -127,10 +127,10 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
 // unmasked ones at a time): P^T and dP^T (from k q^T and v dO^T), dS^T = P^T (dP^T -
 // delta), dV += P^T dO, dK += dS^T Q, and dS into shared memory. Phase 2: warp w owns
 // queries [16 w, 16 w + 16): dQ = dS K. delta = rowsum(dO o) per query, from the
-// forward's rounded o. Causal and local
-// windows: phase 1 walks only the query blocks that see the warp's keys (causal: from its
-// own on), phase 2 only the key blocks its queries see; every dS entry phase 2 reads was
-// written in phase 1 (the two ranges are the same 16 x 16 tiles seen from either side).
+// forward's rounded o. Causal and local windows: phase 1 walks only the query blocks that
+// see the warp's keys (causal: from its own on), phase 2 only the key blocks its queries
+// see; every dS entry phase 2 reads was written in phase 1 (the two ranges are the same
+// 16 x 16 tiles seen from either side).
 // Two CTAs an SM at head_dim 64 (128 registers, 107 KB); one above (123-171 KB).
 template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwdKernel(VarlenAttentionParams p) {
