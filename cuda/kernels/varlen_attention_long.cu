@@ -10,9 +10,9 @@
 //   fragment).
 // - Backward, one launch of two independent kinds of blocks, no atomics, every sum in a
 //   fixed order: dK, dV (a block of keys walks the query chunks, two unmasked 16-query
-//   steps at a time) and dQ (a block of queries walks the key chunks, recomputing P and dS). delta = rowsum(dO o) is
-//   computed where it is read: for the block's queries (dQ) and for each staged query
-//   chunk (dK, dV).
+//   steps at a time) and dQ (a block of queries walks the key chunks, recomputing P and
+//   dS). delta = rowsum(dO o) is computed where it is read: for the block's queries (dQ)
+//   and for each staged query chunk (dK, dV).
 // The grid covers every block of the padded sequence: a block past the valid tokens only
 // writes its share of the padding rows' zeros. With p.order (bidirectional) it runs the
 // sequences in that order, longest first (GridPlace). Causal attention skips the chunks past a

@@ -369,7 +369,8 @@ __device__ __forceinline__ void DkvStep(float (&dv)[kD / 8][4], float (&dk)[kD /
   MmaTokensB<T, kD>(dk, dsa, qs, r0, lane);
 }
 
-// What DkvPairStep does with each step's dS^T: nothing (the short backward's phase 2 keeps it).
+// DkvPairStep's default for each step's dS^T: dropped (the short backward passes a store
+// that keeps it for its phase 2).
 struct DropDs {
   __device__ void operator()(int, const float (&)[2][4]) const {}
 };
