@@ -169,26 +169,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
     // step at two CTAs an SM), as the long backward's dK / dV walk.
     constexpr bool kPairs = !kWindow, kKvFromSmem = kD == 64 && kPairs;
     uint32_t ka[kD / 16][4], va[kD / 16][4];
-    auto load_kv = [&] {
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        LoadA(ka[kk], ks, kRowPitch, k0, 16 * kk, lane);
-        LoadA(va[kk], vs, kRowPitch, k0, 16 * kk, lane);
-      }
-    };
-    auto kv_fragments = [&](int kk, uint32_t (&a)[4], uint32_t (&b)[4]) {
-      if constexpr (kKvFromSmem) {
-        LoadA(a, ks, kRowPitch, k0, 16 * kk, lane);
-        LoadA(b, vs, kRowPitch, k0, 16 * kk, lane);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          a[e] = ka[kk][e];
-          b[e] = va[kk][e];
-        }
-      }
-    };
-    if constexpr (!kKvFromSmem) load_kv();
+    const auto kv = KvFragments<kD, kKvFromSmem>(ka, va, ks, vs, k0, lane);
+    if constexpr (!kKvFromSmem) LoadKv<kD>(ka, va, ks, vs, k0, lane);
     float dv[kD / 8][4] = {}, dk[kD / 8][4] = {};
     const int key_a = k0 + g, key_b = key_a + 8;
     const int query_end = s.template QueryEnd<kWindow>(k0);
@@ -208,11 +190,11 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
     for (int qb = s.template QueryBegin<kWindow>(k0) / 16; 16 * qb < query_end; ++qb) {
       if constexpr (kPairs) {
         if (s.template AttendsAll<kWindow>(16 * qb, 32, k0, 16)) {  // two steps, no masks
-          DkvPairStep<T, kD>(dv, dk, kv_fragments, qs, dos, lse2, delta, 16 * qb, sl, lane, keep_ds);
+          DkvPairStep<T, kD>(dv, dk, kv, qs, dos, lse2, delta, 16 * qb, sl, lane, keep_ds);
           ++qb;
           continue;
         }
-        if constexpr (kKvFromSmem) load_kv();
+        if constexpr (kKvFromSmem) LoadKv<kD>(ka, va, ks, vs, k0, lane);
       }
       float dpt[2][4];
       DkvStep<T, kD, kWindow>(dv, dk, dpt, ka, va, qs, dos, lse2, delta, 16 * qb, 0, key_a, sl, s, lane);

@@ -412,31 +412,12 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
   StageAsync<kD, kBlock, true>(p.v, vblk, s, blk.first);
   gemm::CpAsyncCommit();
   uint32_t ka[kD / 16][4], va[kD / 16][4];
-  // The warp's keys' and values' fragments (kKvInSmem: from the block tiles, where a step
-  // needs them).
-  auto load_kv = [&] {
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      LoadA(ka[kk], kblk, kPitch, 16 * warp, 16 * kk, lane);
-      LoadA(va[kk], vblk, kPitch, 16 * warp, 16 * kk, lane);
-    }
-  };
-  auto kv_fragments = [&](int kk, uint32_t (&a)[4], uint32_t (&b)[4]) {
-    if constexpr (kKvInSmem) {
-      LoadA(a, kblk, kPitch, 16 * warp, 16 * kk, lane);
-      LoadA(b, vblk, kPitch, 16 * warp, 16 * kk, lane);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        a[e] = ka[kk][e];
-        b[e] = va[kk][e];
-      }
-    }
-  };
+  const int kv_row = 16 * warp;  // the warp's keys' row of the block's tiles
+  const auto kv = KvFragments<kD, kKvInSmem>(ka, va, kblk, vblk, kv_row, lane);
   if constexpr (!kKvInSmem) {
     gemm::CpAsyncWait<0>();
     __syncthreads();
-    load_kv();
+    LoadKv<kD>(ka, va, kblk, vblk, kv_row, lane);
     __syncthreads();  // k, v's tiles are the stages' space
   }
 
@@ -479,7 +460,7 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
       if (k0 >= s.len || qb0 >= s.len) break;
       if constexpr (kPairs) {
         if (qb % 2 == 0 && s.template AttendsAll<kWindow>(qb0, 32, k0, 16)) {  // two steps, no masks
-          DkvPairStep<T, kD>(dv, dk, kv_fragments, qs, dos, lse2_c, delta_c, 16 * qb, sl, lane);
+          DkvPairStep<T, kD>(dv, dk, kv, qs, dos, lse2_c, delta_c, 16 * qb, sl, lane);
           ++qb;
           continue;
         }
@@ -488,7 +469,7 @@ __device__ __forceinline__ void LongDkv(const VarlenAttentionParams& p, uint16_t
       if (qb0 + 16 <= s.template QueryBegin<kWindow>(k0) || (kWindow && qb0 >= s.template QueryEnd<kWindow>(k0))) {
         continue;
       }
-      if constexpr (kKvInSmem) load_kv();
+      if constexpr (kKvInSmem) LoadKv<kD>(ka, va, kblk, vblk, kv_row, lane);
       float dst[2][4];
       if (s.template AttendsAll<kWindow>(qb0, 16, k0, 16)) {  // no masks
         DkvStep<T, kD, kWindow, false>(dv, dk, dst, ka, va, qs, dos, lse2_c, delta_c, 16 * qb, query0, key_a, sl, s,

@@ -330,6 +330,44 @@ __device__ __forceinline__ void StoreNormalized(float (&o)[kD / 8][4], float m0,
   }
 }
 
+// The A fragments of a warp's 16 keys and values, tile rows [r0, r0 + 16) of the row-major
+// k and v tiles ks, vs, for the dK / dV walks: all of them into ka, va (for the single
+// steps, DkvStep).
+template <int kD>
+__device__ __forceinline__ void LoadKv(uint32_t (&ka)[kD / 16][4], uint32_t (&va)[kD / 16][4], const uint16_t* ks,
+                                       const uint16_t* vs, int r0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    LoadA(ka[kk], ks, RowPitch<kD>(), r0, 16 * kk, lane);
+    LoadA(va[kk], vs, RowPitch<kD>(), r0, 16 * kk, lane);
+  }
+}
+
+// The same for a pair step (DkvPairStep): kv(kk, a, b) gives those of dims [16 kk, 16 kk
+// + 16), from ka, va (loaded once), or with kFromTiles from the tiles (head_dim 64 at two
+// CTAs an SM: no registers to keep them beside a second step's scores, so the kernels
+// LoadKv before each single step instead). The lambda refers to the caller's variables
+// through the reference parameters (pass named variables that outlive it, no
+// temporaries), as a lambda written in the kernel would: a struct holding copies
+// scheduled the short backward differently, 3 % slower at 128 tokens (H200).
+template <int kD, bool kFromTiles>
+__device__ __forceinline__ auto KvFragments(const uint32_t (&ka)[kD / 16][4], const uint32_t (&va)[kD / 16][4],
+                                            const uint16_t* const& ks, const uint16_t* const& vs, const int& r0,
+                                            const int& lane) {
+  return [&](int kk, uint32_t (&a)[4], uint32_t (&b)[4]) {
+    if constexpr (kFromTiles) {
+      LoadA(a, ks, RowPitch<kD>(), r0, 16 * kk, lane);
+      LoadA(b, vs, RowPitch<kD>(), r0, 16 * kk, lane);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        a[e] = ka[kk][e];
+        b[e] = va[kk][e];
+      }
+    }
+  };
+}
+
 // One 16-query step of a warp's dK / dV walk over its 16 keys (this lane's key_a and
 // key_a + 8): P^T and dS^T = P^T (dP^T - delta) from k q^T and v dO^T over the rows
 // [r0, r0 + 16) of the tiles qs, dos (tile row r is query position q_base + r; lse2 and
@@ -378,11 +416,10 @@ struct DropDs {
 // Two unmasked 16-query steps of a warp's dK / dV walk at once (tile rows [r0, r0 + 32)):
 // the two steps' k q^T and v dO^T chains are independent, so their latencies overlap.
 // kv(kk, ka, va) gives the A fragments of the warp's 16 keys and values at dims [16 kk,
-// 16 kk + 16) (from registers, or from shared memory where the registers cannot hold them
-// and a second step); ds(rows, dst) gets each step's dS^T (C fragments, as DkvStep leaves
-// it) with its first tile row.
-template <typename T, int kD, typename KvFragments, typename KeepDs = DropDs>
-__device__ __forceinline__ void DkvPairStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], KvFragments&& kv,
+// 16 kk + 16) (KvFragments); ds(rows, dst) gets each step's dS^T (C fragments, as DkvStep
+// leaves it) with its first tile row.
+template <typename T, int kD, typename Kv, typename KeepDs = DropDs>
+__device__ __forceinline__ void DkvPairStep(float (&dv)[kD / 8][4], float (&dk)[kD / 8][4], Kv&& kv,
                                             const uint16_t* qs, const uint16_t* dos, const float* lse2,
                                             const float* delta, int r0, float sl, int lane, KeepDs&& ds = {}) {
   const int t = lane % 4;
