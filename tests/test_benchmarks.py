@@ -485,3 +485,22 @@ def test_moe_targets_scoring(tmp_path):
     assert bench_moe.main(["--rescore", str(path)]) == 0
     data = json.loads(path.read_text())
     assert [t["id"] for t in data["targets"]] == ["first", "ffn", "fig8"] and data["meta"]["rescored"]
+
+
+def test_attention_launch_model():
+    """The long attention backward's launch model: no span beats a perfect packing, and
+    numbering the causal dK / dV blocks from the first keys (the kernel's order) shortens
+    the bench's documents' span, while the bidirectional grid is unchanged."""
+    from benchmarks import attention_launch_model as model
+
+    docs = [1439, 816, 672, 579, 517, 393, 384, 258]
+    spans = {}
+    for causal in (False, True):
+        for first in (False, True):
+            costs = model.backward_costs(docs, 12, 12, causal, first)
+            assert len(costs) == 2 * 12 * 12 * len(docs)
+            spans[causal, first] = model.span(costs, 264)
+            assert spans[causal, first] >= sum(costs) / 264 - 1e-9
+    assert spans[True, True] < spans[True, False]
+    assert spans[False, True] == spans[False, False]
+    model.main([])  # the bench's documents, as docs/notes/varlen_attention.md quotes

@@ -87,7 +87,8 @@ __device__ __forceinline__ void RowDots(const uint16_t* os, const uint16_t* dos,
 // tokens: [first, first + kBlock) of the sequence's pad, and every `step` tokens further
 // (a packed row's tail may be longer than the sequences). Blocks are numbered from the
 // grid's last: the blocks far into the sequence exist only for long sequences, the ones
-// with the most work, so they start first and the short sequences' blocks fill the tail.
+// with the most work, so they start first and the short sequences' blocks fill the tail
+// (the causal dK / dV blocks are numbered from the first: the backward's kernel).
 template <int kD>
 struct Block {
   int first;  // the block's first row (from the first valid token)
@@ -496,7 +497,11 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionLon
   const Place at = GridPlace(p);
   const int count = at.count / 2, z = at.index;
   if (z < count) {
-    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow, kPacked>(p, smem, at.seq, blockIdx.x, z, count);
+    // Causal: a block's keys are seen by the queries from them on, so the blocks of a
+    // sequence's first keys walk the most; numbered from the first (Block numbers from the
+    // last), they start first and the short walks fill the tail.
+    const int index = p.causal ? count - 1 - z : z;
+    if (blockIdx.x < p.kv_heads) LongDkv<T, kD, kWindow, kPacked>(p, smem, at.seq, blockIdx.x, index, count);
   } else {
     LongDq<T, kD, kWindow, kPacked>(p, smem, at.seq, z - count, count);
   }

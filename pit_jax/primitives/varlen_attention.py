@@ -128,7 +128,8 @@ def launch_order(q, k, lengths, backward, causal=False, max_seqlen=0, **_):
     where the long kernels run bidirectionally (there every block of a sequence walks all
     of its keys or queries, so the longest sequences' blocks are the longest work: started
     first, the short ones fill the tail; grid order alone left the H200's SMs idle a third
-    of the long documents' forward); else [0] (causal blocks already run farthest first)."""
+    of the long documents' forward); else [0] (causal: the grid's own order starts the
+    longest walks first, the forward's and dQ's last queries and dK / dV's first keys)."""
     seq = longest_sequence(q.shape, max_seqlen)
     long_kernels = seq > SHORT_SEQ or (backward and k.shape[2] != q.shape[2])
     if causal or not long_kernels:
