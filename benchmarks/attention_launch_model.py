@@ -11,8 +11,9 @@ queries from their keys on (dK / dV) or the keys up to their queries (dQ). The g
 the kernel: causal (heads, sequences, 2 x blocks), bidirectional (heads, 2 x blocks,
 sequences) with the sequences longest first (`launch_order`), launched heads fastest, the
 dK / dV half first, blocks numbered from the sequence's last (`Block`), or with
-`dkv_from_first` the dK / dV blocks from its first. Costs are in units of 64 tokens times a product; the model ignores
-staging, barriers and the forward's tail, so compare spans, not times.
+`dkv_from_first` the dK / dV blocks from its first. Costs are in units of 64 tokens times a
+product; the model ignores staging, barriers and the forward's tail, so compare spans, not
+times.
 """
 
 from __future__ import annotations

@@ -164,10 +164,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   const float sl = p.scale * kLog2e;
   const int k0 = 16 * warp;
   if (k0 < s.len) {
-    // Unmasked query steps two at a time (DkvPairStep), with the keys' and values'
-    // fragments read from their tiles at head_dim 64 (no registers for them and a second
-    // step at two CTAs an SM), as the long backward's dK / dV walk.
-    constexpr bool kPairs = !kWindow, kKvFromSmem = kD == 64 && kPairs;
+    // Unmasked query steps two at a time, the fragments from the tiles at head_dim 64, as
+    // the long backward's dK / dV walk (DkvPairs, DkvKvInSmem).
+    constexpr bool kPairs = DkvPairs<kD, kWindow>(), kKvFromSmem = DkvKvInSmem<kD, kWindow>();
     uint32_t ka[kD / 16][4], va[kD / 16][4];
     const auto kv = KvFragments<kD, kKvFromSmem>(ka, va, ks, vs, k0, lane);
     if constexpr (!kKvFromSmem) LoadKv<kD>(ka, va, ks, vs, k0, lane);

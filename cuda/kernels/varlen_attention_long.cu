@@ -373,20 +373,6 @@ __device__ __forceinline__ void LongDq(const VarlenAttentionParams& p, uint16_t*
   if (warp_key_end > 0) StoreRows<T, kD>(dq, p.scale, p.dq, s, r0, g, t);
 }
 
-// Whether the dK / dV walk takes its unmasked query steps two at a time (DkvPairStep: the
-// chains of two steps overlap), and whether it keeps its keys and values in shared memory
-// for that (at head_dim 64, where the registers, 128 a thread at two CTAs an SM, cannot
-// hold their fragments and a second step; 36 KB more a CTA, 93 KB: two still fit an SM).
-// The windowed instantiations keep the masked single steps (no tile skips its masks).
-template <int kD, bool kWindow>
-constexpr bool DkvPairs() {
-  return !kWindow;
-}
-template <int kD, bool kWindow>
-constexpr bool DkvKvInSmem() {
-  return kD == 64 && DkvPairs<kD, kWindow>();
-}
-
 // dK, dV of kv head `kv_head`: warp w's keys are rows [first + 16 w, + 16); per 16
 // queries of each query head of the group in turn, P^T, dS^T, dV += P^T dO, dK += dS^T Q
 // (the group's sum in the float32 accumulators).

@@ -330,6 +330,21 @@ __device__ __forceinline__ void StoreNormalized(float (&o)[kD / 8][4], float m0,
   }
 }
 
+// Whether a dK / dV walk (both backwards) takes its unmasked query steps two at a time
+// (DkvPairStep: the chains of two steps overlap), and whether it reads its keys' and values'
+// fragments from their shared-memory tiles for that (head_dim 64, where the registers, 128
+// a thread at two CTAs an SM, cannot hold them and a second step; the long backward keeps
+// its k, v block for it: 36 KB more a CTA, 93 KB, two still fit an SM). The windowed
+// instantiations keep the masked single steps (no tile skips its masks).
+template <int kD, bool kWindow>
+constexpr bool DkvPairs() {
+  return !kWindow;
+}
+template <int kD, bool kWindow>
+constexpr bool DkvKvInSmem() {
+  return kD == 64 && DkvPairs<kD, kWindow>();
+}
+
 // The A fragments of a warp's 16 keys and values, tile rows [r0, r0 + 16) of the row-major
 // k and v tiles ks, vs, for the dK / dV walks: all of them into ka, va (for the single
 // steps, DkvStep).
