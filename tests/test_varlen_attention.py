@@ -733,5 +733,62 @@ def test_launch_order_changes_no_result_gpu(backward):
                 np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
 
 
+@pytest.mark.skipif("gpu" not in PLATFORMS, reason="no GPU visible to JAX")
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("b,s,h,d,causal", [(32, 100, 8, 64, True), (40, 128, 4, 64, False),
+                                            (128, 77, 2, 128, True), (100, 128, 2, 80, False),
+                                            (129, 100, 2, 64, False)])
+def test_short_kernels_longest_first_changes_no_result_gpu(packed, b, s, h, d, causal):
+    """The short kernels rank the sequences by length on the device and run them longest
+    first when their CTAs fill more than one and at most four an SM (2-128 sequences: up to
+    32 by one ballot each, past 32 by a radix select; 129: grid order, as head_dim 80's
+    forward): every sequence's results are the bits it gets alone (one sequence a call:
+    grid order). Lengths with many ties, empty and full ones; packed: the same sequences
+    two a row. A sequence ranked twice would leave another unwritten (its outputs
+    poisoned)."""
+    rng, seed = fresh_rng()
+    lengths = rng.choice(np.array([0, 1, 16, 17, 33, 64, s - 1, s], np.int32), size=b)
+    lengths[:2] = (s, 0)
+    q, k, v, dout = (randn(rng, (b, s, h, d), jnp.bfloat16) for _ in range(4))
+
+    def padded(q, k, v, ln, do):
+        out, vjp = jax.vjp(lambda q, k, v: pit_jax.varlen_attention(q, k, v, ln, causal=causal), q, k, v)
+        return (out, *vjp(do))
+
+    with jax.default_device(jax.devices("gpu")[0]):
+        alone = jax.jit(padded)
+        want = [np.stack([np.asarray(alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], lengths[i:i + 1], dout[i:i + 1])[j][0],
+                                     np.float32) for i in range(b)]) for j in range(4)]
+        if not packed:
+            got = [np.asarray(g, np.float32) for g in jax.jit(padded)(q, k, v, lengths, dout)]
+        else:  # two sequences a row, one after the other, then padding up to 2 s tokens
+            rows = -(-b // 2)
+            ln = np.concatenate([lengths, np.zeros(2 * rows - b, np.int32)]).reshape(rows, 2)
+            cu = np.concatenate([np.zeros((rows, 1), np.int32), np.cumsum(ln, 1, dtype=np.int32)], 1)
+            spans = [(i // 2, int(cu[i // 2, i % 2]), int(lengths[i])) for i in range(b)]
+
+            def pack(a):
+                out = np.zeros((rows, 2 * s, *a.shape[2:]), a.dtype)
+                for i, (r, o, n) in enumerate(spans):
+                    out[r, o:o + n] = a[i, :n]
+                return out
+
+            def packed_call(q, k, v, cu, do):
+                out, vjp = jax.vjp(lambda q, k, v: pit_jax.packed_attention(
+                    q, k, v, cu, max_seqlen=s, causal=causal), q, k, v)
+                return (out, *vjp(do))
+
+            got = []
+            for g in jax.jit(packed_call)(*(pack(a) for a in (q, k, v)), cu, pack(dout)):
+                g, one = np.array(g, np.float32), np.zeros((b, s, h, d), np.float32)
+                for i, (r, o, n) in enumerate(spans):
+                    one[i, :n] = g[r, o:o + n]
+                    g[r, o:o + n] = 0
+                assert not g.any(), f"seed={seed}: the packed rows' padding tokens must be zeros"
+                got.append(one)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        np.testing.assert_array_equal(g, w, err_msg=f"seed={seed} {name} lengths={lengths.tolist()}")
+
+
 def test_primitives_are_registered():
     assert varlen_attention_p.multiple_results and varlen_attention_bwd_p.multiple_results

@@ -44,6 +44,9 @@ struct VarlenAttentionParams {
   // every block of a sequence walks all its keys (or queries), so the blocks of the
   // longest sequences are the longest; launched first, the short ones fill the tail.
   const int32_t* order = nullptr;   // [VarlenSequences(p)], a permutation
+  // The short kernels' launch order, set by their launcher: each CTA ranks the sequences
+  // by length itself and takes the grid row's (varlen_attention.cu, SequenceSpan).
+  bool longest_first = false;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;

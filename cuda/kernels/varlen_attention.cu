@@ -64,6 +64,122 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
   }
 }
 
+// Launch order: the longest sequences first (p.longest_first). A CTA holds a whole sequence,
+// so its time grows with the length; in batch order a long sequence late in the batch
+// starts in the grid's last wave and ends long after the rest (BERT's GLUE-like batch 32 x
+// 12 heads: 1.45 waves). The CTA of grid row y takes the y-th longest sequence (ties in
+// index order), ranked by the CTA itself: warp 0 loads every length (the round trip the
+// sequence's own took), ranks them with ballots and leaves the chosen span in shared
+// memory. No order operand (an XLA sort a call, and its load before the length's), one
+// warp's issue slots (eight warps ranking alike cost the forward ~0.8 us), and the span
+// passed on, not loaded again. The launcher sets the flag for 2 to kRankedSequences
+// sequences filling more than one and at most four CTAs an SM (more waves hide the tail,
+// and the ranking's ~0.1-0.2 us a CTA is then not paid back). Not in the forwards of
+// head_dim 80 and 96: they fit 128 registers (two CTAs an SM) only while the sequence is
+// blockIdx.y; one computed at run time takes some to 131-149, and capped at 128 they spill.
+constexpr int kRankWords = 4;
+constexpr int kRankedSequences = 32 * kRankWords;
+static_assert(kMaxRows < 256, "lengths ranked as 8-bit values");
+template <int kD, bool kBwd>
+constexpr bool RanksLengths() {
+  return kBwd || kD % 64 == 0;
+}
+
+// Warp 0's part: sequence j = lane + 32 w of the call is word w of the lane.
+template <bool kPacked>
+__device__ __forceinline__ VarlenSpan RankedSpan(const VarlenAttentionParams& p, int y) {
+  const auto span_of = [&](int j) { return kPacked ? PackedSpan(p, j) : PaddedSpan(p, j); };
+  const int n = static_cast<int>(gridDim.y), lane = threadIdx.x % 32;
+  int len[kRankWords], origin[kRankWords], end[kRankWords];
+#pragma unroll
+  for (int w = 0; w < kRankWords; ++w) {
+    const int j = lane + 32 * w;
+    len[w] = -1;  // no sequence
+    origin[w] = end[w] = 0;
+    if (j < n) {
+      const VarlenSpan sp = span_of(j);
+      len[w] = sp.len;
+      origin[w] = sp.origin;
+      end[w] = sp.end;
+    }
+  }
+  int word = 0, owner = 0, value = 0;
+  if (n <= 32) {
+    // Every lane's rank at once: its length's bits, from the top, against the ballots of
+    // every lane's bits (independent ballots; ~4x shorter than the select below).
+    unsigned bits[8];
+#pragma unroll
+    for (int b = 0; b < 8; ++b) bits[b] = __ballot_sync(kFullMask, (len[0] >> b) & 1);
+    unsigned greater = 0, equal = __ballot_sync(kFullMask, len[0] >= 0);
+#pragma unroll
+    for (int b = 7; b >= 0; --b) {
+      const bool one = (len[0] >> b) & 1;
+      if (!one) greater |= equal & bits[b];
+      equal &= one ? bits[b] : ~bits[b];
+    }
+    const int rank = __popc(greater) + __popc(equal & ((1u << lane) - 1));
+    owner = __ffs(__ballot_sync(kFullMask, len[0] >= 0 && rank == y)) - 1;
+    value = __shfl_sync(kFullMask, len[0], owner);
+  } else {  // a radix select of the y-th longest over the words, then its tie
+    int need = y;
+#pragma unroll
+    for (int bit = 7; bit >= 0; --bit) {
+      const int probe = (value >> bit) | 1;
+      int count = 0;
+#pragma unroll
+      for (int w = 0; w < kRankWords; ++w) {
+        if (32 * w < n) count += __popc(__ballot_sync(kFullMask, len[w] >= 0 && (len[w] >> bit) == probe));
+      }
+      if (need < count) {
+        value |= 1 << bit;
+      } else {
+        need -= count;
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < kRankWords; ++w) {
+      if (32 * w >= n || need < 0) break;
+      unsigned equal = __ballot_sync(kFullMask, len[w] == value);
+      const int count = __popc(equal);
+      if (need < count) {
+        for (int k = need; k > 0; --k) equal &= equal - 1;  // past the lower-indexed ties
+        word = w;
+        owner = __ffs(equal) - 1;
+      }
+      need -= count;
+    }
+  }
+  int o = origin[0], e = end[0];
+#pragma unroll
+  for (int w = 1; w < kRankWords; ++w) {
+    if (w == word) {
+      o = origin[w];
+      e = end[w];
+    }
+  }
+  o = __shfl_sync(kFullMask, o, owner);
+  e = __shfl_sync(kFullMask, e, owner);
+  const int j = 32 * word + owner;
+  if constexpr (kPacked) {
+    const int segments = static_cast<int>(p.segments);
+    return {j / segments, j % segments, o, e, value};
+  }
+  return {j, 0, o, o + value, value};
+}
+
+// The span of the CTA's sequence: grid row y's in launch order.
+template <int kD, bool kBwd, bool kPacked>
+__device__ __forceinline__ VarlenSpan SequenceSpan(const VarlenAttentionParams& p, int y) {
+  if (!RanksLengths<kD, kBwd>() || !p.longest_first) return kPacked ? PackedSpan(p, y) : PaddedSpan(p, y);
+  __shared__ VarlenSpan chosen;
+  if (threadIdx.x < 32) {
+    const VarlenSpan sp = RankedSpan<kPacked>(p, y);
+    if (threadIdx.x == 0) chosen = sp;
+  }
+  __syncthreads();
+  return chosen;
+}
+
 // Forward: warp w computes query rows [16 w, 16 w + 16) against all keys at once.
 template <typename T, int kD, bool kWindow, bool kPacked>
 __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentionParams p) {
@@ -73,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) VarlenAttentionKernel(VarlenAttentio
   uint16_t* qs = smem;                  // [s16][kRowPitch] each
   uint16_t* ks = qs + s16 * kRowPitch;
   uint16_t* vs = ks + s16 * kRowPitch;
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
+  const Seq<kD> s(p, SequenceSpan<kD, false, kPacked>(p, blockIdx.y), blockIdx.x, std::bool_constant<kPacked>{});
   Stage<kD, 3, 1>({p.q, p.k, p.v}, {qs, ks, vs}, s);
   ZeroPadding(p.out, s, 0, s.pad);
   for (int i = threadIdx.x; i < s.pad; i += kThreads) p.lse[s.lse_base + s.PadRow(i)] = 0.f;
@@ -144,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) VarlenAttentionBwd
   uint16_t* dss = dos + s16 * kRowPitch;  // [s16][pitch_ds]: dS[query][key]; first o, [s16][kRowPitch]
   float* lse2 = reinterpret_cast<float*>(dss + s16 * max(pitch_ds, kRowPitch));  // [s16]: lse in log2 units
   float* delta = lse2 + s16;                                                     // [s16]
-  const Seq<kD> s(p, blockIdx.y, blockIdx.x, std::bool_constant<kPacked>{});
+  const Seq<kD> s(p, SequenceSpan<kD, true, kPacked>(p, blockIdx.y), blockIdx.x, std::bool_constant<kPacked>{});
   uint16_t* os = dss;  // read before phase 1 writes dS
   Stage<kD, 5, 3>({p.q, p.dout, p.o, p.k, p.v}, {qs, dos, os, ks, vs}, s);
   ZeroPadding(p.dq, s, 0, s.pad);
@@ -239,8 +355,12 @@ cudaError_t Launch(const VarlenAttentionParams& p, cudaStream_t stream) {
   constexpr auto kernel = kBwd ? VarlenAttentionBwdKernel<T, kD, kWindow, kPacked> : VarlenAttentionKernel<T, kD, kWindow, kPacked>;
   const size_t smem = kBwd ? BwdSmem<kD>(p.seq) : FwdSmem<kD>(p.seq);
   if (cudaError_t e = AllowDynamicSmem<kernel>(smem); e != cudaSuccess) return e;
-  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(VarlenSequences(p))), kThreads, smem,
-           stream>>>(p);
+  static const bool on = EnvFlag("PIT_JAX_ATTN_LONGEST_FIRST", true);  // A/B switch
+  const int64_t seqs = VarlenSequences(p), ctas = seqs * p.heads, sms = DeviceSmCount();
+  VarlenAttentionParams ranked = p;
+  ranked.longest_first = on && RanksLengths<kD, kBwd>() && seqs > 1 && seqs <= kRankedSequences && ctas > sms &&
+                         ctas <= 4 * sms;
+  kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(seqs)), kThreads, smem, stream>>>(ranked);
   return cudaGetLastError();
 }
 

@@ -68,11 +68,14 @@ struct Seq {
   // keep their registers: a runtime branch here cost the head-64 long forward 28-36
   // bytes of spill and ~10 % of its time on the H200).
   template <bool kPacked>
-  __device__ Seq(const VarlenAttentionParams& p, int b, int h, std::bool_constant<kPacked>) {
+  __device__ Seq(const VarlenAttentionParams& p, int b, int h, std::bool_constant<kPacked> packed)
+      : Seq(p, kPacked ? PackedSpan(p, b) : PaddedSpan(p, b), h, packed) {}
+  // The same from sequence b's span (PackedSpan or PaddedSpan), read before.
+  template <bool kPacked>
+  __device__ Seq(const VarlenAttentionParams& p, const VarlenSpan& sp, int h, std::bool_constant<kPacked>) {
     const int n_seq = static_cast<int>(p.seq);
     int64_t token0;  // the first valid token among all rows' tokens
     if constexpr (kPacked) {
-      const VarlenSpan sp = PackedSpan(p, b);
       const int tokens = static_cast<int>(p.tokens);
       len = sp.len;
       start = sp.index == 0 ? sp.origin : 0;
@@ -80,12 +83,11 @@ struct Seq {
       token0 = static_cast<int64_t>(sp.row) * tokens + sp.origin;
       lse_base = (static_cast<int64_t>(sp.row) * p.heads + h) * tokens + sp.origin;
     } else {
-      const VarlenSpan sp = PaddedSpan(p, b);
       len = sp.len;
       start = sp.origin;
       pad = n_seq - len;
-      token0 = static_cast<int64_t>(b) * p.seq + start;
-      lse_base = (static_cast<int64_t>(b) * p.heads + h) * p.seq + start;
+      token0 = static_cast<int64_t>(sp.row) * p.seq + start;
+      lse_base = (static_cast<int64_t>(sp.row) * p.heads + h) * p.seq + start;
     }
     rows = (len + 15) & ~15;
     left = p.window_left < 0 || p.window_left > n_seq ? n_seq : static_cast<int>(p.window_left);
