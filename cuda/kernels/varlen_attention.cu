@@ -71,10 +71,10 @@ __device__ __forceinline__ void Stage(const void* const (&src)[kN], uint16_t* co
 // index order), ranked by the CTA itself: warp 0 loads every length (the round trip the
 // sequence's own took), ranks them with ballots and leaves the chosen span in shared
 // memory. No order operand (an XLA sort a call, and its load before the length's), one
-// warp's issue slots (eight warps ranking alike cost the forward ~0.8 us), and the span
+// warp's issue slots (eight warps ranking alike cost the forward ~0.9 us), and the span
 // passed on, not loaded again. The launcher sets the flag for 2 to kRankedSequences
 // sequences filling more than one and at most four CTAs an SM (more waves hide the tail,
-// and the ranking's ~0.1-0.2 us a CTA is then not paid back). Not in the forwards of
+// and the ranking's ~0.3 us a CTA is then not paid back). Not in the forwards of
 // head_dim 80 and 96: they fit 128 registers (two CTAs an SM) only while the sequence is
 // blockIdx.y; one computed at run time takes some to 131-149, and capped at 128 they spill.
 constexpr int kRankWords = 4;
@@ -85,7 +85,8 @@ constexpr bool RanksLengths() {
   return kBwd || kD % 64 == 0;
 }
 
-// Warp 0's part: sequence j = lane + 32 w of the call is word w of the lane.
+// Warp 0's part: sequence j = lane + 32 w of the call is word w of the lane. The launcher
+// sets p.longest_first for at most kRankedSequences (gridDim.y) sequences.
 template <bool kPacked>
 __device__ __forceinline__ VarlenSpan RankedSpan(const VarlenAttentionParams& p, int y) {
   const auto span_of = [&](int j) { return kPacked ? PackedSpan(p, j) : PaddedSpan(p, j); };
@@ -106,7 +107,7 @@ __device__ __forceinline__ VarlenSpan RankedSpan(const VarlenAttentionParams& p,
   int word = 0, owner = 0, value = 0;
   if (n <= 32) {
     // Every lane's rank at once: its length's bits, from the top, against the ballots of
-    // every lane's bits (independent ballots; ~4x shorter than the select below).
+    // every lane's bits (eight independent ballots, not the select's chain of them).
     unsigned bits[8];
 #pragma unroll
     for (int b = 0; b < 8; ++b) bits[b] = __ballot_sync(kFullMask, (len[0] >> b) & 1);
