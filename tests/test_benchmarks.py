@@ -504,3 +504,11 @@ def test_attention_launch_model():
     assert spans[True, True] < spans[True, False]
     assert spans[False, True] == spans[False, False]
     model.main([])  # the bench's documents, as docs/notes/varlen_attention.md quotes
+
+
+def test_attention_order_ab_small():
+    """The launch-order probe runs (tiny batch on the CPU: the timing path, not the order)."""
+    from benchmarks import attention_order_ab
+
+    rows = attention_order_ab.main(["--small"])
+    assert [r[0] for r in rows] == ["glue seed 0"] and all(t > 0 for r in rows for t in r[1:])
