@@ -89,7 +89,6 @@ constexpr bool RanksLengths() {
 // sets p.longest_first for at most kRankedSequences (gridDim.y) sequences.
 template <bool kPacked>
 __device__ __forceinline__ VarlenSpan RankedSpan(const VarlenAttentionParams& p, int y) {
-  const auto span_of = [&](int j) { return kPacked ? PackedSpan(p, j) : PaddedSpan(p, j); };
   const int n = static_cast<int>(gridDim.y), lane = threadIdx.x % 32;
   int len[kRankWords], origin[kRankWords], end[kRankWords];
 #pragma unroll
@@ -98,7 +97,7 @@ __device__ __forceinline__ VarlenSpan RankedSpan(const VarlenAttentionParams& p,
     len[w] = -1;  // no sequence
     origin[w] = end[w] = 0;
     if (j < n) {
-      const VarlenSpan sp = span_of(j);
+      const VarlenSpan sp = SpanOf<kPacked>(p, j);
       len[w] = sp.len;
       origin[w] = sp.origin;
       end[w] = sp.end;
@@ -171,7 +170,7 @@ __device__ __forceinline__ VarlenSpan RankedSpan(const VarlenAttentionParams& p,
 // The span of the CTA's sequence: grid row y's in launch order.
 template <int kD, bool kBwd, bool kPacked>
 __device__ __forceinline__ VarlenSpan SequenceSpan(const VarlenAttentionParams& p, int y) {
-  if (!RanksLengths<kD, kBwd>() || !p.longest_first) return kPacked ? PackedSpan(p, y) : PaddedSpan(p, y);
+  if (!RanksLengths<kD, kBwd>() || !p.longest_first) return SpanOf<kPacked>(p, y);
   __shared__ VarlenSpan chosen;
   if (threadIdx.x < 32) {
     const VarlenSpan sp = RankedSpan<kPacked>(p, y);

@@ -43,6 +43,13 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ void St32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
+// Sequence j's span as the kernels' instantiation reads it: packed rows (cu_seqlens) or
+// padded rows (lengths).
+template <bool kPacked>
+__device__ __forceinline__ VarlenSpan SpanOf(const VarlenAttentionParams& p, int j) {
+  return kPacked ? PackedSpan(p, j) : PaddedSpan(p, j);
+}
+
 // The CTA's problem: sequence b, query head h, its valid tokens and row pointers. Rows
 // are counted from the first valid token (token `start` of the sequence's tokens). Padded
 // rows: sequence b is row b. Packed rows (p.cu_seqlens): sequence b is sequence b %
@@ -69,7 +76,7 @@ struct Seq {
   // bytes of spill and ~10 % of its time on the H200).
   template <bool kPacked>
   __device__ Seq(const VarlenAttentionParams& p, int b, int h, std::bool_constant<kPacked> packed)
-      : Seq(p, kPacked ? PackedSpan(p, b) : PaddedSpan(p, b), h, packed) {}
+      : Seq(p, SpanOf<kPacked>(p, b), h, packed) {}
   // The same from sequence b's span (PackedSpan or PaddedSpan), read before.
   template <bool kPacked>
   __device__ Seq(const VarlenAttentionParams& p, const VarlenSpan& sp, int h, std::bool_constant<kPacked>) {
