@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import pit_jax  # noqa: E402
 from benchmarks import common  # noqa: E402
+from benchmarks.bench_attention import with_backward  # noqa: E402
 from pit_models import common as mc  # noqa: E402
 
 
@@ -52,15 +53,12 @@ def time_case(lengths, s, h, d, causal, padding, small):
         q, k, v, do = (common.random_normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks)
         sets.append((q, k, v, ln, do))
 
-    def fwd(q, k, v, ln, do):
+    def attention(q, k, v, ln):
         return pit_jax.varlen_attention(q, k, v, ln, causal=causal, padding=padding)
 
-    def fwd_bwd(q, k, v, ln, do):
-        out, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, ln, do), q, k, v)
-        return out, vjp(do)
-
     kw = dict(reps=3, device_calls=0) if small else dict(reps=7, device_calls=20)
-    return [common.time_op(f, sets, **kw) for f in (fwd, fwd_bwd)]
+    return [common.time_op(f, sets, **kw)
+            for f in (lambda q, k, v, ln, do: attention(q, k, v, ln), with_backward(attention))]
 
 
 def main(argv=None):
