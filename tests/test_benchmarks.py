@@ -138,6 +138,17 @@ def test_train_loop_smoke():
         train_loop.main(["dense_xla"])
 
 
+@pytest.mark.parametrize("via", ["aot", "suite"])
+def test_train_loop_via_smoke(via):
+    from benchmarks import train_loop
+
+    res = train_loop.main(["pit_unspecified", "dense", "--small", "--warmup", "1", "--steps", "2", "--rounds", "2",
+                           "--via", via, "--interleave"])
+    assert set(res) == {"dense", "pit_unspecified"}
+    for rounds, loss in res.values():
+        assert len(rounds) == 2 and all(w > 0 for _, w in rounds) and np.isfinite(loss)
+
+
 def test_bench_wblock_smoke(tmp_path):
     from benchmarks import bench_wblock
 
