@@ -38,6 +38,8 @@ def device_info() -> dict:
         "pit_jax_build": {k: {kk: str(vv) for kk, vv in v.items()} for k, v in pit_jax._native.build_info().items()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
+        # XLA's flags change what is timed (e.g. its command buffers' scheduling mode)
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
 
