@@ -92,23 +92,26 @@ class Loop:
 
 def run(impls, *, small=False, warmup=20, steps=100, rounds=3, via="jit", interleave=False):
     """{impl: ([(enqueue_ms, wall_ms) per step, per round], final loss)}. One variant after
-    another, or with `interleave` all compiled first and timed in turns within each round
-    (as bench_workloads' Suite.run_interleaved does)."""
-    loops = {}
-    res = {impl: [] for impl in impls}
+    another (each freed before the next compiles), or with `interleave` all compiled first
+    and timed in turns within each round (as bench_workloads' Suite.run_interleaved does).
+    With via="suite" a round's step count is the suite's own (`common.time_calls`), not
+    `steps`."""
+    res, losses, live = {}, {}, {}
     for impl in impls:
-        loop = loops[impl] = Loop(impl, small=small, via=via)
-        loop.steps(warmup)
-        if not interleave:
+        loop = Loop(impl, small=small, via=via)
+        if warmup > 0:
+            loop.steps(warmup)
+        if interleave:
+            live[impl] = loop
+        else:
             res[impl] = [loop.steps(steps) for _ in range(rounds)]
-            loops[impl] = loop.loss()
-            del loop
-    if interleave:
-        for _ in range(rounds):
-            for impl in impls:
-                res[impl].append(loops[impl].steps(steps))
-        loops = {impl: loop.loss() for impl, loop in loops.items()}
-    return {impl: (res[impl], loops[impl]) for impl in impls}
+            losses[impl] = loop.loss()
+        del loop
+    for _ in range(rounds if interleave else 0):
+        for impl, loop in live.items():
+            res.setdefault(impl, []).append(loop.steps(steps))
+    losses.update({impl: loop.loss() for impl, loop in live.items()})
+    return {impl: (res[impl], losses[impl]) for impl in impls}
 
 
 def main(argv=None):
@@ -125,6 +128,8 @@ def main(argv=None):
     bad = [i for i in args.impls if i not in IMPLS]
     if bad:
         ap.error(f"variants must be of {IMPLS}, got {bad}")
+    if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
+        ap.error(f"--steps and --rounds must be >= 1 and --warmup >= 0, got {args.steps}, {args.rounds}, {args.warmup}")
     print(f"BERT {'tiny' if args.small else 'base'} fine-tuning loop on {jax.devices()[0].device_kind}, "
           f"jax {jax.__version__}, called via {args.via}" + (", interleaved" if args.interleave else ""), flush=True)
     out = run(args.impls, small=args.small, warmup=args.warmup, steps=args.steps, rounds=args.rounds,

@@ -136,6 +136,8 @@ def test_train_loop_smoke():
         assert len(rounds) == 1 and rounds[0][1] > 0 and np.isfinite(loss)
     with pytest.raises(SystemExit):
         train_loop.main(["dense_xla"])
+    with pytest.raises(SystemExit):
+        train_loop.main(["dense", "--steps", "0"])
 
 
 @pytest.mark.parametrize("via", ["aot", "suite"])
