@@ -222,6 +222,18 @@ def test_block_topk_empty_batch():
 def test_block_topk_bad_input(args, err, match):
     with pytest.raises(err, match=match):
         pit_jax.block_topk(*args)
+    # the same inside jit: a Python number is known there too (it was not range-checked
+    # under jit until 2026-12-01)
+    with pytest.raises(err, match=match):
+        jax.jit(lambda: pit_jax.block_topk(*args))()
+
+
+@pytest.mark.parametrize("density,keep", [(0, 1), (1, 4), (np.float32(0.5), 2), (np.int64(1), 4)])
+def test_block_topk_density_numbers(density, keep):
+    """Python ints (0 and 1) and NumPy scalars are densities too, eager and under jit."""
+    x = jnp.arange(64, dtype=jnp.float32).reshape(8, 8)
+    for fn in (pit_jax.block_topk, jax.jit(pit_jax.block_topk, static_argnums=(1, 2))):
+        assert int(fn(x, (4, 4), density).live.sum()) == keep
 
 
 def test_block_topk_reference_is_the_sort():

@@ -8,6 +8,7 @@ from typing import NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pit_jax import config, reference
 from pit_jax.pit_index import MicroTileSpec, normalize_micro_tile
@@ -144,16 +145,21 @@ def _group(fn, name, matrices, micro_tile):
 
 def _block_topk_groups(fn, names, groups, micro_tiles, density) -> list:
     parts = [_group(fn, name, m, t) for name, m, t in zip(names, groups, micro_tiles)]
-    density = jnp.asarray(density)
-    if density.shape != () or not jnp.issubdtype(density.dtype, jnp.floating):
-        raise TypeError(f"{fn}: density must be a float scalar, got {density.dtype}{list(density.shape)}")
-    try:
+    if isinstance(density, (int, float, np.integer, np.floating)) and not isinstance(density, (bool, np.bool_)):
+        # A Python or NumPy number (0 and 1 too) is known even under jit, where
+        # jnp.asarray would make it a tracer and skip the range check.
         known = float(density)
-    except jax.errors.ConcretizationTypeError:  # traced: the op clips it
-        known = None
+    else:
+        density = jnp.asarray(density)
+        if density.shape != () or not jnp.issubdtype(density.dtype, jnp.floating):
+            raise TypeError(f"{fn}: density must be a float scalar, got {density.dtype}{list(density.shape)}")
+        try:
+            known = float(density)
+        except jax.errors.ConcretizationTypeError:  # traced: the op clips it
+            known = None
     if known is not None and not 0.0 <= known <= 1.0:  # NaN fails too
         raise ValueError(f"{fn}: density must be a fraction in [0, 1], got {known}")
-    density = density.astype(jnp.float32)
+    density = jnp.asarray(density, jnp.float32)
     # Groups without matrices (a leading dim of 0) get empty results and stay out of the call.
     live_groups = [g for g, (_, mats, _, _) in enumerate(parts) if sum(math.prod(m.shape[:-2]) for m in mats) > 0]
     outs = {}
