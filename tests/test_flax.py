@@ -137,6 +137,10 @@ def test_jitted_optax_training_step(platform):
          r"dead_rows must be one of \('dense', 'zeros', 'unspecified'\), got 'nan'"),
         (lambda x: SparseDense(4, axis="k", dead_rows="zeros").init(jax.random.PRNGKey(0), x),
          r"dead_rows='zeros' needs the M axis"),
+        (lambda x: SparseDense(0).init(jax.random.PRNGKey(0), x),
+         r"SparseDense: features must be an int >= 1, got 0"),
+        (lambda x: pit_nnx.SparseDense(16, 0, rngs=nnx.Rngs(0)),
+         r"SparseDense: out_features must be an int >= 1, got 0"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(make, match):

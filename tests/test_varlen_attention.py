@@ -630,6 +630,12 @@ def test_bad_input_is_a_clear_error():
     for bad in (-1, (1,), (1, -2), (1.5, 2), "3", True, (2, None)):
         with pytest.raises(ValueError, match="local_window_size must be None, an int >= 0 or a pair"):
             pit_jax.varlen_attention(q, q, q, ln, local_window_size=bad)
+    with pytest.raises(TypeError, match="varlen_attention: scale must be None or a static number .* got 'a'"):
+        pit_jax.varlen_attention(q, q, q, ln, scale="a")
+    with pytest.raises(TypeError, match="varlen_attention: scale must be None or a static number"):
+        jax.jit(lambda s: pit_jax.varlen_attention(q, q, q, ln, scale=s))(0.5)
+    with pytest.raises(TypeError, match="packed_attention: scale must be None or a static number"):
+        pit_jax.packed_attention(q[:1], q[:1], q[:1], jnp.array([[0, 3, 8]], jnp.int32), scale=[1.0])
     with pytest.raises(ValueError, match="the kernels take bfloat16 or float16"):
         varlen_attention_p.bind(q.astype(jnp.float32), q.astype(jnp.float32), q.astype(jnp.float32), ln, scale=1.0)
 

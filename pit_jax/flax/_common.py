@@ -11,6 +11,14 @@ from pit_jax import reference
 from pit_jax.optimizer.plan import Plan
 
 
+def check_features(what, **sizes):
+    """Each named layer size a Python int >= 1 (a clear error where Flax's initializer
+    would divide by zero)."""
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{what}: {name} must be an int >= 1, got {n!r}")
+
+
 def check_batch_dims(batch_dims, shape, what, kept):
     """A layer's `batch_dims` must leave at least one leading dim of x [..., D] to fold:
     a clear error naming the valid range otherwise."""

@@ -11,8 +11,8 @@ import numpy as np
 from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
-from pit_jax.flax._common import (attention_heads, keep_float32_bias, layer_norm_last_dim, plan_from_sample,
-                                  sparse_matmul_last_dim, varlen_self_attention)
+from pit_jax.flax._common import (attention_heads, check_features, keep_float32_bias, layer_norm_last_dim,
+                                  plan_from_sample, sparse_matmul_last_dim, varlen_self_attention)
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
 
@@ -69,6 +69,7 @@ class SparseDense(nn.Module):
     @nn.compact
     def __call__(self, inputs, index=None):
         """`index` (optional): a PitIndex of the inputs (of the kernel for axis "w")."""
+        check_features("pit_jax.flax.SparseDense", features=self.features, in_features=jnp.shape(inputs)[-1])
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         inputs, kernel, promoted = promote_dtype(inputs, kernel, bias, dtype=self.dtype)

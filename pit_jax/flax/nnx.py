@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 
-from pit_jax.flax._common import (attention_heads, keep_float32_bias, layer_norm_last_dim, plan_from_sample,
-                                  sparse_matmul_last_dim, varlen_self_attention)
+from pit_jax.flax._common import (attention_heads, check_features, keep_float32_bias, layer_norm_last_dim,
+                                  plan_from_sample, sparse_matmul_last_dim, varlen_self_attention)
 from pit_jax.flax.nnx_moe import MoE
 from pit_jax.optimizer.plan import Plan
 from pit_jax.pit_index import MicroTileSpec
@@ -49,6 +49,7 @@ class SparseDense(nnx.Module):
         dead_rows: str = "dense",
         rngs: nnx.Rngs,
     ):
+        check_features("pit_jax.flax.nnx.SparseDense", in_features=in_features, out_features=out_features)
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = use_bias

@@ -65,6 +65,17 @@ def _window(local_window_size):
     return int(left), int(right)
 
 
+def _static_scale(fn: str, scale, head_dim: int) -> float:
+    """The softmax scale as a Python float (a kernel attribute): 1 / sqrt(head_dim) for None."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        return float(scale)
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+        raise TypeError(f"{fn}: scale must be None or a static number (a kernel attribute, not a traced "
+                        f"value), got {scale!r}") from None
+
+
 def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *,
                      scale: Optional[float] = None, causal: bool = False, padding: str = "right",
                      local_window_size=None) -> jax.Array:
@@ -94,7 +105,7 @@ def varlen_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
         raise ValueError(f"varlen_attention: padding must be one of {PADDINGS}, got {padding!r}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"varlen_attention: causal must be a Python bool, got {type(causal).__name__}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = _static_scale("varlen_attention", scale, q.shape[-1])
     lengths = lengths.astype(jnp.int32)
     window_left, window_right = _window(local_window_size)
     params = dict(scale=scale, causal=bool(causal), left_padded=padding == "left")
@@ -152,7 +163,7 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, cu_seqlens: jax.A
         raise ValueError(f"packed_attention: max_seqlen must be a static int >= 1 (the longest sequence's "
                          f"tokens), got {max_seqlen!r}")
     max_seqlen = min(int(max_seqlen), max(seq, 1))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = _static_scale("packed_attention", scale, q.shape[-1])
     window_left, window_right = _window(local_window_size)
     params = dict(scale=scale, causal=bool(causal), max_seqlen=max_seqlen)
     if (window_left, window_right) != (-1, -1):
