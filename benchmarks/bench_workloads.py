@@ -93,6 +93,12 @@ def time_compiled(call, *, reps=7, target_s=0.02, budget_s=20.0, min_calls=20):
     return {"median_ms": statistics.median(s), "min_ms": min(s), "reps": t["reps"], "calls_per_rep": t["calls_per_rep"]}
 
 
+def time_round(call):
+    """ms a call of one interleaved round (Suite.run_interleaved): `call` back to back for
+    ~0.2 s and at least 20 calls, after three waited-for ones (common.time_calls)."""
+    return common.time_calls(call, reps=1, target_s=0.2, min_calls=20, max_calls=200)["samples"][0]
+
+
 class Suite:
     def __init__(self, args):
         self.args = args
@@ -152,8 +158,7 @@ class Suite:
         samples = {id(row): [] for row, _ in ready}
         for _ in range(rounds):
             for row, call in ready:
-                t = common.time_calls(call, reps=1, target_s=0.2, min_calls=20, max_calls=200)
-                samples[id(row)].append(t["samples"][0])
+                samples[id(row)].append(time_round(call))
         for row, _ in ready:
             s = samples[id(row)]
             row.update(median_ms=statistics.median(s), min_ms=min(s), max_ms=max(s), reps=len(s), interleaved=True)

@@ -9,8 +9,8 @@ loop (each step's parameters and optimizer state feed the next), after warm-up.
 --via says how the step is called: `jit` (a jitted function, as users write), `aot` (the
 executable of `jit(...).lower(...).compile()`, as bench_workloads compiles every variant
 once for its memory plan), `suite` (that executable through `ChainedStep` and
-`common.time_calls`, as `Suite.run_interleaved` times a training row: three waited-for
-calls, then >= 20 back to back; its enqueue column is then the wall time). With
+`bench_workloads.time_round`, as `Suite.run_interleaved` times a training row: three
+waited-for calls, then >= 20 back to back; its enqueue column is then the wall time). With
 `--interleave` every variant is compiled first and the rounds time them in turns, as
 the suite does; without it, one variant after another.
 
@@ -39,7 +39,7 @@ import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from benchmarks.bench_workloads import BERT_VARIANTS as IMPLS, _train_step, bert_models  # noqa: E402
+from benchmarks.bench_workloads import BERT_VARIANTS as IMPLS, _train_step, bert_models, time_round  # noqa: E402
 from benchmarks.kernel_profile import _bert_batch  # noqa: E402
 
 
@@ -69,11 +69,9 @@ class Loop:
         self.out = None
 
     def steps(self, n):
-        from benchmarks import common
-
         if self.via == "suite":  # Suite.run_interleaved's timing of one round
-            t = common.time_calls(self._call, reps=1, target_s=0.2, min_calls=20, max_calls=200)
-            return t["samples"][0], t["samples"][0]
+            ms = time_round(self._call)
+            return ms, ms
         t0 = time.perf_counter()
         for _ in range(n):
             self._call()
@@ -94,8 +92,8 @@ def run(impls, *, small=False, warmup=20, steps=100, rounds=3, via="jit", interl
     """{impl: ([(enqueue_ms, wall_ms) per step, per round], final loss)}. One variant after
     another (each freed before the next compiles), or with `interleave` all compiled first
     and timed in turns within each round (as bench_workloads' Suite.run_interleaved does).
-    With via="suite" a round's step count is the suite's own (`common.time_calls`), not
-    `steps`."""
+    With via="suite" a round's step count is the suite's own (`bench_workloads.time_round`),
+    not `steps`."""
     res, losses, live = {}, {}, {}
     for impl in impls:
         loop = Loop(impl, small=small, via=via)

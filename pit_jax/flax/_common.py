@@ -9,13 +9,14 @@ import numpy as np
 import pit_jax
 from pit_jax import reference
 from pit_jax.optimizer.plan import Plan
+from pit_jax.primitives._products import is_count
 
 
 def check_features(what, **sizes):
-    """Each named layer size a Python int >= 1 (a clear error where Flax's initializer
-    would divide by zero)."""
+    """Each named layer size a count (`_products.is_count`: an int >= 1), a clear error
+    where Flax's initializer would divide by zero."""
     for name, n in sizes.items():
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        if not is_count(n):
             raise ValueError(f"{what}: {name} must be an int >= 1, got {n!r}")
 
 
