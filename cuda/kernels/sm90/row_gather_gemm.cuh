@@ -313,10 +313,12 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-// Pins the accumulators in place around wgmma waits (no reordering of their uses).
-__device__ __forceinline__ void FenceOperands(float* d) {
+// Pins the accumulators in place around wgmma waits (no reordering of their uses): all N
+// of them (a fixed 128 read past the end of the 128-column tiles' 64-element array).
+template <int N>
+__device__ __forceinline__ void FenceOperands(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle.
