@@ -487,6 +487,34 @@ def test_m_axis_small_problems_split_k_gpu(rows, k, n, dtype):
     assert rel_err(dx, keep * (f64(g) @ f64(w).T)) < tol, f"dx, seed={seed}"
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("rows,k,n,density", [
+    (16384, 264, 2056, 0.06), (16384, 136, 4096, 0.004), (9000, 520, 4096, 0.1), (16384, 200, 1240, 0.2),
+    (16384, 128, 2048, 0.3)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_m_axis_few_live_row_tiles_narrow_gpu(rows, k, n, density, dtype, bias):
+    """Large static row spaces (more than 4 tiles an SM) with few live row tiles: the
+    clustered Hopper kernel walks 128 x 208 tiles there (pairs of row tiles sharing B, the
+    odd one's tiles spread over the CTAs) when they fill rounds better than 128 x 256
+    ones, and the wide tiles at 30 %. N not a multiple of 208 or 256, one live row tile
+    (0.4 %), with and without a bias: against float64, dead rows exactly zero (and the
+    bias's dead rows: `dead_rows="zeros"`), the same bits on a second call."""
+    rng, seed = fresh_rng()
+    x, live = tiled_sparse(rng, (rows, k), (1, k), density, dtype)
+    w = np.asarray(jnp.asarray(rng.standard_normal((k, n)) / math.sqrt(k), dtype))
+    b = np.asarray(jnp.asarray(rng.standard_normal((n,)), dtype)) if bias else None
+    fwd = jax.jit(lambda a, ww, bb, i: pit_jax.sparse_dense(a, ww, i, axis="m", bias=bb, dead_rows="zeros"))
+    xd, wd, bd = put("gpu", x, w, b) if bias else (*put("gpu", x, w), None)
+    idx = jax.jit(lambda a: pit_jax.index(a, "row"))(xd)
+    keep = live.reshape(rows, 1).astype(np.float64)
+    want = (f64(x) * keep) @ f64(w) + (keep * f64(b) if bias else 0.0)
+    y, y2 = fwd(xd, wd, bd, idx), fwd(xd, wd, bd, idx)
+    assert rel_err(y, want) < TOL[dtype], f"seed={seed}"
+    assert not f64(y)[~live.reshape(-1)].any(), f"dead rows must be zero, seed={seed}"
+    assert np.array_equal(np.asarray(y), np.asarray(y2)), "deterministic"
+
+
 # Shapes the Hopper stile kernel covers (M, N multiples of 8; K ragged): on CUDA the
 # lowering hands it x stored transposed (see stile_matmul._gather_rows_layout).
 HOPPER_LAYOUT_CASES = [

@@ -51,6 +51,7 @@ constexpr int kConsumerRegs = 232;
 struct Layout {
   static constexpr int kStagesA = 3, kStagesB = 5;
   static constexpr int kBN = sm90_rg::kBN, kStageBBytes = sm90_rg::kStageBBytes, kStageBPitch = kStageBBytes;
+  static constexpr int kLoadN = kBN;  // B columns a stage loads (sm90_rg::IssueB)
   static constexpr int kAOffset = 0;
   static constexpr int kBOffset = kStagesA * kStageABytes;
   static constexpr int kFullA = kBOffset + kStagesB * kStageBBytes;  // [2 consumer WGs][kStagesA]

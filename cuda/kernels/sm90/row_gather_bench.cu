@@ -117,6 +117,7 @@ struct Variant {
   bool split_k = false;
   int bn = 256;  // columns per tile
   bool dual = false;  // both widths, chosen on the device (kDualWidth)
+  bool narrow = false;  // 2-CTA clusters with the narrow 208-column tiles compiled in (kNarrowWidth)
 };
 static const Variant kVariants[] = {
     {"default", 0, 0, 0, 0, false, 0, false},  // LaunchRowGatherGemmSm90 itself (a3b5g0e.c2, or split4 when small)
@@ -160,6 +161,9 @@ static const Variant kVariants[] = {
     // both tile widths in one kernel, 128 columns when the live tiles fit one wave (what the
     // default takes for small single-CTA problems at batch 1)
     {"c1.dual", 1, 3, 5, 0, false, 0, true, false, 256, true},
+    // the default's clusters without / with the narrow tiles (what the default takes for a
+    // plain 16-bit product with N-major B at batch 1)
+    {"c2.wide", 2, 3, 5, 0, false, 0, true}, {"c2.narrow", 2, 3, 5, 0, false, 0, true, false, 256, false, true},
 };
 
 // Phase timestamps (kDiagStamp, row_gather_gemm.cuh Stamp) of the last launch: per slot,
@@ -262,7 +266,7 @@ bool Selected(const Variant& v) {
 cudaError_t LaunchV(const Variant& v, const pit::MatmulParams& p, const pit::TileList& t, cudaStream_t s) {
   if (v.cluster == 0) return pit::LaunchRowGatherGemmSm90(p, t, s);
   return pit::sm90_rg_testing::LaunchVariant(p, t, s, v.cluster, v.stages_a, v.stages_b, v.gather_warps, v.carve,
-                                             v.diag, v.epi_in_a, v.split_k, v.bn, v.dual);
+                                             v.diag, v.epi_in_a, v.split_k, v.bn, v.dual, v.narrow);
 }
 
 struct TimingRow {
@@ -663,12 +667,14 @@ int main(int argc, char** argv) {
   add({"parts2 batch2 th2", DType::kBF16, 513, 512, 128, 2, 2, 1, 2, 2, false, 0.5, false, 2});
   add({"parts4 all dead", DType::kBF16, 300, 1024, 64, 1, 1, 1, 1, 1, false, 0.0, false, 4});
   add({"parts3 qkv K3072", DType::kBF16, 4096, 2304, 3072, 1, 1, 1, 1, 1, false, 0.27, false, 3});
-  // The clustered default at few live row tiles (static tiles > 4 an SM): N not a multiple
-  // of 256, an odd row tile count, one live row tile, tile_h 2.
-  add({"clustered few bf16", DType::kBF16, 16384, 2056, 264, 1, 1, 1, 1, 1, false, 0.06});
-  add({"clustered few f16 K520", DType::kF16, 9000, 4096, 520, 1, 1, 1, 1, 1, false, 0.1});
-  add({"clustered one tile", DType::kBF16, 16384, 4096, 136, 1, 1, 1, 1, 1, false, 0.004});
-  add({"clustered few th2", DType::kBF16, 16383, 1240, 200, 1, 1, 1, 1, 2, false, 0.08});
+  // The clustered kernel's narrow tiles (static tiles > 4 an SM, few live row tiles): N not
+  // a multiple of 208 or 256, a last row tile partly live, one live row tile, and more live
+  // rows than the narrow tiles pay for (the wide ones then).
+  add({"narrow bf16", DType::kBF16, 16384, 2056, 264, 1, 1, 1, 1, 1, false, 0.06});
+  add({"narrow f16 K520", DType::kF16, 9000, 4096, 520, 1, 1, 1, 1, 1, false, 0.1});
+  add({"narrow one tile", DType::kBF16, 16384, 4096, 136, 1, 1, 1, 1, 1, false, 0.004});
+  add({"narrow th2", DType::kBF16, 16383, 1240, 200, 1, 1, 1, 1, 2, false, 0.08});
+  add({"narrow not taken", DType::kBF16, 16384, 2048, 128, 1, 1, 1, 1, 1, false, 0.5});
   if (!small) {
     // The target shapes: M=16384 rows, K=N=4096, at 10 / 30 / 50 % live rows.
     auto add_targets = [&](const char* what, DType dt, bool trans_b) {
@@ -682,7 +688,7 @@ int main(int argc, char** argv) {
     add_targets("f16 fwd", DType::kF16, false);
     add_targets("bf16 trans_b", DType::kBF16, true);
     add({"tf32 trans_b 30%", DType::kF32, 16384, 4096, 4096, 1, 1, 1, 1, 1, true, 0.3, true});
-    // Live counts between the targets' (2.4 / 3.2 rounds of pair items at 15 / 20 %).
+    // Live counts whose rounds of tiles the narrow tiles fill better (20 %) or not (15 %).
     add({"bf16 fwd 20%", DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 0.2, true});
     add({"bf16 fwd 15%", DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 0.15, true});
     add({"bf16 fwd 100%", DType::kBF16, 16384, 4096, 4096, 1, 1, 1, 1, 1, false, 1.0, true});

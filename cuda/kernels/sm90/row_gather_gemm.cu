@@ -34,12 +34,14 @@ struct Variant {
   bool auto_split = false;  // take kSplit or kSingle where the static tile space is small (see LaunchImpl)
   int bn = 256;             // columns per tile: 256, or 128 (Config kBN)
   bool dual = false;        // both widths compiled, chosen on the device (kDualWidth; single CTAs, batch 1)
+  bool narrow = false;      // clusters that also walk 128 x 208 tiles alone where those fill rounds better (kNarrowWidth)
 };
 
 // The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA
 // clusters sharing B by multicast, the consumer warps gather A, 3 A + 5 B stages, the
-// epilogue staged in the freed A stage.
-constexpr Variant kDefault{2, 3, 5, 0, false, 0, true, false, true};
+// epilogue staged in the freed A stage; where it applies (batch 1, C whole, 16-bit, N-major
+// B, no activation), with 128 x 208 tiles compiled in for low live counts (kNarrowWidth).
+constexpr Variant kDefault{2, 3, 5, 0, false, 0, true, false, true, 256, false, true};
 // Small problems with long reductions (batch 1, at most kSplitTilesPerSm tiles per SM at
 // full density, at least kSplitMinKBlocks k-blocks): clusters of 4 that split K (2 or 4
 // ways, chosen on the device from the live count) when the live tiles are too few to fill
@@ -114,9 +116,10 @@ using sm90_rg::Config;
 template <int kKind, bool kTransB>
 cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const CUtensorMap& mb2, const Args& g, int sms,
                        cudaStream_t s) {
-  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false, int bn = 256, bool dual = false) {
+  auto is = [&](int c, int sa, int sb, int gw, int d, bool ea, bool sk = false, int bn = 256, bool dual = false,
+                bool narrow = false) {
     return v.cluster == c && v.stages_a == sa && v.stages_b == sb && v.gather_warps == gw && v.diag == d &&
-           v.epi_in_a == ea && v.split_k == sk && v.bn == bn && v.dual == dual;
+           v.epi_in_a == ea && v.split_k == sk && v.bn == bn && v.dual == dual && v.narrow == narrow;
   };
   // Column parts: the default configuration's own kernel (16-bit C; see ZeroFill<true>).
   if (g.part_n > 0) {
@@ -129,6 +132,9 @@ cudaError_t LaunchKind(const Variant& v, const CUtensorMap& mb, const CUtensorMa
   // The default configuration (clustered, and alone for small problems) and the split-K
   // one, for every type and layout.
   if (is(2, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, 0>(v, mb, mb2, g, sms, s);
+  if constexpr (kKind != sm90_rg::kTf32 && !kTransB)
+    if (is(2, 3, 5, 0, 0, true, false, 256, false, true))
+      return Launch<Config<3, 5, 0, true>, kKind, kTransB, 2, sm90_rg::kNarrowWidth>(v, mb, mb2, g, sms, s);
   if (is(1, 3, 5, 0, 0, true)) return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, 0>(v, mb, mb2, g, sms, s);
   if (is(1, 3, 5, 0, 0, true, false, 256, true))
     return Launch<Config<3, 5, 0, true>, kKind, kTransB, 1, sm90_rg::kDualWidth>(v, mb, mb2, g, sms, s);
@@ -301,6 +307,10 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   else if (v.auto_split && static_tiles <= int64_t{kSingleTilesPerSm} * dev->sms)
     v = dual_ok && p.N <= kDualMaxN ? kSingleDual : kSingle;
   if (v.dual && (!dual_ok || v.cluster != 1 || v.split_k || v.bn != 256)) return kNo;
+  // The narrow tiles' kernel where they may pay (their stores: plain or bias-only), else the
+  // clustered kernel alone (its code without a second width).
+  if (v.narrow && !(dual_ok && !p.epi.pre && kind != kTf32 && !p.trans_b && v.cluster > 1 && !v.split_k && v.bn == 256))
+    v.narrow = false;
   if (v.split_k && p.batch != 1) return kNo;
   g.n_tiles = static_cast<int>((p.N + v.bn - 1) / v.bn);
   const int m_cluster = v.split_k ? 1 : v.cluster;  // row tiles per work item
@@ -309,8 +319,12 @@ cudaError_t LaunchImpl(const MatmulParams& p, const TileList& rows, cudaStream_t
   if (total >= (int64_t{1} << 31) || rows.capacity * rows.tile_h >= (int64_t{1} << 31)) return kNo;
   g.total_tiles = static_cast<int>(total);
   if (v.dual) {  // the 128-column tile space (batch 1)
-    g.n_tiles_half = static_cast<int>((p.N + 127) / 128);
-    g.total_tiles_half = g.m_groups * g.n_tiles_half;
+    g.n_tiles_alt = static_cast<int>((p.N + 127) / 128);
+    g.total_tiles_alt = g.m_groups * g.n_tiles_alt;
+  }
+  if (v.narrow) {  // 208-column tiles (batch 1; TileWalk walks them from the count)
+    g.n_tiles_alt = static_cast<int>((p.N + 207) / 208);
+    g.narrow_ok = 1;
   }
 
   // ---- tensor maps: 3-D (inner, outer, batch), 128B swizzle, zero fill out of bounds ----
@@ -363,9 +377,9 @@ cudaError_t LaunchRowGatherGemmSm90(const MatmulParams& p, const TileList& rows,
 namespace sm90_rg_testing {
 cudaError_t LaunchVariant(const MatmulParams& p, const TileList& rows, cudaStream_t stream, int cluster, int stages_a,
                           int stages_b, int gather_warps, bool carve, int diag, bool epi_in_a, bool split_k, int bn,
-                          bool dual) {
+                          bool dual, bool narrow) {
   Variant v;
-  v.epi_in_a = epi_in_a, v.split_k = split_k, v.bn = bn, v.dual = dual;
+  v.epi_in_a = epi_in_a, v.split_k = split_k, v.bn = bn, v.dual = dual, v.narrow = narrow;
   v.cluster = cluster, v.stages_a = stages_a, v.stages_b = stages_b, v.gather_warps = gather_warps;
   v.carve = carve, v.diag = diag;
   if (cluster != 1 && cluster != 2 && cluster != 4) return cudaErrorNotSupported;

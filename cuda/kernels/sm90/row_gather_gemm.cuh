@@ -77,16 +77,24 @@ template <int kStagesA_, int kStagesB_, int kGatherWarps_, bool kEpiInA_ = false
 struct Config {
   static constexpr int kStagesA = kStagesA_, kStagesB = kStagesB_, kGatherWarps = kGatherWarps_;
   // Columns per tile: 256 (m64n256 per consumer warpgroup), or 128 (m64n128) for small
-  // problems, where twice the tiles spread the work over more SMs.
+  // problems, where twice the tiles spread the work over more SMs, or 208 (m64n208, the
+  // narrow tiles: see kNarrowWidth), whose B stage is loaded as 256 columns, the last 48
+  // unused (N-major B comes in 64-column swizzle blocks).
   static constexpr int kBN = kBN_;
-  static constexpr int kStageBBytes = kBN * kBKBytes;  // loaded per B stage
-  static constexpr int kStageBPitch = kStageBPitch_;   // allocated per B stage
-  static_assert(kBN == 256 || kBN == 128, "tiles of 256 or 128 columns");
+  static constexpr bool kNarrow = kBN == 208;
+  static constexpr int kLoadN = kNarrow ? 256 : kBN;     // B columns loaded per stage
+  static constexpr int kStageBBytes = kLoadN * kBKBytes;  // loaded per B stage
+  static constexpr int kStageBPitch = kStageBPitch_;      // allocated per B stage
+  static_assert(kBN == 256 || kBN == 128 || kBN == 208, "tiles of 256, 208 or 128 columns");
   static_assert(kStageBPitch >= kStageBBytes, "a B stage holds its tile");
-  // kAltSpace: the tiles are the alternative (128-column) space of a two-width kernel
-  // (Args::n_tiles_half); Half: this configuration's 128-column form with the same layout.
+  // kAltSpace: the tiles are the alternative tile space of a two-width kernel
+  // (Args::n_tiles_alt): Half, this configuration's 128-column form with the same layout
+  // (its K-major B through the second tensor map), or Narrow, its 208-column form (B
+  // through the same map, the tiles in TileWalk's narrow order).
   static constexpr bool kAltSpace = kAltSpace_;
   using Half = Config<kStagesA_, kStagesB_, kGatherWarps_, kEpiInA_, 128, kStageBPitch_, true>;
+  using Narrow = Config<kStagesA_, kStagesB_, kGatherWarps_, kEpiInA_, 208, kStageBPitch_, true>;
+  static constexpr bool kBFromAux = kAltSpace && kBN == 128;  // Half's B: the second map
   static constexpr bool kEpiInA = kEpiInA_;
   static_assert(!kEpiInA || kGatherWarps == 0, "epilogue in A needs the consumer gather");
   static_assert(kGatherWarps == 0 || kGatherWarps == 2 || kGatherWarps == 3, "0, 2 or 3 gather warps");
@@ -128,6 +136,13 @@ constexpr int kDiagWarm = 256;
 // 16-bit store compiles the plain and the bias-only epilogues alone (the launcher sends
 // activations elsewhere): two widths of every activation's store doubled the kernel's code.
 constexpr int kDualWidth = 512;
+// Not a diagnostic either: kNarrowWidth compiles a second tile width into the 2-CTA
+// clustered kernel: 128 x 208 tiles (TileWalk's narrow order), taken when the live rows
+// fill whole rounds of them better than pairs of 128 x 256 tiles fill theirs (see
+// NarrowTiles): at 1638 live rows of 16384 x 4096 x 4096, 6 pairs x 20 + 20 odd tiles make
+// 1.97 rounds where 7 pairs x 16 make 1.7 rounds run as 2 (cuBLAS picks 128 x 208 there).
+// Batch 1, C whole, plain or bias-only stores, 16-bit types, N-major B.
+constexpr int kNarrowWidth = 1024;
 constexpr int kStampSlots = 24;
 #ifdef PIT_RG_EXPERIMENTS
 __device__ unsigned long long g_rg_stamps[1024][kStampSlots];
@@ -176,7 +191,10 @@ struct Args {
   int n_tiles = 0, m_tiles = 0, num_kb = 0;  // m_tiles: static bound ceil(capacity*tile_h/kBM)
   int m_groups = 0;                          // ceil(m_tiles / cluster size)
   int total_tiles = 0;                       // batch * m_groups * n_tiles
-  int n_tiles_half = 0, total_tiles_half = 0;  // kDualWidth: the 128-column tile space
+  // kDualWidth: the 128-column tile space (row tile groups of one CTA); kNarrowWidth: the
+  // 208-column tiles of a row (n_tiles_alt) and whether the launcher allows them (batch 1).
+  int n_tiles_alt = 0, total_tiles_alt = 0;
+  int narrow_ok = 0;
   EpilogueDev epi;                           // bias + activation (live rows), act(bias) (dead rows)
   // A's rows are packed in list order (row j of entry b: the j-th listed row, zeros past
   // the count) and read by TMA through map_aux instead of gathered by cp.async (consumer
@@ -297,6 +315,20 @@ __device__ __forceinline__ void ArriveEveryCta(uint32_t bar) {
   }
 }
 
+// A consumer warpgroup's release of a B stage whose empty barrier expects the arrivals of
+// kBCluster CTAs' warpgroups: ArriveEveryCta when the stage was multicast to kM = kBCluster
+// CTAs, else (a narrow tile that a CTA of a cluster launch loaded alone) all kBCluster
+// arrivals on the local barrier.
+template <int kM, int kBCluster>
+__device__ __forceinline__ void ReleaseB(uint32_t bar) {
+  if constexpr (kM == kBCluster) {
+    ArriveEveryCta<kM>(bar);
+  } else {
+    static_assert(kM == 1, "a stage is either shared by the cluster or local");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kBCluster) : "memory");
+  }
+}
+
 // 16 bytes from shared memory (a staged epilogue chunk).
 __device__ __forceinline__ uint4 LdShared16(uint32_t addr) {
   uint4 v;
@@ -313,8 +345,8 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-// Pins the accumulators in place around wgmma waits (no reordering of their uses): all N
-// of them (a fixed 128 read past the end of the 128-column tiles' 64-element array).
+// Pins the accumulators in place around wgmma waits (no reordering of their uses); all N
+// of them (a fixed 128 read past the end of the 128- and 208-column tiles' arrays).
 template <int N>
 __device__ __forceinline__ void FenceOperands(float (&d)[N]) {
 #pragma unroll
@@ -343,6 +375,8 @@ struct Tile {
   int n0;      // first column
   int live;    // live virtual rows of entry b: min(count, capacity) * tile_h
   const int32_t* list;
+  bool shared = false;  // its B stages multicast to the cluster (TileWalk::kShareM CTAs)
+  int rank = 0;         // this CTA's rank among them
 };
 
 // Tile t of this CTA's walk. With clusters of kCluster CTAs along M, one work item is
@@ -356,7 +390,7 @@ struct TileCoord {
 };
 template <bool kAlt = false>
 __device__ __forceinline__ TileCoord CoordOf(const Args& g, int t) {
-  const int n_tiles = kAlt ? g.n_tiles_half : g.n_tiles;
+  const int n_tiles = kAlt ? g.n_tiles_alt : g.n_tiles;
   const int per_b = g.m_groups * n_tiles;
   const int b = t / per_b;
   const int rem = t - b * per_b;
@@ -391,7 +425,7 @@ __device__ __forceinline__ bool DecodeTile(const Args& g, int t, int rank, Tile&
 // two-width kernel's 128-column one).
 template <class Cfg>
 __device__ __forceinline__ int TotalTiles(const Args& g) {
-  return Cfg::kAltSpace ? g.total_tiles_half : g.total_tiles;
+  return Cfg::kAltSpace ? g.total_tiles_alt : g.total_tiles;
 }
 
 // kDualWidth: 128-column tiles when all live ones fit in one wave of the grid (then each
@@ -399,15 +433,37 @@ __device__ __forceinline__ int TotalTiles(const Args& g) {
 // else 256 (docs/notes/sm90_row_gather.md, "128-column tiles"). Batch 1; every role
 // decides the same from the count.
 __device__ __forceinline__ bool HalfWidth(const Args& g) {
-  return LiveRowTiles(g) * g.n_tiles_half <= static_cast<int>(gridDim.x);
+  return LiveRowTiles(g) * g.n_tiles_alt <= static_cast<int>(gridDim.x);
+}
+
+// kNarrowWidth: whether the clusters walk 128 x 208 tiles (TileWalk's narrow order) rather
+// than items of kCluster 128 x 256 row tiles: whichever takes less tile width x rounds, the
+// narrow rounds counted 3 % longer (the odd row tile's tiles without multicast, and the 48
+// columns of B loaded unused). Batch 1; every role decides the same from the count.
+template <int kCluster>
+__device__ __forceinline__ bool NarrowTiles(const Args& g) {
+  if (!g.narrow_ok) return false;
+  const int rt = LiveRowTiles(g);
+  if (rt == 0) return false;
+  const int ctas = static_cast<int>(gridDim.x), clusters = ctas / kCluster;
+  const int rounds_wide = ((rt + kCluster - 1) / kCluster * g.n_tiles + clusters - 1) / clusters;
+  const int pair_items = rt / kCluster * g.n_tiles_alt, odd = rt % kCluster ? g.n_tiles_alt : 0;
+  const int busiest = pair_items / clusters + (pair_items % clusters ? 1 : 0);  // a CTA's pair items
+  const int even = (kCluster * pair_items + odd + ctas - 1) / ctas;  // with the odd tiles spread
+  const int rounds_narrow = busiest > even ? busiest : even;
+  return rounds_narrow * 208 * 103 < rounds_wide * 256 * 100;
 }
 
 // A role's body f(C{}) for the tile width it runs: C = Cfg::Half where kDual and
-// HalfWidth, else Cfg (without kDual no 128-column code is compiled in).
-template <class Cfg, bool kDual, class F>
+// HalfWidth, Cfg::Narrow where kNarrow and NarrowTiles, else Cfg (without the flags no
+// other width's code is compiled in).
+template <class Cfg, bool kDual, bool kNarrow = false, int kCluster = 1, class F>
 __device__ __forceinline__ void WithTileWidth(const Args& g, F&& f) {
   if constexpr (kDual) {
     if (HalfWidth(g)) return f(typename Cfg::Half{});
+  }
+  if constexpr (kNarrow) {
+    if (NarrowTiles<kCluster>(g)) return f(typename Cfg::Narrow{});
   }
   f(Cfg{});
 }
@@ -473,6 +529,83 @@ struct Walk {
   }
 };
 
+// The tiles of one CTA, in the order every role of it walks them (Next() decodes the next
+// one with live rows). Ordinary configurations: Walk's items, kM row tiles each (B shared
+// by multicast when kM > 1). Narrow tiles (Config::Narrow, clusters of 2): first the pairs of
+// live row tiles, items of 2 row tiles x 208 columns dealt over the clusters as the wide
+// ones are (B multicast), then, when the live row tiles are odd, the last one's column tiles
+// dealt one a CTA (B loaded alone) from the first CTA whose cluster got a pair item fewer,
+// so that the odd row tile costs neither a pair item per column tile nor a round.
+template <class Cfg, int kCluster, bool kSplitK, bool kNarrow = Cfg::kNarrow>
+struct TileWalk {
+  using W = Walk<kCluster, kSplitK>;
+  static constexpr int kShareM = W::kM;  // CTAs a shared tile's B stages reach
+  W w;
+  int t;
+  __device__ __forceinline__ explicit TileWalk(const Args& g) : w(g), t(w.first) {}
+  __device__ __forceinline__ int kfirst() const { return w.kfirst; }
+  __device__ __forceinline__ int kstep() const { return w.kstep; }
+  __device__ __forceinline__ bool Next(const Args& g, Tile& tile) {
+    for (; t < TotalTiles<Cfg>(g); t += w.step) {
+      if (DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) {
+        t += w.step;
+        tile.shared = W::kM > 1, tile.rank = w.rank;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+template <class Cfg, int kCluster, bool kSplitK>
+struct TileWalk<Cfg, kCluster, kSplitK, true> {
+  static_assert(kCluster == 2 && !kSplitK, "narrow tiles: 2-CTA clusters");
+  static constexpr int kShareM = kCluster;
+  int phase = 0, t, step, end;
+  int rt, nta, live;
+  __device__ __forceinline__ explicit TileWalk(const Args& g) {
+    live = LiveSlots(g, 0) * g.tile_h;
+    rt = (live + kBM - 1) / kBM;
+    nta = g.n_tiles_alt;
+    t = static_cast<int>(ClusterId()), step = static_cast<int>(ClusterCount()), end = rt / 2 * nta;
+  }
+  __device__ __forceinline__ int kfirst() const { return 0; }
+  __device__ __forceinline__ int kstep() const { return 1; }
+  __device__ __forceinline__ bool Next(const Args& g, Tile& tile) {
+    tile.b = 0, tile.live = live, tile.list = g.lists;
+    if (phase == 0) {
+      if (t < end) {
+        const int pair = t / nta, nt = t - pair * nta;
+        tile.rank = static_cast<int>(ClusterRank());
+        tile.m0 = (pair * 2 + tile.rank) * kBM, tile.n0 = nt * Cfg::kBN, tile.shared = true;
+        t += step;
+        return true;
+      }
+      // The odd row tile: column tile j to CTA (2 * rem + j) mod G, where the clusters below
+      // rem (pair items mod clusters) took one pair item more.
+      const int G = static_cast<int>(gridDim.x), rem = end % step;
+      phase = 1;
+      t = (static_cast<int>(blockIdx.x) - kCluster * rem + G) % G, step = G, end = (rt & 1) ? nta : 0;
+    }
+    if (t < end) {
+      tile.rank = 0, tile.m0 = (rt - 1) * kBM, tile.n0 = t * Cfg::kBN, tile.shared = false;
+      t += step;
+      return true;
+    }
+    return false;
+  }
+};
+
+// A consumer warpgroup's release of one of `tile`'s B stages (see ReleaseB).
+template <class TW, int kBCluster>
+__device__ __forceinline__ void ReleaseTileB(const Tile& tile, uint32_t bar) {
+  if (tile.shared) {
+    ReleaseB<TW::kShareM, kBCluster>(bar);
+  } else {
+    ReleaseB<1, kBCluster>(bar);
+  }
+}
+
 // A pipeline stage counter.
 template <int kStages>
 struct Pipe {
@@ -492,6 +625,7 @@ __device__ __forceinline__ void GatherA(const Args& g, char* smem, int lane) {
   int64_t* table = reinterpret_cast<int64_t*>(smem + Cfg::kTableOffset) + row0;
   const uint32_t base = SmemAddr(smem);
   const int chunk = lane & 7;
+  static_assert(!Cfg::kNarrow, "narrow tiles: consumer gather");
   using W = Walk<kCluster, kSplitK>;
   const W w(g);
   Pipe<Cfg::kStagesA> pipe;
@@ -660,7 +794,7 @@ template <class Cfg, int kKind, bool kTransB, int kCluster, int kDiag>
 __device__ __forceinline__ void IssueB(const CUtensorMap* map, uint32_t base, int n0, int bb, int kb, int stage,
                                        uint32_t phase, int rank) {
   constexpr int kBKElems = kKind == kTf32 ? 32 : 64;
-  constexpr int kPart = Cfg::kBN / kCluster;  // columns this CTA loads
+  constexpr int kPart = Cfg::kLoadN / kCluster;  // columns this CTA loads
   MbarWait(base + Cfg::kEmptyB + stage * 8, phase ^ 1);
   const uint32_t full = base + Cfg::kFullB + stage * 8;
   if constexpr (kDiag & kDiagNoB) {
@@ -700,17 +834,20 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
   ZeroFillOf<kDiag> zf;
   bool zero_left = !Cfg::kZeroWarp;
   const uint32_t base = SmemAddr(smem);
-  using W = Walk<kCluster, kSplitK>;
-  const W w(g);
+  using TW = TileWalk<Cfg, kCluster, kSplitK>;
+  TW walk(g);
   Pipe<Cfg::kStagesB> pipe;
   bool first = true;
-  for (int t = w.first; t < TotalTiles<Cfg>(g); t += w.step) {
-    Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
+  for (Tile tile; walk.Next(g, tile);) {
     const int bb = tile.b / g.b_div;
     if (first && lane == 0) Stamp<kDiag>(17);
-    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
-      if (lane == 0) IssueB<Cfg, kKind, kTransB, W::kM, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, w.rank);
+    for (int kb = walk.kfirst(); kb < g.num_kb; kb += walk.kstep()) {
+      if (lane == 0) {
+        if (tile.shared)
+          IssueB<Cfg, kKind, kTransB, TW::kShareM, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, tile.rank);
+        else
+          IssueB<Cfg, kKind, kTransB, 1, kDiag>(map, base, tile.n0, bb, kb, pipe.stage, pipe.phase, 0);
+      }
       if (first && lane == 0) Stamp<kDiag>(2);
       first = false;
       __syncwarp();
@@ -726,12 +863,14 @@ __device__ __forceinline__ void LoadB(const Args& g, const CUtensorMap* map, cha
 
 template <int kKind, bool kTransB, int kN = kBN>
 __device__ __forceinline__ void Mma(float* acc, uint64_t da, uint64_t db) {
-  static_assert(kN == 256 || kN == 128, "m64n256 or m64n128");
+  static_assert(kN == 256 || kN == 128 || (kN == 208 && kKind != kTf32 && !kTransB), "m64n256, m64n208 or m64n128");
   if constexpr (kKind == kBf16) {
     if constexpr (kN == 256) sm90::WgmmaBf16N256<0, kTransB ? 0 : 1>(acc, da, db);
+    else if constexpr (kN == 208) sm90::WgmmaBf16N208<0, 1>(acc, da, db);
     else sm90::WgmmaBf16N128<0, kTransB ? 0 : 1>(acc, da, db);
   } else if constexpr (kKind == kF16) {
     if constexpr (kN == 256) sm90::WgmmaF16N256<0, kTransB ? 0 : 1>(acc, da, db);
+    else if constexpr (kN == 208) sm90::WgmmaF16N208<0, 1>(acc, da, db);
     else sm90::WgmmaF16N128<0, kTransB ? 0 : 1>(acc, da, db);
   } else {
     if constexpr (kN == 256) sm90::WgmmaTf32N256(acc, da, db);
@@ -841,28 +980,24 @@ __device__ __forceinline__ void SumPairs(uint32_t base, int ct, int rank, int S,
 // (the rows its warp computes), and walks the same (tile, k-block) sequence as the
 // compute loop, S stages ahead: Issue() loads the next k-block into the stage that the
 // warpgroup's previous wgmma has just released.
-template <class Cfg, class W, bool kNoA = false>
+template <class Cfg, class TW, bool kNoA = false>
 struct ALoader {
-  int t, kb = 0, stage = 0;
+  TW walk;  // a copy of the consumers' walk, ahead of it
+  int kb = 0, stage = 0;
   bool valid = false;
   const char* a_b = nullptr;
   int64_t off[4];  // row byte offsets (or -1: no row)
   int m0 = 0, a_entry = 0;              // Args::a_tma: the tile's first packed row, A's batch entry
   const CUtensorMap* map_a = nullptr;  // Args::a_tma: the packed rows
-  __device__ __forceinline__ void Start(const Args& g, const W& w, int wg, int warp, int lane) {
-    t = w.first - w.step;
-    kb = w.kfirst;
-    NextTile(g, w, wg, warp, lane);
+  __device__ __forceinline__ explicit ALoader(const Args& g) : walk(g) {}
+  __device__ __forceinline__ void Start(const Args& g, int wg, int warp, int lane) {
+    kb = walk.kfirst();
+    NextTile(g, wg, warp, lane);
   }
-  __device__ __forceinline__ void NextTile(const Args& g, const W& w, int wg, int warp, int lane) {
-    valid = false;
-    for (t += w.step; t < TotalTiles<Cfg>(g); t += w.step) {
-      Tile tile;
-      if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
-      TakeRows(g, tile, wg, warp, lane);
-      valid = true;
-      return;
-    }
+  __device__ __forceinline__ void NextTile(const Args& g, int wg, int warp, int lane) {
+    Tile tile;
+    valid = walk.Next(g, tile);
+    if (valid) TakeRows(g, tile, wg, warp, lane);
   }
   // This thread's 4 rows of `tile` (their byte offsets, -1: no row) and its batch entry's A.
   __device__ __forceinline__ void TakeRows(const Args& g, const Tile& tile, int wg, int warp, int lane) {
@@ -875,7 +1010,7 @@ struct ALoader {
       off[i] = row < 0 ? int64_t{-1} : row * g.a_row_bytes;
     }
   }
-  __device__ __forceinline__ void Issue(const Args& g, const W& w, uint32_t base, int wg, int warp, int lane) {
+  __device__ __forceinline__ void Issue(const Args& g, uint32_t base, int wg, int warp, int lane) {
     if (!valid) return;
     const int chunk = lane & 7;
     const int64_t kbyte = static_cast<int64_t>(kb) * kBKBytes + chunk * 16;
@@ -900,10 +1035,10 @@ struct ALoader {
       CpAsyncArriveNoinc(full);
     }
     if (++stage == Cfg::kStagesA) stage = 0;
-    kb += w.kstep;
+    kb += walk.kstep();
     if (kb >= g.num_kb) {
-      kb = w.kfirst;
-      NextTile(g, w, wg, warp, lane);
+      kb = walk.kfirst();
+      NextTile(g, wg, warp, lane);
     }
   }
 };
@@ -929,10 +1064,13 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
   constexpr int kPitch = Cfg::kEpiInA ? kBKBytes : kEpiPitch;
   auto chunk_at = [](int row, int c) { return Cfg::kEpiInA ? ((c ^ (row & 7)) << 4) : (c << 4); };
   const int fr = lane >> 2, fq = lane & 3;
+  // 64-column chunks; a 208-column tile's last one holds 16 (the lanes past them idle).
+  constexpr int kChunks = (Cfg::kBN + 63) / 64;
 #pragma unroll
-  for (int ch = 0; ch < Cfg::kBN / 64; ++ch) {
+  for (int ch = 0; ch < kChunks; ++ch) {
     if (n0 + 64 * ch >= g.N) break;
-    const int col = n0 + 64 * ch + 8 * (lane & 7);
+    const bool in_tile = 64 * ch + 8 * (lane & 7) < Cfg::kBN;
+    const int col = in_tile ? n0 + 64 * ch + 8 * (lane & 7) : g.N;  // g.N: stores nothing
     // This lane's 8 biases of the chunk, loaded before the staging so that the load's
     // latency is hidden (16-byte aligned: checked by the launcher).
     // Float32 biases (bias_f32; 32-byte aligned: N % 8 == 0) are rounded to C's dtype after
@@ -953,6 +1091,7 @@ __device__ __forceinline__ void StoreTile16(const Args& g, const float (&acc)[Cf
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
       const int j = ch * 8 + jj;
+      if (j >= Cfg::kBN / 8) break;
       const uint32_t o0 = fr * kPitch + chunk_at(fr, jj) + fq * 4;
       const uint32_t o1 = (fr + 8) * kPitch + chunk_at(fr + 8, jj) + fq * 4;
       asm volatile("st.shared.b32 [%0], %1;" ::"r"(stage_s + o0), "r"(Pack2<kKind>(acc[4 * j], acc[4 * j + 1]))
@@ -993,8 +1132,8 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   SplitTile split;
   const uint32_t base = SmemAddr(smem);
   const int warp = tid >> 5, lane = tid & 31;
-  using W = Walk<kCluster, kSplitK>;
-  const W w(g);
+  using TW = TileWalk<Cfg, kCluster, kSplitK>;
+  TW walk(g);
   Pipe<Cfg::kStagesA> pa;
   Pipe<Cfg::kStagesB> pb;
   // This warp's epilogue staging: 16 rows x 64 columns at a time (16-bit types).
@@ -1002,20 +1141,18 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
   const uint32_t epi_s = SmemAddr(epi);
   constexpr int kAcc = Cfg::kBN / 2;  // fp32 accumulators per thread
   float acc[kAcc];
-  ALoader<Cfg, W, (kDiag & kDiagNoA) != 0> loader;
+  ALoader<Cfg, TW, (kDiag & kDiagNoA) != 0> loader(g);
   loader.map_a = map_a;
   const bool stamper = wg == 0 && tid == 0;
   if (stamper) Stamp<kDiag>(20);
   if constexpr (Cfg::kConsumerGather) {
-    loader.Start(g, w, wg, warp, lane);
+    loader.Start(g, wg, warp, lane);
     if (stamper) Stamp<kDiag>(21);
-    for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, w, base, wg, warp, lane);  // fill every stage
+    for (int s = 0; s < Cfg::kStagesA; ++s) loader.Issue(g, base, wg, warp, lane);  // fill every stage
   }
   int stamp_tiles = 0;
   if (stamper) Stamp<kDiag>(4);
-  for (int t = w.first; t < TotalTiles<Cfg>(g); t += w.step) {
-    Tile tile;
-    if (!DecodeTile<W::kM, Cfg::kBN, Cfg::kAltSpace>(g, t, w.rank, tile)) continue;
+  for (Tile tile; walk.Next(g, tile);) {
     // Rows this lane writes (looked up now; used after the main loop). fp32 C: the rows of
     // the accumulator fragment (lane/4 and lane/4 + 8). 16-bit C (staged): rows lane/8 + 4i
     // of the warp's 16.
@@ -1031,7 +1168,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
     int prev_a = -1, prev_b = -1;
-    for (int kb = w.kfirst; kb < g.num_kb; kb += w.kstep) {
+    for (int kb = walk.kfirst(); kb < g.num_kb; kb += walk.kstep()) {
       MbarWait(base + Cfg::kFullA + ((Cfg::kConsumerGather ? wg * Cfg::kStagesA : 0) + pa.stage) * 8, pa.phase);
       MbarWait(base + Cfg::kFullB + pb.stage * 8, pb.phase);
       // cp.async writes are generic-proxy writes that wgmma reads through the async proxy.
@@ -1053,11 +1190,11 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       WgmmaWait<1>();
       // The previous step's stage is free: refill its A (consumer gather), release its B.
       if constexpr (Cfg::kConsumerGather) {
-        if (prev_a >= 0) loader.Issue(g, w, base, wg, warp, lane);
+        if (prev_a >= 0) loader.Issue(g, base, wg, warp, lane);
       }
       if (prev_a >= 0 && tid == 0) {
         if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
-        ArriveEveryCta<W::kM>(base + Cfg::kEmptyB + prev_b * 8);
+        ReleaseTileB<TW, kSplitK ? 1 : kCluster>(tile, base + Cfg::kEmptyB + prev_b * 8);
       }
       prev_a = pa.stage, prev_b = pb.stage;
       pa.Next(), pb.Next();
@@ -1066,13 +1203,13 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
     FenceOperands(acc);
     if (stamper && stamp_tiles == 0) Stamp<kDiag>(7);
     ++stamp_tiles;
-    if constexpr (Cfg::kConsumerGather && !Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
+    if constexpr (Cfg::kConsumerGather && !Cfg::kEpiInA) loader.Issue(g, base, wg, warp, lane);
     if (tid == 0) {
       if constexpr (!Cfg::kConsumerGather) MbarArrive(base + Cfg::kEmptyA + prev_a * 8);
-      ArriveEveryCta<W::kM>(base + Cfg::kEmptyB + prev_b * 8);
+      ReleaseTileB<TW, kSplitK ? 1 : kCluster>(tile, base + Cfg::kEmptyB + prev_b * 8);
     }
     if constexpr (kSplitK) {
-      if (w.kstep > 1) {
+      if (walk.kstep() > 1) {
         // This group has no other tile, so no load is pending and, once both consumer
         // warpgroups are past their last wgmma, the stages are free for the fp32 partials.
         asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -1087,7 +1224,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       }
     }
     if constexpr (kDiag & kDiagNoStore) {
-      if constexpr (Cfg::kEpiInA) loader.Issue(g, w, base, wg, warp, lane);
+      if constexpr (Cfg::kEpiInA) loader.Issue(g, base, wg, warp, lane);
       continue;
     }
 
@@ -1144,7 +1281,9 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
       }
       // The activation is a template argument of the store, chosen once per tile: a switch
       // per element left the 128-value epilogue serial (about 10 us per tile, measured).
-      constexpr bool kPreOk = (kDiag & (kDualWidth | kOutParts)) == 0;  // the launcher's rule
+      // The launcher's rules: the two-width kernels' second width (and the dual kernel's
+      // first) compile the plain and bias-only stores alone.
+      constexpr bool kPreOk = (kDiag & (kDualWidth | kOutParts)) == 0 && !Cfg::kNarrow;
       if (!g.epi.on) {
         StoreTile16<Cfg, kKind, -1>(g, acc, tile.n0, rows, c_b, stage_s, lane);
       } else if (kPreOk && g.epi.pre) {
@@ -1154,7 +1293,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
           case static_cast<int>(Activation::kGeluErf): StoreTile16<Cfg, kKind, 3, kPreOk>(g, acc, tile.n0, rows, c_b, stage_s, lane); break;
           default: StoreTile16<Cfg, kKind, 4, kPreOk>(g, acc, tile.n0, rows, c_b, stage_s, lane);
         }
-      } else if constexpr ((kDiag & kDualWidth) != 0) {
+      } else if constexpr ((kDiag & kDualWidth) != 0 || Cfg::kNarrow) {
         StoreTile16<Cfg, kKind, 0>(g, acc, tile.n0, rows, c_b, stage_s, lane);
       } else {
         switch (g.epi.act) {
@@ -1175,7 +1314,7 @@ __device__ __forceinline__ SplitTile Consume(const Args& g, char* smem, int wg, 
         asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
         FenceProxyAsync();
       }
-      loader.Issue(g, w, base, wg, warp, lane);
+      loader.Issue(g, base, wg, warp, lane);
     }
   }
   if constexpr (Cfg::kConsumerGather) CpAsyncWaitAll();
@@ -1251,6 +1390,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kDual = (kDiag & kDualWidth) != 0;
   static_assert(!kDual || (kCluster == 1 && !kSplitK && Cfg::kBN == 256 && Cfg::kConsumerGather),
                 "two widths: single CTAs, 256-column primary tiles, consumer gather");
+  constexpr bool kNarrow = (kDiag & kNarrowWidth) != 0;
+  static_assert(!kNarrow || (!kDual && !kSplitK && Cfg::kBN == 256 && Cfg::kConsumerGather && kKind != kTf32 &&
+                             !kTransB && (kDiag & kOutParts) == 0),
+                "narrow tiles: 256-column primary tiles, consumer gather, 16-bit, N-major B, C whole");
   static_assert(kKind != kTf32 || kTransB, "tf32 wgmma needs K-major B (trans_b)");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1320,9 +1463,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warp < 4) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
     if (warp == Cfg::kBWarp) {
-      WithTileWidth<Cfg, kDual>(g, [&](auto c) {
+      WithTileWidth<Cfg, kDual, kNarrow, kCluster>(g, [&](auto c) {
         using C = decltype(c);
-        LoadB<C, kKind, kTransB, kCluster, kDiag, kSplitK>(g, C::kAltSpace ? &map_aux : &map_b, smem, lane);
+        LoadB<C, kKind, kTransB, kCluster, kDiag, kSplitK>(g, C::kBFromAux ? &map_aux : &map_b, smem, lane);
       });
     } else if (Cfg::kConsumerGather) {
       ZeroFillOf<kDiag> zf(warp == 3 ? 2 : warp, 3);  // warps 0, 1, 3
@@ -1362,7 +1505,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
     const int wg = (warp >> 2) - 1;
     const int ct = threadIdx.x - 128 * (wg + 1);
-    WithTileWidth<Cfg, kDual>(g, [&](auto c) {
+    WithTileWidth<Cfg, kDual, kNarrow, kCluster>(g, [&](auto c) {
       split = Consume<decltype(c), kKind, kTransB, kCluster, kDiag, kSplitK>(g, smem, wg, ct, &map_aux);
     });
   }
