@@ -34,7 +34,7 @@ struct Variant {
   bool auto_split = false;  // take kSplit or kSingle where the static tile space is small (see LaunchImpl)
   int bn = 256;             // columns per tile: 256, or 128 (Config kBN)
   bool dual = false;        // both widths compiled, chosen on the device (kDualWidth; single CTAs, batch 1)
-  bool narrow = false;      // clusters that also walk 128 x 208 tiles alone where those fill rounds better (kNarrowWidth)
+  bool narrow = false;      // 2-CTA clusters with 128 x 208 tiles too, taken where they fill rounds better (kNarrowWidth)
 };
 
 // The variant LaunchRowGatherGemmSm90 uses (see docs/notes/sm90_row_gather.md): 2-CTA

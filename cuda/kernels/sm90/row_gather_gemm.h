@@ -27,8 +27,8 @@ namespace sm90_rg_testing {
 // shared-memory carve-out; diag =
 // timing-only switches that make the result wrong; epi_in_a = epilogue staging in the
 // freed A stage; split_k = the cluster splits K, batch 1; bn = columns per tile, 256 or
-// 128; dual = both widths, chosen on the device; narrow = the clustered kernel with 128 x
-// 208 tiles walked alone compiled in, chosen on the device). Only the default and split-K
+// 128; dual = both widths, chosen on the device; narrow = the 2-CTA clustered kernel with
+// 128 x 208 tiles compiled in, chosen on the device). Only the default and split-K
 // configurations are compiled unless the .cu is built with -DPIT_RG_EXPERIMENTS;
 // NotSupported where not compiled. Unlike LaunchRowGatherGemmSm90, a variant never
 // switches to split-K by itself.
