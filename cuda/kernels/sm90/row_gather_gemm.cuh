@@ -315,20 +315,6 @@ __device__ __forceinline__ void ArriveEveryCta(uint32_t bar) {
   }
 }
 
-// A consumer warpgroup's release of a B stage whose empty barrier expects the arrivals of
-// kBCluster CTAs' warpgroups: ArriveEveryCta when the stage was multicast to kM = kBCluster
-// CTAs, else (a narrow tile that a CTA of a cluster launch loaded alone) all kBCluster
-// arrivals on the local barrier.
-template <int kM, int kBCluster>
-__device__ __forceinline__ void ReleaseB(uint32_t bar) {
-  if constexpr (kM == kBCluster) {
-    ArriveEveryCta<kM>(bar);
-  } else {
-    static_assert(kM == 1, "a stage is either shared by the cluster or local");
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kBCluster) : "memory");
-  }
-}
-
 // 16 bytes from shared memory (a staged epilogue chunk).
 __device__ __forceinline__ uint4 LdShared16(uint32_t addr) {
   uint4 v;
@@ -596,13 +582,19 @@ struct TileWalk<Cfg, kCluster, kSplitK, true> {
   }
 };
 
-// A consumer warpgroup's release of one of `tile`'s B stages (see ReleaseB).
+// A consumer warpgroup's release of one of `tile`'s B stages, whose empty barrier expects
+// the arrivals of kBCluster CTAs' warpgroups: an arrival on every CTA the stage was
+// multicast to, else (a tile loaded alone: kBCluster is 1, or a narrow tile that a CTA of a
+// cluster launch loaded alone) all kBCluster arrivals on the local barrier.
 template <class TW, int kBCluster>
 __device__ __forceinline__ void ReleaseTileB(const Tile& tile, uint32_t bar) {
+  static_assert(TW::kShareM == 1 || TW::kShareM == kBCluster, "a stage is shared by the cluster or local");
   if (tile.shared) {
-    ReleaseB<TW::kShareM, kBCluster>(bar);
+    ArriveEveryCta<TW::kShareM>(bar);
+  } else if constexpr (kBCluster == 1) {
+    MbarArrive(bar);
   } else {
-    ReleaseB<1, kBCluster>(bar);
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kBCluster) : "memory");
   }
 }
 
