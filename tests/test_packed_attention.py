@@ -42,8 +42,9 @@ def random_cu(rng, b, s, n, longest=None):
 def packed64(q, k, v, dout, cu, max_seqlen, scale, causal=False, window=None):
     """(out, lse, dq, dk, dv, valid) in float64: each row's sequences [cu[i], cu[i + 1]),
     at most max_seqlen tokens valid, over their own tokens; k, v with kv heads dividing
-    q's (each query head's kv head by repeating)."""
-    group = q.shape[2] // k.shape[2]
+    q's (each query head's kv head by repeating); the backward's delta from the output
+    stored in q's dtype."""
+    group, out_dtype = q.shape[2] // k.shape[2], np.asarray(q).dtype
     q, dout = f64(q), f64(dout)
     k, v = (np.repeat(f64(a), group, axis=2) for a in (k, v))
     b_, s_, h_, _ = q.shape
@@ -60,7 +61,7 @@ def packed64(q, k, v, dout, cu, max_seqlen, scale, causal=False, window=None):
             valid[b, t] = True
             for h in range(h_):
                 out[b, t, h], lse[b, h, t], dq[b, t, h], dk[b, t, h], dv[b, t, h] = attention64(
-                    q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h], scale, causal, window)
+                    q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h], scale, causal, window, out_dtype)
     dk, dv = (a.reshape(b_, s_, h_ // group, group, -1).sum(3) for a in (dk, dv))
     return out, lse, dq, dk, dv, valid
 

@@ -40,7 +40,9 @@ def lengths_for(rng, b, s, kind):
 def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right", window=None):
     """(out, lse, dq, dk, dv) in float64, per sequence and head, over the valid tokens
     (a sequence's first lengths[b], or its last with left padding; causal: keys j <= i; a
-    window (left, right): keys i - left <= j <= i + right)."""
+    window (left, right): keys i - left <= j <= i + right; the backward's delta from the
+    output stored in q's dtype)."""
+    out_dtype = np.asarray(q).dtype
     q, k, v, dout = (f64(a) for a in (q, k, v, dout))
     b_, s_, h_, _ = q.shape
     out, dq, dk, dv = (np.zeros_like(q) for _ in range(4))
@@ -52,7 +54,7 @@ def reference64(q, k, v, lengths, dout, scale, causal=False, padding="right", wi
         t = slice(s_ - n, s_) if padding == "left" else slice(0, n)
         for h in range(h_):
             out[b, t, h], lse[b, h, t], dq[b, t, h], dk[b, t, h], dv[b, t, h] = attention64(
-                q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h], scale, causal, window)
+                q[b, t, h], k[b, t, h], v[b, t, h], dout[b, t, h], scale, causal, window, out_dtype)
     return out, lse, dq, dk, dv
 
 
