@@ -11,6 +11,7 @@ from pit_jax import checkpoint_policies, reference
 from pit_jax.config import reference_enabled, use_reference
 from pit_jax.moe_index import MoeIndex
 from pit_jax.ops.attention import packed_attention, varlen_attention
+from pit_jax.ops.cast import cast_matrices
 from pit_jax.ops.index import index, index_from_tiles
 from pit_jax.ops.layer_norm import layer_norm
 from pit_jax.ops.moe import grouped_matmul, moe_ffn, moe_index
@@ -29,6 +30,7 @@ __all__ = [
     "TopBlocks",
     "block_topk",
     "block_topk_groups",
+    "cast_matrices",
     "mask_blocks",
     "checkpoint_policies",
     "export_checks",
