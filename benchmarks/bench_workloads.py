@@ -36,6 +36,9 @@ Variants (`impl`):
                 padding rows unwritten (q, k, v too where the attention is
                 pit_jax.varlen_attention, which reads the valid rows only)
   pit_train_attention  (bert_long, inference) pit with training's attention (cuDNN)
+  *_grouped_casts  (bert, float32 parameters: "infer" and training) dense and
+                pit_unspecified with their kernels cast to bf16 by pit_jax.cast_matrices
+                (one launch per kernel shape) where Flax casts each in its layer
   pit_xla_norm  (bert, training) the PIT model with XLA's residual adds and layer norms
                 over every row (live_norm=False)
   pit_rownorm   (prune) pit's routes with the residual adds and layer norms by pit_jax's
@@ -350,24 +353,32 @@ def bert_case(suite, workload, small):
     # Inference calls pass train=False (the attention past 128 tokens: the kernels, whose
     # forward is the faster); bert_long's "pit_train_attention" is "pit" with training's
     # choice (cuDNN there), for comparison.
-    variants = [(impl, models[impl], False) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified")]
+    # "*_grouped_casts" (float32 parameters only): the kernels cast by `bert.cast_kernels`
+    # (pit_jax.cast_matrices, one launch per kernel shape) instead of Flax's cast in each
+    # layer (one XLA convert per kernel); the dense twin's tells what the grouped casts
+    # give apart from what skipping padding gives.
+    variants = [(impl, models[impl], False, False) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified")]
     if long:
-        variants.append(("pit_train_attention", models["pit"], True))
+        variants.append(("pit_train_attention", models["pit"], True, False))
+    grouped = [(impl + "_grouped_casts", models[impl], False, True) for impl in ("dense", "pit_unspecified")]
     for mode, p_in in (("infer", params), ("infer_bf16w", bf16_weights(params))):
         store, check = _reference_check(lambda ref: _check_rows(tol, ref, valid))
         suite.run_interleaved(dict(base, mode=mode), [
-            (impl, lambda p, t, ln, m=m, tr=tr: m.apply(p, t, ln, train=tr)[1], (p_in, tokens, lengths),
-             store if impl == "dense" else check) for impl, m, tr in variants])
+            (impl, lambda p, t, ln, m=m, tr=tr, c=c: m.apply(bert.cast_kernels(p, cfg) if c else p, t, ln,
+                                                              train=tr)[1],
+             (p_in, tokens, lengths), store if impl == "dense" else check)
+            for impl, m, tr, c in variants + (grouped if mode == "infer" else [])])
     # Training: "pit" is the inference model (live-row norms, whose gradient runs the
     # backward target on the valid rows); "pit_unspecified" the same with the padding rows
     # left unwritten (the same gradients); "pit_xla_norm" keeps XLA's residual adds and
     # layer norms over every row, for comparison.
     models["pit_xla_norm"] = bert.BertClassifier(cfg, "pit", attn, live_norm=False)
     store, check = _reference_check(lambda ref: _check_loss(tol, float(ref[2])))
+    train = [(impl, models[impl], False) for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified", "pit_xla_norm")]
     suite.run_interleaved(dict(base, mode="train"), [
-        (impl, _train_step(functools.partial(bert.loss_fn, models[impl]), tx),
+        (impl, _train_step(functools.partial(bert.loss_fn, m, grouped_casts=c), tx),
          (params, opt_state, tokens, lengths, labels), store if impl == "dense" else check)
-        for impl in ("dense", "dense_cudnn", "pit", "pit_unspecified", "pit_xla_norm")])
+        for impl, m, c in train + [("pit_unspecified_grouped_casts", models["pit_unspecified"], True)]])
 
 
 def _reference_check(make_check):

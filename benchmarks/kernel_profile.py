@@ -4,6 +4,7 @@ span and the heaviest kernels, per variant, from a profiler trace.
     python -m benchmarks.kernel_profile bert                   # BERT b32 inference: dense, dense_cudnn, pit
     python -m benchmarks.kernel_profile bert --bf16w           # the same with the weights stored in bf16
     python -m benchmarks.kernel_profile bert --cast-kernels    # float32 weights cast at the call's start
+    python -m benchmarks.kernel_profile bert --grouped-casts   # ... by pit_jax.cast_matrices (bert.cast_kernels)
     python -m benchmarks.kernel_profile prune --tile 32x64 --density 0.02   # pruned training step
     python -m benchmarks.kernel_profile bert --small           # tiny model (CPU: no kernel table)
     python -m benchmarks.kernel_profile bert_train             # BERT b32 fine-tuning step (adamw)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import re
@@ -67,7 +69,9 @@ def _cast_kernels(params):
     return jax.tree_util.tree_map_with_path(cast, params)
 
 
-def _bert(small, bf16w=False, bf16_all=False, cast_kernels=False):
+def _bert(small, bf16w=False, bf16_all=False, cast_kernels=False, grouped_casts=False):
+    from pit_models import bert
+
     from benchmarks.bench_workloads import bert_models, bf16_weights
 
     cfg, (tokens, lengths, _), attn, params = _bert_batch(small)
@@ -76,13 +80,13 @@ def _bert(small, bf16w=False, bf16_all=False, cast_kernels=False):
     if bf16_all:  # every parameter in bf16, biases and norm parameters too
         params = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)
     pre = _cast_kernels if cast_kernels else (lambda p: p)
+    if grouped_casts:  # one pit_mask_blocks launch per kernel shape
+        pre = functools.partial(bert.cast_kernels, cfg=cfg)
     return {name: (jax.jit(lambda p, t, ln, m=m: m.apply(pre(p), t, ln)[1]), (params, tokens, lengths))
             for name, m in bert_models(cfg, attn).items()}
 
 
-def _bert_train(small):
-    import functools
-
+def _bert_train(small, grouped_casts=False):
     import optax
     from pit_models import bert
 
@@ -94,7 +98,10 @@ def _bert_train(small):
     # as bench_workloads' BERT "train" rows: pit_xla_norm keeps XLA's norms (live_norm=False)
     models = dict(bert_models(cfg, attn), pit_xla_norm=bert.BertClassifier(cfg, "pit", attn, live_norm=False),
                   pit_dense_rows=bert.BertClassifier(cfg, "pit", attn, dead_rows="dense"))
-    out = {name: (jax.jit(_train_step(functools.partial(bert.loss_fn, m), tx)), args) for name, m in models.items()}
+    # grouped_casts: the pit steps' kernels cast by bert.cast_kernels
+    out = {name: (jax.jit(_train_step(functools.partial(bert.loss_fn, m, grouped_casts=grouped_casts and
+                                                        name.startswith("pit")), tx)), args)
+           for name, m in models.items()}
     # the optimizer update alone (adamw over every parameter), as in the steps above
     grads = jax.tree_util.tree_map(jnp.ones_like, params)
 
@@ -109,8 +116,6 @@ def _bert_train(small):
 def _moe_train(small, experts, top_k):
     """The Switch MoE training step (adamw) of bench_workloads' moe rows (its model, batch
     and parameters: bench_workloads.moe_point), for dense, ragged and pit."""
-    import functools
-
     import optax
     from pit_models import switch
 
@@ -318,6 +323,9 @@ def main(argv=None):
     ap.add_argument("--bf16-all", action="store_true", help="bert: every parameter stored in bf16")
     ap.add_argument("--cast-kernels", action="store_true",
                     help="bert: float32 parameters, the weight matrices cast to bf16 at the start of the call")
+    ap.add_argument("--grouped-casts", action="store_true",
+                    help="bert: the weight matrices cast by pit_jax.cast_matrices at the start (bert_train: "
+                         "the pit steps')")
     ap.add_argument("--experts", type=int, default=8, help="moe_train, moe_first: experts")
     ap.add_argument("--top-k", type=int, default=1, help="moe_train, moe_first: experts per token")
     ap.add_argument("--only", default=None, help="comma-separated variants")
@@ -328,9 +336,9 @@ def main(argv=None):
                          "and every kernel's time (<workload>.json) to DIR, for benchmarks.hlo_schedule")
     args = ap.parse_args(argv)
     if args.workload == "bert":
-        variants = _bert(args.small, args.bf16w, args.bf16_all, args.cast_kernels)
+        variants = _bert(args.small, args.bf16w, args.bf16_all, args.cast_kernels, args.grouped_casts)
     elif args.workload == "bert_train":
-        variants = _bert_train(args.small)
+        variants = _bert_train(args.small, args.grouped_casts)
     elif args.workload == "moe_train":
         variants = _moe_train(args.small, args.experts, args.top_k)
     elif args.workload == "moe_first":

@@ -262,7 +262,18 @@ class BertClassifier(nn.Module):
         return logits.astype(jnp.float32), x
 
 
-def loss_fn(model, params, tokens, lengths, labels, weight_index=None):
+def cast_kernels(params, cfg: BertConfig):
+    """params with every float32 kernel cast to cfg.dtype by `pit_jax.cast_matrices`: one
+    launch per kernel shape (5: the encoder's 48 in 4, the pooler's with attn_out's, the
+    classifier's) where Flax's mixed precision casts each kernel in its layer (one XLA
+    convert each; those become no-ops). The same results, bit for bit, and gradients."""
+    return pit_jax.cast_matrices(params, cfg.dtype)
+
+
+def loss_fn(model, params, tokens, lengths, labels, weight_index=None, grouped_casts=False):
+    """grouped_casts: the kernels cast up front by `cast_kernels` (the same loss)."""
+    if grouped_casts:
+        params = cast_kernels(params, model.cfg)
     logits, _ = model.apply(params, tokens, lengths, weight_index)
     return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
 
