@@ -149,3 +149,33 @@ def test_cast_matrices_flax_mixed_precision(platform):
     g_cast = jax.jit(jax.grad(loss(lambda p: pit_jax.cast_matrices(p, jnp.bfloat16))))(params)
     for g, w in zip(jax.tree.leaves(g_cast), jax.tree.leaves(g_plain)):
         np.testing.assert_allclose(f32(g), f32(w), rtol=tol, atol=tol * np.abs(f32(w)).max(), err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_cast_matrices_nnx_state(platform):
+    """An nnx model's State (paths ending in the Variable's .value): its Linear kernels
+    are cast by default, the biases kept; the merged model gives what its own casts give."""
+    from flax import nnx
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(32, 64, dtype=jnp.bfloat16, rngs=rngs)
+            self.b = nnx.Linear(64, 64, dtype=jnp.bfloat16, rngs=rngs)
+            self.c = nnx.Linear(64, 64, dtype=jnp.bfloat16, rngs=rngs)
+
+        def __call__(self, x):
+            return self.c(nnx.relu(self.b(nnx.relu(self.a(x)))))
+
+    rng, seed = fresh_rng()
+    with jax.default_device(jax.devices(platform)[0]):
+        graph, state = nnx.split(Mlp(nnx.Rngs(seed % 2**31)))
+    x = put(platform, randn(rng, (8, 32), jnp.float32))
+    fn = jax.jit(lambda s: pit_jax.cast_matrices(s, jnp.bfloat16))
+    cast = fn(state)
+    assert cast["a"]["kernel"][...].dtype == jnp.bfloat16 and cast["a"]["bias"][...].dtype == jnp.float32
+    assert str(jax.make_jaxpr(fn)(state)).count("pit_mask_blocks[") == 2  # (32, 64) and the two (64, 64)
+    run = jax.jit(lambda s, x: nnx.merge(graph, s)(x))
+    tol = 0 if platform == "cpu" else 1e-2  # as in test_cast_matrices_flax_mixed_precision
+    want = f32(run(state, x))
+    np.testing.assert_allclose(f32(run(cast, x)), want, rtol=tol, atol=tol * np.abs(want).max(),
+                               err_msg=f"seed={seed}")

@@ -21,9 +21,11 @@ from pit_jax.primitives._products import FLOATS
 
 
 def _is_flax_kernel(path, leaf) -> bool:
-    last = path[-1] if path else None
-    name = getattr(last, "key", getattr(last, "name", None))
-    return name == "kernel"
+    """The leaf is a Flax layer's "kernel": linen's params["kernel"], or nnx's State
+    entry "kernel" (whose path ends in the Variable's `.value`)."""
+    if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
+        path = path[:-1]
+    return bool(path) and getattr(path[-1], "key", getattr(path[-1], "name", None)) == "kernel"
 
 
 def cast_matrices(tree: Any, dtype, include: Optional[Callable[[tuple, jax.Array], bool]] = None) -> Any:
@@ -39,9 +41,10 @@ def cast_matrices(tree: Any, dtype, include: Optional[Callable[[tuple, jax.Array
       dtype: float32, bfloat16 or float16.
       include: `include(path, leaf) -> bool` picks the leaves to cast (path as
         `jax.tree_util.tree_flatten_with_path` gives it); only floating leaves of rank
-        >= 2 not already in `dtype` are cast. Default: the leaves named "kernel" (Flax's
-        Dense and DenseGeneral weights), so embedding tables, which a model gathers from
-        before it casts, stay as they are.
+        >= 2 not already in `dtype` are cast. Default: the leaves named "kernel" (the
+        weights of Flax's Dense, DenseGeneral and nnx.Linear, in linen's params or an
+        nnx.State), so embedding tables, which a model gathers from before it casts,
+        stay as they are.
     """
     fn = "pit_jax.cast_matrices"
     dtype = jnp.dtype(dtype)
