@@ -78,6 +78,12 @@ def f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+def bits(x) -> np.ndarray:
+    """A float array's bit patterns (32- or 16-bit words), for bit-for-bit comparisons."""
+    x = np.asarray(x)
+    return x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+
+
 def assert_trees_close(got, want, rtol, atol):
     """assert_allclose leaf by leaf over two pytrees of the same structure."""
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol),

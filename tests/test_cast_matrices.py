@@ -10,16 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
-from pit_testing import PLATFORMS, fresh_rng, put, randn
+from pit_testing import PLATFORMS, bits, fresh_rng, put, randn
 
 import pit_jax
 
 pytestmark = pytest.mark.usefixtures("poison_outputs")
-
-
-def bits(a):
-    a = np.asarray(a)
-    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
 
 
 def f32(a):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pit_testing import PLATFORMS, assert_call_raises, fresh_rng, put, randn
+from pit_testing import PLATFORMS, assert_call_raises, bits, fresh_rng, put, randn
 
 import pit_jax
 from pit_jax import reference
@@ -50,11 +50,6 @@ def want_of(x, live, tile, out_dtype):
     mask = expand(np.asarray(live), tile, x.shape[-2:])
     x32 = np.asarray(x).astype(np.float32)
     return np.where(mask, x32, 0).astype(jnp.dtype(out_dtype))
-
-
-def bits(a):
-    a = np.asarray(a)
-    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
 
 
 def case(rng, lead, k, n, tile, dtype, density):

@@ -263,10 +263,11 @@ class BertClassifier(nn.Module):
 
 
 def cast_kernels(params, cfg: BertConfig):
-    """params with every float32 kernel cast to cfg.dtype by `pit_jax.cast_matrices`: one
+    """params with every kernel not in cfg.dtype cast to it by `pit_jax.cast_matrices`: one
     launch per kernel shape (5: the encoder's 48 in 4, the pooler's with attn_out's, the
     classifier's) where Flax's mixed precision casts each kernel in its layer (one XLA
-    convert each; those become no-ops). The same results, bit for bit, and gradients."""
+    convert each; those become no-ops). The same results and gradients (bit for bit on the
+    CPU; on a GPU XLA may fuse a dense layer's operand cast into its dot)."""
     return pit_jax.cast_matrices(params, cfg.dtype)
 
 
